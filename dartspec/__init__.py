@@ -1,0 +1,1 @@
+"""dartspec: fast, lossless LLM inference by speculative decoding."""

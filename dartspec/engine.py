@@ -1,0 +1,324 @@
+"""The generation loop: prefill, then draft -> verify -> commit until EOS, a stop string or the limit.
+
+The engine owns no model code: the :class:`~dartspec.target.Target` runs forwards and keeps the KV
+cache, a :class:`~dartspec.drafters.base.Drafter` proposes a :class:`~dartspec.tree.Tree`, and the
+:class:`~dartspec.verify.Verifier` decides what is accepted. Plain decoding is the same loop with a
+drafter that proposes the root alone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from dartspec.drafters.base import DraftBudget, Drafter, NoDrafter
+from dartspec.errors import ContextLengthError, DartspecError
+from dartspec.target import Target
+from dartspec.verify import SamplingParams, Verifier
+
+Prompt = str | Sequence[dict[str, str]] | Sequence[int]
+
+
+@dataclass
+class GenerationStats:
+    """What one generation cost and how well drafting worked.
+
+    ``accept_per_depth[d]`` is the fraction of verification steps whose tree reached depth ``d + 1``
+    in which a draft token at that depth was accepted.
+    """
+
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    target_forwards: int = 0
+    draft_tokens_accepted: int = 0
+    tree_nodes: int = 0
+    seconds: float = 0.0
+    times: dict[str, float] = field(
+        default_factory=lambda: {"prefill": 0.0, "draft": 0.0, "tree": 0.0, "verify": 0.0, "other": 0.0}
+    )
+    depth_offered: list[int] = field(default_factory=list)
+    depth_accepted: list[int] = field(default_factory=list)
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens committed per target forward (the prefill counts as one forward, one token)."""
+        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def accept_per_depth(self) -> list[float]:
+        return [a / o if o else 0.0 for a, o in zip(self.depth_accepted, self.depth_offered, strict=True)]
+
+    def record_step(self, tree_depth: int, accepted: int, nodes: int) -> None:
+        while len(self.depth_offered) < tree_depth:
+            self.depth_offered.append(0)
+            self.depth_accepted.append(0)
+        for d in range(tree_depth):
+            self.depth_offered[d] += 1
+            self.depth_accepted[d] += int(d < accepted)
+        self.target_forwards += 1
+        self.draft_tokens_accepted += accepted
+        self.tree_nodes += nodes
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": self.new_tokens,
+            "tau": round(self.tau, 4),
+            "tokens_per_s": round(self.tokens_per_s, 3),
+            "target_forwards": self.target_forwards,
+            "draft_tokens_accepted": self.draft_tokens_accepted,
+            "mean_tree_nodes": round(self.tree_nodes / max(self.target_forwards - 1, 1), 3),
+            "accept_per_depth": [round(a, 4) for a in self.accept_per_depth],
+            "seconds": round(self.seconds, 4),
+            "times": {k: round(v, 4) for k, v in self.times.items()},
+        }
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """The finished generation: text, token ids (EOS included if produced), why it stopped, stats."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "stop" (EOS or stop string) or "length"
+    stats: GenerationStats
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "finish_reason": self.finish_reason,
+            **self.stats.as_dict(),
+        }
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """What one engine step committed, for streaming.
+
+    Attributes:
+        token_ids: tokens committed in this step (after truncation at EOS / stop / limit).
+        drafted: how many of the leading ``token_ids`` came from accepted drafts (the rest were
+            produced by the target itself).
+        text: new text that is safe to show (held back while it may still become a stop string or
+            an incomplete UTF-8 character).
+        result: set on the last event only.
+    """
+
+    token_ids: list[int]
+    drafted: int
+    text: str
+    result: GenerationResult | None = None
+
+
+class _TextStream:
+    """Incremental detokenization that never shows text it may have to take back."""
+
+    def __init__(self, target: Target, stop: Sequence[str]) -> None:
+        self.target = target
+        self.stop = [s for s in stop if s]
+        self.hold = max((len(s) - 1 for s in self.stop), default=0)
+        self.shown = 0
+
+    def full(self, token_ids: Sequence[int]) -> str:
+        return self.target.decode(token_ids)
+
+    def find_stop(self, text: str) -> int | None:
+        hits = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        return min(hits) if hits else None
+
+    def delta(self, text: str, final: bool) -> str:
+        end = len(text)
+        if not final:
+            end -= self.hold
+            while end > self.shown and text[end - 1] == "\ufffd":
+                end -= 1
+        if end <= self.shown:
+            return ""
+        out = text[self.shown : end]
+        self.shown = end
+        return out
+
+
+class Generator:
+    """Speculative generation with a target and a drafter; lossless by construction.
+
+    Example::
+
+        target = Target.from_pretrained("smollm2-135m")
+        gen = Generator(target, PromptLookupDrafter())
+        result = gen.generate([{"role": "user", "content": "Hi!"}], max_new_tokens=64)
+        print(result.text, result.stats.tau)
+    """
+
+    def __init__(
+        self, target: Target, drafter: Drafter | None = None, *, tree_size: int = 16, max_depth: int = 8
+    ):
+        if tree_size < 1 or max_depth < 0:
+            raise DartspecError(f"tree size must be >= 1 and depth >= 0 (got {tree_size}, {max_depth})")
+        self.target = target
+        self.drafter: Drafter = drafter if drafter is not None else NoDrafter()
+        self.tree_size = tree_size
+        self.max_depth = max_depth
+
+    def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
+        """Token ids for a prompt: a string (chat template applied if ``chat``), messages, or ids."""
+        if isinstance(prompt, str):
+            if chat:
+                return self.target.encode_chat([{"role": "user", "content": prompt}])
+            return self.target.encode(prompt)
+        items = list(prompt)
+        if items and all(isinstance(m, dict) for m in items):
+            if chat is False:
+                raise DartspecError("a list of chat messages needs the chat template (chat=True)")
+            for m in items:
+                if not isinstance(m.get("content"), str) or m.get("role") not in (
+                    "system",
+                    "user",
+                    "assistant",
+                ):
+                    raise DartspecError(
+                        "each chat message needs a 'role' (system/user/assistant) and a 'content' string"
+                    )
+            return self.target.encode_chat(items)
+        if items and all(isinstance(t, int) and 0 <= t < self.target.vocab_size for t in items):
+            return items
+        raise DartspecError("the prompt must be a non-empty string, a list of chat messages, or token ids")
+
+    def generate(self, prompt: Prompt, **kwargs: Any) -> GenerationResult:
+        """Generate to completion; keyword arguments as for :meth:`stream`."""
+        for event in self.stream(prompt, **kwargs):
+            if event.result is not None:
+                return event.result
+        raise AssertionError("the stream ended without a result")
+
+    def stream(
+        self,
+        prompt: Prompt,
+        *,
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+        chat: bool | None = None,
+    ) -> Iterator[StepEvent]:
+        """Yield a :class:`StepEvent` per target forward; the last one carries the result.
+
+        Closing the iterator early (e.g. a client disconnect) simply ends the generation.
+        """
+        params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise DartspecError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        prompt_ids = self.encode(prompt, chat)
+        target, drafter = self.target, self.drafter
+        room = target.max_context - len(prompt_ids)
+        if room < 1:
+            raise ContextLengthError(
+                f"the prompt is {len(prompt_ids)} tokens but {target.name} has a context window of "
+                f"{target.max_context} tokens"
+            )
+        limit = min(max_new_tokens, room)
+        verifier = Verifier(params)
+        text = _TextStream(target, stop)
+        stats = GenerationStats(prompt_tokens=len(prompt_ids))
+        feats = drafter.needs_features
+
+        start = time.perf_counter()
+        target.reset()
+        drafter.begin(prompt_ids)
+        out = target.prefill(prompt_ids, features=feats)
+        drafter.observe(prompt_ids, out.features)
+        first = verifier.next_token(out.logits[0])
+        stats.target_forwards = 1
+        stats.times["prefill"] = time.perf_counter() - start
+        committed = [*prompt_ids, first]
+        new = [first]
+        shown_tokens, drafted = 0, 0
+
+        while True:
+            mark = time.perf_counter()
+            finish = self._finish_reason(new, limit, text)
+            if finish is not None:
+                new, final_text = self._truncate(new, limit, text)
+                stats.new_tokens = len(new)
+                stats.seconds = time.perf_counter() - start
+                result = GenerationResult(final_text, new, finish, stats)
+                last = new[shown_tokens:]
+                yield StepEvent(last, min(drafted, len(last)), text.delta(final_text, True), result)
+                return
+            event = StepEvent(new[shown_tokens:], drafted, text.delta(text.full(new), False))
+            shown_tokens = len(new)
+            stats.times["other"] += time.perf_counter() - mark
+            yield event
+
+            mark = time.perf_counter()
+            remaining = limit - len(new)
+            budget = DraftBudget(
+                max_nodes=max(1, min(self.tree_size, target.max_context - target.cached)),
+                max_depth=max(0, min(self.max_depth, remaining - 1)),
+            )
+            tree = drafter.propose(committed, budget)
+            tree_s = float(getattr(drafter, "last_tree_seconds", 0.0))
+            now = time.perf_counter()
+            stats.times["draft"] += now - mark - tree_s
+            stats.times["tree"] += tree_s
+            if (
+                tree.tokens[0] != committed[-1]
+                or tree.size > budget.max_nodes
+                or tree.max_depth > budget.max_depth
+            ):
+                raise RuntimeError(f"drafter {drafter.name!r} proposed a tree outside its budget or root")
+
+            mark = now
+            base = target.cached
+            out = target.verify(tree, features=feats)
+            acc = verifier.accept(tree, out.logits)
+            target.commit(base, acc.path)
+            stats.times["verify"] += time.perf_counter() - mark
+
+            mark = time.perf_counter()
+            drafter.observe(tree.tokens[acc.path].tolist(), out.features[acc.path] if feats else None)
+            stats.record_step(tree.max_depth, acc.accepted_drafts, tree.size)
+            committed.extend(acc.tokens)
+            new.extend(acc.tokens)
+            drafted = acc.accepted_drafts
+            stats.times["other"] += time.perf_counter() - mark
+
+    def _finish_reason(self, new: list[int], limit: int, text: _TextStream) -> str | None:
+        if any(t in self.target.eos_token_ids for t in new):
+            return "stop"
+        if text.stop and text.find_stop(text.full(new)) is not None:
+            return "stop"
+        if len(new) >= limit:
+            return "length"
+        return None
+
+    def _truncate(self, new: list[int], limit: int, text: _TextStream) -> tuple[list[int], str]:
+        """Cut the committed tokens at the first EOS, stop string or the token limit."""
+        eos = self.target.eos_token_ids
+        cut = next((i + 1 for i, t in enumerate(new) if t in eos), len(new))
+        new = new[: min(cut, limit)]
+        full = text.full(new)
+        at = text.find_stop(full)
+        if at is not None:
+            # Keep the fewest tokens whose text contains the stop string; the text ends before it.
+            keep = next(n for n in range(1, len(new) + 1) if text.find_stop(text.full(new[:n])) is not None)
+            new = new[:keep]
+            full = full[:at]
+        return new, full
+
+
+def sync(device: torch.device) -> None:
+    """Wait for queued GPU work so wall-clock timings are honest."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

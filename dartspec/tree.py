@@ -1,0 +1,138 @@
+"""The draft tree: plain data shared by drafters (who build it) and the verifier (who walks it).
+
+Node 0 is the root: the last committed token, whose key/value entry is not yet in the target's cache.
+Nodes are stored in topological order (every parent comes before its children), so one target forward
+can score all of them with an ancestor-only attention mask, each at position ``base + depth``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True, eq=False)
+class Tree:
+    """A draft token tree in topological order.
+
+    Attributes:
+        tokens: ``(q,)`` int64 token ids; ``tokens[0]`` is the root (the last committed token).
+        parents: ``(q,)`` int64 parent index of each node; ``parents[0] == -1`` and ``parents[i] < i``.
+        depth: ``(q,)`` depth below the root (root = 0).
+        ancestors: ``(q, q)`` bool, ``ancestors[i, j]`` iff node j is node i or one of its ancestors;
+            this is exactly the attention mask among tree nodes.
+    """
+
+    tokens: np.ndarray
+    parents: np.ndarray
+    depth: np.ndarray = field(init=False)
+    ancestors: np.ndarray = field(init=False)
+    _children: tuple[dict[int, int], ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        tokens = np.asarray(self.tokens, dtype=np.int64).reshape(-1)
+        parents = np.asarray(self.parents, dtype=np.int64).reshape(-1)
+        q = len(tokens)
+        if q == 0 or len(parents) != q:
+            raise ValueError(
+                f"a tree needs a root and one parent per node (got {q} tokens, {len(parents)} parents)"
+            )
+        if parents[0] != -1:
+            raise ValueError("node 0 must be the root (parent -1)")
+        if q > 1 and not ((parents[1:] >= 0) & (parents[1:] < np.arange(1, q))).all():
+            raise ValueError("every non-root node's parent must be an earlier node (topological order)")
+        depth = np.zeros(q, dtype=np.int64)
+        ancestors = np.zeros((q, q), dtype=bool)
+        children: list[dict[int, int]] = [{} for _ in range(q)]
+        ancestors[0, 0] = True
+        for i in range(1, q):
+            p = int(parents[i])
+            depth[i] = depth[p] + 1
+            ancestors[i] = ancestors[p]
+            ancestors[i, i] = True
+            tok = int(tokens[i])
+            if tok in children[p]:
+                raise ValueError(f"node {p} has two children with the same token {tok}")
+            children[p][tok] = i
+        object.__setattr__(self, "tokens", tokens)
+        object.__setattr__(self, "parents", parents)
+        object.__setattr__(self, "depth", depth)
+        object.__setattr__(self, "ancestors", ancestors)
+        object.__setattr__(self, "_children", tuple(children))
+
+    # --- constructors -------------------------------------------------------------------------
+
+    @classmethod
+    def root_only(cls, root: int) -> Tree:
+        """The trivial tree of plain decoding: just the last committed token."""
+        return cls(np.array([root]), np.array([-1]))
+
+    @classmethod
+    def chain(cls, root: int, draft: Sequence[int]) -> Tree:
+        """A single path ``root -> draft[0] -> draft[1] -> ...``."""
+        q = 1 + len(draft)
+        return cls(np.array([root, *draft]), np.arange(-1, q - 1))
+
+    @classmethod
+    def from_paths(cls, root: int, paths: Sequence[Sequence[int]], max_nodes: int | None = None) -> Tree:
+        """Merge token sequences that all hang below ``root`` into a prefix tree (a trie).
+
+        Paths are inserted in order, so earlier paths keep their nodes when ``max_nodes`` cuts the tree;
+        nodes past the budget are dropped, which keeps the tree prefix-closed.
+        """
+        tokens = [root]
+        parents = [-1]
+        index: dict[tuple[int, int], int] = {}
+        for path in paths:
+            node = 0
+            for tok in path:
+                key = (node, int(tok))
+                child = index.get(key)
+                if child is None:
+                    if max_nodes is not None and len(tokens) >= max_nodes:
+                        break
+                    child = len(tokens)
+                    tokens.append(int(tok))
+                    parents.append(node)
+                    index[key] = child
+                node = child
+        return cls(np.array(tokens), np.array(parents))
+
+    # --- queries -------------------------------------------------------------------------------
+
+    @property
+    def size(self) -> int:
+        """Number of nodes, root included (the q of the verification forward)."""
+        return len(self.tokens)
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.depth.max())
+
+    def child_with_token(self, node: int, token: int) -> int | None:
+        """The child of ``node`` carrying ``token``, or None."""
+        return self._children[node].get(token)
+
+    def children(self, node: int) -> list[int]:
+        return list(self._children[node].values())
+
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from the root down to ``node`` inclusive."""
+        path = []
+        while node >= 0:
+            path.append(node)
+            node = int(self.parents[node])
+        return path[::-1]
+
+    def leaves(self) -> list[int]:
+        return [i for i in range(self.size) if not self._children[i]]
+
+    def paths(self) -> list[list[int]]:
+        """All root-to-leaf paths as lists of node indices."""
+        return [self.path_to(leaf) for leaf in self.leaves()]
+
+    def position_ids(self, base: int) -> np.ndarray:
+        """Absolute positions of the nodes when ``base`` tokens are already in the cache."""
+        return base + self.depth
