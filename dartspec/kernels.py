@@ -41,14 +41,16 @@ class RowsFirstLinear(nn.Linear):
         return rows_first_linear(x, self.weight, self.bias)
 
 
-def use_rows_first_linears(module: nn.Module) -> int:
-    """Switch every ``nn.Linear`` inside ``module`` to :class:`RowsFirstLinear` in place; returns the count.
+def use_rows_first_linears(module: nn.Module, enable: bool = True) -> int:
+    """Switch every ``nn.Linear`` inside ``module`` to :class:`RowsFirstLinear` (or back); returns the count.
 
-    Only the class changes (same parameters, same state dict), so this is safe on tied weights.
+    Only the class changes (same parameters, same state dict), so this is safe on tied weights and
+    can be toggled at run time (the latency benchmark measures both, interleaved).
     """
+    src, dst = (nn.Linear, RowsFirstLinear) if enable else (RowsFirstLinear, nn.Linear)
     n = 0
     for sub in module.modules():
-        if type(sub) is nn.Linear:
-            sub.__class__ = RowsFirstLinear
+        if type(sub) is src:
+            sub.__class__ = dst
             n += 1
     return n

@@ -189,9 +189,8 @@ class Target:
         for i in self.feature_layers:
             if not 0 <= i < self.num_layers:
                 raise DartspecError(f"feature layer {i} is out of range for a {self.num_layers}-layer target")
-        self.fast_linear = fast_linear
-        if fast_linear:
-            use_rows_first_linears(self.decoder)
+        self.fast_linear = False
+        self.set_fast_linear(fast_linear)
         self.eos_token_ids = self._find_eos_ids()
         self.cache = TreeKVCache(self.num_layers)
         self._capture: dict[int, list[torch.Tensor]] | None = None
@@ -246,6 +245,11 @@ class Target:
                 self._capture[layer].append(hidden[0])
 
         return hook
+
+    def set_fast_linear(self, enable: bool) -> None:
+        """Switch the small-row CPU matmul dispatch on or off (see :mod:`dartspec.kernels`)."""
+        use_rows_first_linears(self.decoder, enable)
+        self.fast_linear = enable
 
     # --- state -------------------------------------------------------------------------------
 

@@ -1,0 +1,199 @@
+"""``dartspec bench latency``: what a target forward costs, and plain decoding against transformers.
+
+Two measurements, both interleaved in one process (timings on shared CPUs drift up to 2x, so only
+ratios taken side by side mean anything):
+
+1. The verify cost curve T(q)/T(1): one forward of a q-node tree over a cached context, for the
+   stock ``F.linear`` and for dartspec's rows-first matmul dispatch, alternating rounds.
+2. Plain greedy decoding (``--drafter none``) against ``transformers`` ``generate`` on MT-Bench
+   prompts: same prompts back to back, alternating order, tokens compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dartspec.engine import Generator, sync
+from dartspec.target import Target
+from dartspec.tree import Tree
+
+
+def verify_cost_curve(target: Target, qs: list[int], ctx: int, repeats: int) -> dict[str, dict[int, float]]:
+    """Median seconds of one ``verify`` of a q-node chain after ``ctx`` cached tokens, per dispatch."""
+    rng = np.random.default_rng(0)
+    target.reset()
+    target.prefill(rng.integers(10, target.vocab_size - 1, size=ctx).tolist())
+    base = target.cached
+    modes = {"stock": False, "rows-first": True}
+    samples: dict[str, dict[int, list[float]]] = {m: {q: [] for q in qs} for m in modes}
+    original = target.fast_linear
+
+    def once(q: int) -> float:
+        tree = Tree.chain(7, rng.integers(10, target.vocab_size - 1, size=q - 1).tolist())
+        sync(target.device)
+        start = time.perf_counter()
+        target.verify(tree)
+        sync(target.device)
+        elapsed = time.perf_counter() - start
+        target.cache.truncate(base)
+        return elapsed
+
+    try:
+        for round_ in range(repeats + 1):
+            order = list(modes) if round_ % 2 == 0 else list(modes)[::-1]
+            for mode in order:
+                target.set_fast_linear(modes[mode])
+                for q in qs:
+                    t = once(q)
+                    if round_ > 0:  # round 0 warms caches and allocators
+                        samples[mode][q].append(t)
+    finally:
+        target.set_fast_linear(original)
+        target.reset()
+    return {m: {q: statistics.median(v) for q, v in per_q.items()} for m, per_q in samples.items()}
+
+
+def plain_vs_transformers(
+    target: Target, prompts: list[str], max_new_tokens: int, log: Callable[[str], None]
+) -> list[dict[str, Any]]:
+    """Per prompt: seconds and tokens of dartspec plain decoding and of transformers ``generate``."""
+    from transformers import AutoModelForCausalLM
+
+    folder = target.model.config._name_or_path
+    # A separate, untouched model: transformers' own generate with stock layers and its DynamicCache.
+    hf_model = AutoModelForCausalLM.from_pretrained(folder, dtype=target.dtype, attn_implementation="sdpa")
+    hf_model = hf_model.to(target.device).eval()
+    gen = Generator(target)
+
+    def run_dartspec(ids: list[int]) -> tuple[float, list[int]]:
+        start = time.perf_counter()
+        result = gen.generate(ids, max_new_tokens=max_new_tokens)
+        return time.perf_counter() - start, result.token_ids
+
+    def run_hf(ids: list[int]) -> tuple[float, list[int]]:
+        input_ids = torch.tensor([ids], device=target.device)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = hf_model.generate(
+                input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                eos_token_id=sorted(target.eos_token_ids),
+                pad_token_id=min(target.eos_token_ids),
+            )
+        sync(target.device)
+        return time.perf_counter() - start, out[0, len(ids) :].tolist()
+
+    rows = []
+    for i, prompt in enumerate(prompts):
+        ids = target.encode_chat([{"role": "user", "content": prompt}])
+        run_dartspec(ids), run_hf(ids)  # warm-up on this prompt
+        times: dict[str, list[float]] = {"dartspec": [], "hf": []}
+        tokens: dict[str, list[int]] = {}
+        pair = [("dartspec", run_dartspec), ("hf", run_hf)]
+        for round_ in range(2):
+            for name, fn in pair if (i + round_) % 2 == 0 else pair[::-1]:
+                seconds, toks = fn(ids)
+                times[name].append(seconds)
+                tokens[name] = toks
+        row = {
+            "prompt": i,
+            "dartspec_s": min(times["dartspec"]),
+            "hf_s": min(times["hf"]),
+            "dartspec_tokens": len(tokens["dartspec"]),
+            "hf_tokens": len(tokens["hf"]),
+            "identical": tokens["dartspec"] == tokens["hf"],
+        }
+        row["dartspec_tok_s"] = row["dartspec_tokens"] / row["dartspec_s"]
+        row["hf_tok_s"] = row["hf_tokens"] / row["hf_s"]
+        row["speed_ratio"] = row["dartspec_tok_s"] / row["hf_tok_s"]
+        log(
+            f"prompt {i}: dartspec {row['dartspec_tok_s']:.1f} tok/s, transformers {row['hf_tok_s']:.1f} tok/s, "
+            f"ratio {row['speed_ratio']:.2f}, identical tokens: {row['identical']}"
+        )
+        rows.append(row)
+    return rows
+
+
+def format_report(
+    curve: dict[str, dict[int, float]], plain: list[dict[str, Any]], meta: dict[str, Any]
+) -> str:
+    qs = sorted(next(iter(curve.values())))
+    stock1 = curve["stock"][qs[0]]
+    lines = [
+        f"## Verify cost curve: {meta['model']}, {meta['dtype']}, {meta['device']}, {meta['threads']} threads, "
+        f"context {meta['ctx']}",
+        "",
+        "| dispatch | " + " | ".join(f"q={q}" for q in qs) + " |",
+        "|---|" + "---|" * len(qs),
+    ]
+    for mode, per_q in curve.items():
+        t1 = per_q[qs[0]]
+        cells = [f"{per_q[q] * 1e3:.1f} ms ({per_q[q] / t1:.2f}x)" for q in qs]
+        lines.append(f"| {mode} | " + " | ".join(cells) + " |")
+    fast = curve["rows-first"]
+    lines += [
+        "",
+        "Ratios in parentheses are T(q)/T(1) within a row. Against stock T(1): "
+        + ", ".join(f"q={q} {fast[q] / stock1:.2f}x" for q in qs),
+    ]
+    if plain:
+        ratios = [r["speed_ratio"] for r in plain]
+        lines += [
+            "",
+            f"## Plain greedy decoding vs transformers generate ({len(plain)} MT-Bench prompts, "
+            f"{meta['max_new_tokens']} new tokens)",
+            "",
+            "| prompt | dartspec tok/s | transformers tok/s | ratio | identical tokens |",
+            "|---|---|---|---|---|",
+        ]
+        for r in plain:
+            same = "yes" if r["identical"] else "NO"
+            lines.append(
+                f"| {r['prompt']} | {r['dartspec_tok_s']:.1f} | {r['hf_tok_s']:.1f} | {r['speed_ratio']:.2f} | {same} |"
+            )
+        lines += ["", f"Median ratio (dartspec / transformers): {statistics.median(ratios):.2f}x"]
+    return "\n".join(lines) + "\n"
+
+
+def run_latency_bench(args: argparse.Namespace, target: Target, log: Callable[[str], None]) -> dict[str, Any]:
+    """The ``bench latency`` command: measure, print a Markdown report, optionally save it."""
+    meta = {
+        "model": args.model,
+        "device": str(target.device),
+        "dtype": str(target.dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(),
+        "ctx": args.ctx,
+        "max_new_tokens": args.max_new_tokens,
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
+    log(f"timing verify forwards for q in {args.qs} ({args.repeats} interleaved rounds)...")
+    curve = verify_cost_curve(target, args.qs, args.ctx, args.repeats)
+    plain: list[dict[str, Any]] = []
+    if args.prompts and not args.skip_hf:
+        from dartspec.data.sources import load_mtbench
+
+        prompts = [q["turns"][0] for q in load_mtbench()[: args.prompts]]
+        log(f"plain decoding vs transformers generate on {len(prompts)} MT-Bench prompts...")
+        plain = plain_vs_transformers(target, prompts, args.max_new_tokens, log)
+    report = format_report(curve, plain, meta)
+    print(report)
+    data = {"meta": meta, "verify_cost_s": {m: {str(q): t for q, t in c.items()} for m, c in curve.items()}}
+    data["plain_vs_transformers"] = plain
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "latency.md").write_text(report)
+        (out / "latency.json").write_text(json.dumps(data, indent=2))
+        log(f"wrote {out / 'latency.md'} and {out / 'latency.json'}")
+    return data

@@ -1,0 +1,238 @@
+"""The ``dartspec`` command line.
+
+Every user-caused problem surfaces as a :class:`~dartspec.errors.DartspecError`: printed as one line
+on stderr with exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from dartspec.errors import DartspecError
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def add_target_args(p: argparse.ArgumentParser) -> None:
+    """Options shared by every command that loads a target model."""
+    p.add_argument(
+        "--model", default=DEFAULT_MODEL, help=f"known name, local folder or .gguf (default {DEFAULT_MODEL})"
+    )
+    p.add_argument(
+        "--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ..."
+    )
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's)")
+
+
+def load_target(args: argparse.Namespace):  # -> Target (imported lazily: torch import is slow)
+    import torch
+
+    from dartspec.target import Target
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise DartspecError(f"invalid --device {device!r}: use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise DartspecError("--device cuda was requested but no CUDA GPU is available")
+    dtype_name = args.dtype
+    if dtype_name == "auto":
+        # CPUs here have no fast bf16 math for batched verification; GPUs do.
+        dtype_name = "float32" if dev.type == "cpu" else "bfloat16"
+    return Target.from_pretrained(args.model, device=dev, dtype=getattr(torch, dtype_name), log=_log)
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-new-tokens", type=_positive_int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0, help="0 = off")
+    p.add_argument("--seed", type=int, default=None)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from dartspec.drafters import drafter_names, make_drafter
+    from dartspec.engine import Generator
+    from dartspec.verify import SamplingParams
+
+    # Reject bad options before the (slow) model load.
+    SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+    if args.drafter not in drafter_names():
+        make_drafter(args.drafter, None)  # raises the error that lists the known drafters
+    target = load_target(args)
+    gen = Generator(
+        target, make_drafter(args.drafter, target), tree_size=args.tree_size, max_depth=args.max_depth
+    )
+    kwargs = dict(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        stop=args.stop or (),
+        chat=args.chat,
+    )
+    if args.json:
+        result = gen.generate(args.prompt, **kwargs)
+        print(json.dumps(result.as_dict(), ensure_ascii=False))
+        return 0
+    result = None
+    for event in gen.stream(args.prompt, **kwargs):
+        sys.stdout.write(event.text)
+        sys.stdout.flush()
+        result = event.result or result
+    assert result is not None
+    s = result.stats
+    sys.stdout.write("\n")
+    _log(
+        f"[{s.new_tokens} tokens, {s.tokens_per_s:.1f} tok/s, tau {s.tau:.2f}, "
+        f"{s.target_forwards} target forwards, finish: {result.finish_reason}]"
+    )
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from dartspec.models import known_models
+
+    for spec in known_models():
+        print(f"{spec.name:22s} {spec.description}")
+    return 0
+
+
+def cmd_bench_latency(args: argparse.Namespace) -> int:
+    from dartspec.bench.latency import run_latency_bench
+
+    run_latency_bench(args, load_target(args), log=_log)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from dartspec.bench.demo import run_demo
+
+    print(run_demo(load_target(args), args.methods.split(","), args.max_new_tokens, log=_log))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dartspec", description="Fast, lossless LLM inference by speculative decoding."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("generate", help="generate text, streamed as it is accepted")
+    add_target_args(p)
+    p.add_argument("--prompt", required=True, help="the prompt text")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt as a user turn in the chat template")
+    p.add_argument("--drafter", default="none", help="none (plain decoding) or pld (prompt lookup)")
+    p.add_argument("--tree-size", type=_positive_int, default=16, help="max draft tree nodes, root included")
+    p.add_argument("--max-depth", type=int, default=8, help="max draft depth below the root")
+    add_sampling_args(p)
+    p.add_argument("--stop", action="append", help="stop string (repeatable)")
+    p.add_argument(
+        "--json", action="store_true", help="print one JSON object with text and stats instead of streaming"
+    )
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser(
+        "demo", help="speculative vs plain decoding on three real prompts (what `make demo` runs)"
+    )
+    add_target_args(p)
+    p.add_argument("--methods", default="none,pld", help="drafters to compare (default none,pld)")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=128)
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("models", help="list the known model names")
+    p.set_defaults(func=cmd_models)
+
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_command", required=True)
+    p = bench.add_parser(
+        "latency", help="verify cost curve T(q)/T(1) and plain decoding vs transformers generate"
+    )
+    add_target_args(p)
+    p.add_argument(
+        "--qs",
+        type=_int_list,
+        default=[1, 2, 4, 8, 16, 32],
+        help="tree sizes to time (default 1,2,4,8,16,32)",
+    )
+    p.add_argument("--ctx", type=_positive_int, default=256, help="cached context length for the curve")
+    p.add_argument("--repeats", type=_positive_int, default=9, help="interleaved rounds per q")
+    p.add_argument(
+        "--prompts",
+        type=_positive_int,
+        default=3,
+        help="MT-Bench prompts for the decoding comparison (0 skips)",
+    )
+    p.add_argument("--max-new-tokens", type=_positive_int, default=128)
+    p.add_argument("--skip-hf", action="store_true", help="skip the transformers generate comparison")
+    p.add_argument("--out", default=None, help="folder for latency.md and latency.json")
+    p.set_defaults(func=cmd_bench_latency)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``dartspec`` command; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    _quiet_transformers()
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except DartspecError as err:
+        _log(f"error: {err}")
+        return 2
+    except KeyboardInterrupt:
+        _log("interrupted")
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def _quiet_transformers() -> None:
+    """Our own messages say what is happening; transformers' per-load progress bars only add noise."""
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+    except ImportError:  # pragma: no cover - transformers is a hard dependency
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())
