@@ -46,9 +46,7 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model", default=DEFAULT_MODEL, help=f"known name, local folder or .gguf (default {DEFAULT_MODEL})"
     )
-    p.add_argument(
-        "--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ..."
-    )
+    p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's)")
 
@@ -94,9 +92,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.drafter not in drafter_names():
         make_drafter(args.drafter, None)  # raises the error that lists the known drafters
     target = load_target(args)
-    gen = Generator(
-        target, make_drafter(args.drafter, target), tree_size=args.tree_size, max_depth=args.max_depth
-    )
+    gen = Generator(target, make_drafter(args.drafter, target), tree_size=args.tree_size, max_depth=args.max_depth)
     kwargs = dict(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
@@ -135,7 +131,10 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_bench_latency(args: argparse.Namespace) -> int:
     from dartspec.bench.latency import run_latency_bench
+    from dartspec.errors import require
 
+    if args.plot:  # fail before minutes of measuring, not after
+        require("matplotlib", extra="bench", purpose="plotting (--plot)")
     run_latency_bench(args, load_target(args), log=_log)
     return 0
 
@@ -162,14 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-depth", type=int, default=8, help="max draft depth below the root")
     add_sampling_args(p)
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
-    p.add_argument(
-        "--json", action="store_true", help="print one JSON object with text and stats instead of streaming"
-    )
+    p.add_argument("--json", action="store_true", help="print one JSON object with text and stats instead of streaming")
     p.set_defaults(func=cmd_generate)
 
-    p = sub.add_parser(
-        "demo", help="speculative vs plain decoding on three real prompts (what `make demo` runs)"
-    )
+    p = sub.add_parser("demo", help="speculative vs plain decoding on three real prompts (what `make demo` runs)")
     add_target_args(p)
     p.add_argument("--methods", default="none,pld", help="drafters to compare (default none,pld)")
     p.add_argument("--max-new-tokens", type=_positive_int, default=128)
@@ -179,9 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_models)
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_command", required=True)
-    p = bench.add_parser(
-        "latency", help="verify cost curve T(q)/T(1) and plain decoding vs transformers generate"
-    )
+    p = bench.add_parser("latency", help="verify cost curve T(q)/T(1) and plain decoding vs transformers generate")
     add_target_args(p)
     p.add_argument(
         "--qs",
@@ -200,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=_positive_int, default=128)
     p.add_argument("--skip-hf", action="store_true", help="skip the transformers generate comparison")
     p.add_argument("--out", default=None, help="folder for latency.md and latency.json")
+    p.add_argument("--plot", default=None, help="also draw the cost curve to this PNG (needs matplotlib)")
     p.set_defaults(func=cmd_bench_latency)
     return parser
 

@@ -159,9 +159,7 @@ class Generator:
         print(result.text, result.stats.tau)
     """
 
-    def __init__(
-        self, target: Target, drafter: Drafter | None = None, *, tree_size: int = 16, max_depth: int = 8
-    ):
+    def __init__(self, target: Target, drafter: Drafter | None = None, *, tree_size: int = 16, max_depth: int = 8):
         if tree_size < 1 or max_depth < 0:
             raise DartspecError(f"tree size must be >= 1 and depth >= 0 (got {tree_size}, {max_depth})")
         self.target = target
@@ -272,11 +270,7 @@ class Generator:
             now = time.perf_counter()
             stats.times["draft"] += now - mark - tree_s
             stats.times["tree"] += tree_s
-            if (
-                tree.tokens[0] != committed[-1]
-                or tree.size > budget.max_nodes
-                or tree.max_depth > budget.max_depth
-            ):
+            if tree.tokens[0] != committed[-1] or tree.size > budget.max_nodes or tree.max_depth > budget.max_depth:
                 raise RuntimeError(f"drafter {drafter.name!r} proposed a tree outside its budget or root")
 
             mark = now

@@ -27,9 +27,7 @@ class MissingPackageError(DartspecError):
         self.package = package
 
 
-def require(
-    module: str, *, package: str | None = None, extra: str | None = None, purpose: str = ""
-) -> object:
+def require(module: str, *, package: str | None = None, extra: str | None = None, purpose: str = "") -> object:
     """Import an optional module or raise :class:`MissingPackageError` naming how to install it."""
     import importlib
 

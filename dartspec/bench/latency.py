@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from dartspec.engine import Generator, sync
+from dartspec.errors import require
 from dartspec.target import Target
 from dartspec.tree import Tree
 
@@ -125,9 +126,31 @@ def plain_vs_transformers(
     return rows
 
 
-def format_report(
-    curve: dict[str, dict[int, float]], plain: list[dict[str, Any]], meta: dict[str, Any]
-) -> str:
+def plot_cost_curve(curve: dict[str, dict[int, float]], path: str | Path) -> None:
+    """PNG of T(q) per dispatch, both relative to stock T(1)."""
+    require("matplotlib", extra="bench", purpose="plotting (--plot)")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stock1 = curve["stock"][min(curve["stock"])]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for mode, per_q in curve.items():
+        qs = sorted(per_q)
+        ax.plot(qs, [per_q[q] / stock1 for q in qs], marker="o", label=mode)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("tree nodes verified in one forward (q)")
+    ax.set_ylabel("forward time / stock T(1)")
+    ax.set_title("Verify cost curve")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def format_report(curve: dict[str, dict[int, float]], plain: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     qs = sorted(next(iter(curve.values())))
     stock1 = curve["stock"][qs[0]]
     lines = [
@@ -190,6 +213,9 @@ def run_latency_bench(args: argparse.Namespace, target: Target, log: Callable[[s
     print(report)
     data = {"meta": meta, "verify_cost_s": {m: {str(q): t for q, t in c.items()} for m, c in curve.items()}}
     data["plain_vs_transformers"] = plain
+    if args.plot:
+        plot_cost_curve(curve, args.plot)
+        log(f"wrote {args.plot}")
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,135 @@
+"""The command line: real runs in subprocesses, and every bad input is one line with exit status 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CLI = [sys.executable, "-m", "dartspec.cli"]
+
+
+def run_cli(
+    *args: str, env_extra: dict[str, str] | None = None, code: str | None = None
+) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-c", code, *args] if code else [*CLI, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1, proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_unknown_model_lists_known_names() -> None:
+    proc = run_cli("generate", "--model", "no-such-model", "--prompt", "hi")
+    assert_one_line_error(proc, "unknown model 'no-such-model'", "smollm2-135m", "qwen2.5-coder-0.5b")
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--temperature", "-0.5"], "temperature"),
+        (["--temperature", "nan"], "temperature"),
+        (["--top-p", "0"], "top_p"),
+        (["--top-p", "1.5"], "top_p"),
+        (["--top-k", "-3"], "top_k"),
+        (["--seed", "-1"], "seed"),
+        (["--drafter", "magic"], "unknown drafter"),
+    ],
+)
+def test_invalid_sampling_values_fail_before_loading(flags: list[str], needle: str) -> None:
+    proc = run_cli("generate", "--model", "no-such-model", "--prompt", "hi", *flags)
+    assert_one_line_error(proc, needle)
+
+
+def test_non_integer_flag_is_a_usage_error() -> None:
+    proc = run_cli("generate", "--prompt", "hi", "--max-new-tokens", "zero")
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert "max-new-tokens" in proc.stderr
+
+
+def test_missing_optional_package_says_how_to_install(tmp_path: Path) -> None:
+    # Simulate an environment without matplotlib: the plot option must say how to get it.
+    code = (
+        "import sys; sys.modules['matplotlib'] = None; "
+        "from dartspec.bench.latency import plot_cost_curve; "
+        "from dartspec.errors import DartspecError\n"
+        "try:\n    plot_cost_curve({'stock': {1: 1.0}, 'rows-first': {1: 1.0}}, sys.argv[1])\n"
+        "except DartspecError as e:\n    print(e); sys.exit(2)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "x.png")], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "matplotlib" in proc.stdout and "pip install" in proc.stdout
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama with SmolLM2's tokenizer and a 64-token context window."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from dartspec.models import resolve_model
+
+    tok = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m"))
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        eos_token_id=2,
+        tie_word_embeddings=True,
+    )
+    folder = tmp_path_factory.mktemp("tiny")
+    LlamaForCausalLM(cfg).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.slow
+def test_prompt_longer_than_context_window(tiny_model_dir: Path) -> None:
+    proc = run_cli("generate", "--model", str(tiny_model_dir), "--prompt", "word " * 200)
+    assert_one_line_error(proc, "context window of 64 tokens")
+
+
+@pytest.mark.slow
+def test_generate_json_output(tiny_model_dir: Path) -> None:
+    proc = run_cli(
+        "generate",
+        "--model",
+        str(tiny_model_dir),
+        "--prompt",
+        "Hello there",
+        "--drafter",
+        "pld",
+        "--max-new-tokens",
+        "12",
+        "--json",
+    )
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    for key in ("text", "token_ids", "new_tokens", "tau", "tokens_per_s", "target_forwards", "accept_per_depth"):
+        assert key in data
+    assert set(data["times"]) >= {"draft", "tree", "verify", "other"}
+    assert data["new_tokens"] == len(data["token_ids"]) <= 12
+    assert data["tau"] == pytest.approx(data["new_tokens"] / data["target_forwards"], rel=1e-3)
+
+
+@pytest.mark.slow
+def test_generate_streams_same_text_as_json(tiny_model_dir: Path) -> None:
+    common = ["generate", "--model", str(tiny_model_dir), "--prompt", "Hello there", "--max-new-tokens", "10"]
+    streamed = run_cli(*common)
+    as_json = run_cli(*common, "--json")
+    assert streamed.returncode == 0 and as_json.returncode == 0
+    assert streamed.stdout.rstrip("\n") == json.loads(as_json.stdout)["text"]
+    assert "tok/s" in streamed.stderr and "tau" in streamed.stderr
