@@ -358,6 +358,23 @@ class Target:
         rows = hidden if logit_rows is None else hidden[logit_rows]
         return TargetOutput(self.logits(rows), feats)
 
+    @torch.inference_mode()
+    def score_sequence(self, token_ids: Sequence[int] | torch.Tensor) -> TargetOutput:
+        """Features and logits for every position of a whole sequence (training; the cache is untouched).
+
+        Returns features ``(T, F*H)`` and logits ``(T, vocab)``: row i predicts token i+1.
+        """
+        ids = torch.as_tensor(token_ids, dtype=torch.long, device=self.device).reshape(1, -1)
+        if ids.shape[1] > self.max_context:
+            raise ContextLengthError(f"a {ids.shape[1]}-token sequence exceeds {self.name}'s context window")
+        self._capture = {i: [] for i in self.feature_layers}
+        try:
+            hidden = self.decoder(input_ids=ids, use_cache=False).last_hidden_state[0]
+            feats = torch.cat([self._capture[i][0] for i in self.feature_layers], dim=-1)
+        finally:
+            self._capture = None
+        return TargetOutput(self.logits(hidden), feats)
+
     def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device)
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)

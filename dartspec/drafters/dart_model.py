@@ -1,0 +1,375 @@
+"""The DART drafter network: one light decoder layer over fused target features plus mask slots.
+
+Per real position i the layer input pairs ``fc(h_i)`` (the target's hidden states entering the
+feature layers, concatenated, projected 3H -> H) with the target's embedding of the *next* token
+x_{i+1}; both are RMS-normed and concatenated to 2H. After the last real position come d-1 learned
+mask slots at consecutive positions. Attention is causal over [context ; masks], and the d output
+rows (last real position, then the masks) give logits for depths 1..d below the tree root, over a
+reduced draft vocabulary mapped back to target ids by ``d2t`` (method.md section 2).
+
+Saved as ``config.json`` + ``model.safetensors`` (no pickle). The target's embedding table is used
+frozen and is not part of the checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dartspec.errors import DartspecError
+
+FORMAT = "dartspec-dart"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class DartConfig:
+    """Shapes of a DART drafter; target-dependent sizes come from the target's config."""
+
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    draft_vocab_size: int
+    target_vocab_size: int
+    feature_layers: tuple[int, ...]
+    depth: int = 8
+    num_layers: int = 1
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    target_name: str = ""
+    #: Identifies the target (tokenizer + shapes) so a drafter is never used with the wrong model.
+    target_fingerprint: str = ""
+    format: str = FORMAT
+    format_version: int = FORMAT_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "feature_layers", tuple(int(i) for i in self.feature_layers))
+        if self.depth < 1 or self.num_layers < 1 or self.draft_vocab_size < 2:
+            raise DartspecError("DART config needs depth >= 1, num_layers >= 1 and a draft vocabulary of >= 2 tokens")
+        if self.draft_vocab_size > self.target_vocab_size:
+            raise DartspecError("the draft vocabulary cannot be larger than the target's")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise DartspecError("num_attention_heads must be a multiple of num_key_value_heads")
+
+    @classmethod
+    def for_target(cls, target: Any, *, draft_vocab_size: int, depth: int = 8, num_layers: int = 1) -> DartConfig:
+        """Sizes from a :class:`~dartspec.target.Target` (hidden size, heads, MLP width, RoPE base)."""
+        cfg = target.config
+        heads = int(cfg.num_attention_heads)
+        rope = getattr(cfg, "rope_parameters", None) or {}
+        theta = float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
+        return cls(
+            hidden_size=target.hidden_size,
+            num_attention_heads=heads,
+            num_key_value_heads=int(getattr(cfg, "num_key_value_heads", heads) or heads),
+            head_dim=int(getattr(cfg, "head_dim", None) or target.hidden_size // heads),
+            intermediate_size=int(cfg.intermediate_size),
+            draft_vocab_size=min(draft_vocab_size, target.vocab_size),
+            target_vocab_size=target.vocab_size,
+            feature_layers=target.feature_layers,
+            depth=depth,
+            num_layers=num_layers,
+            rms_norm_eps=float(getattr(cfg, "rms_norm_eps", 1e-6)),
+            rope_theta=theta,
+            target_name=target.name,
+            target_fingerprint=target_fingerprint(target),
+        )
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["feature_layers"] = list(self.feature_layers)
+        return json.dumps(data, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str, origin: str = "config.json") -> DartConfig:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise DartspecError(f"{origin} is not valid JSON ({err.msg}); the checkpoint is corrupted") from None
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise DartspecError(f"{origin} is not a DART drafter config (format {FORMAT!r} expected)")
+        if data.get("format_version", 0) > FORMAT_VERSION:
+            raise DartspecError(f"{origin} was written by a newer dartspec (format {data['format_version']})")
+        known = {f.name for f in fields(cls)}
+        try:
+            return cls(**{k: v for k, v in data.items() if k in known})
+        except TypeError as err:
+            raise DartspecError(f"{origin} is missing fields: {err}") from None
+
+
+def target_fingerprint(target: Any) -> str:
+    """A short identity of the target: vocabulary, hidden size, layers (not the weights)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    h.update(f"{target.vocab_size}/{target.hidden_size}/{target.num_layers}".encode())
+    vocab = target.tokenizer.get_vocab() if target.tokenizer is not None else {}
+    for tok, idx in sorted(vocab.items(), key=lambda kv: kv[1])[:4096]:
+        h.update(f"{idx}:{tok}\n".encode())
+    return h.hexdigest()[:16]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Llama-style RoPE (rotate halves) on ``(heads, N, head_dim)`` at integer ``positions`` (N,)."""
+    half = x.shape[-1] // 2
+    inv = 1.0 / (theta ** (torch.arange(half, device=x.device, dtype=torch.float32) / half))
+    angles = positions.to(torch.float32)[:, None] * inv[None, :]
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+@dataclass
+class DraftKV:
+    """Keys and values of committed real positions, one ``(kv_heads, L, head_dim)`` pair per layer."""
+
+    keys: list[torch.Tensor] = field(default_factory=list)
+    values: list[torch.Tensor] = field(default_factory=list)
+
+    @property
+    def length(self) -> int:
+        return self.keys[0].shape[1] if self.keys else 0
+
+
+class DraftLayer(nn.Module):
+    """A Llama-style decoder layer whose attention may read a wider (2H) input than its residual (H)."""
+
+    def __init__(self, cfg: DartConfig, in_dim: int) -> None:
+        super().__init__()
+        H, hd = cfg.hidden_size, cfg.head_dim
+        self.cfg = cfg
+        self.q_proj = nn.Linear(in_dim, cfg.num_attention_heads * hd, bias=False)
+        self.k_proj = nn.Linear(in_dim, cfg.num_key_value_heads * hd, bias=False)
+        self.v_proj = nn.Linear(in_dim, cfg.num_key_value_heads * hd, bias=False)
+        self.o_proj = nn.Linear(cfg.num_attention_heads * hd, H, bias=False)
+        self.post_norm = RMSNorm(H, cfg.rms_norm_eps)
+        self.gate_proj = nn.Linear(H, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(H, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, H, bias=False)
+
+    def forward(
+        self,
+        x_in: torch.Tensor,
+        resid: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        past: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``x_in (N, in_dim)``, ``resid (N, H)``; ``mask (N, L+N)`` bool over [past ; new]."""
+        cfg = self.cfg
+        n = x_in.shape[0]
+        q = self.q_proj(x_in).view(n, cfg.num_attention_heads, cfg.head_dim).transpose(0, 1)
+        k = self.k_proj(x_in).view(n, cfg.num_key_value_heads, cfg.head_dim).transpose(0, 1)
+        v = self.v_proj(x_in).view(n, cfg.num_key_value_heads, cfg.head_dim).transpose(0, 1)
+        q = rotary(q, positions, cfg.rope_theta)
+        k = rotary(k, positions, cfg.rope_theta)
+        if past is not None:
+            k_all = torch.cat([past[0], k], dim=1)
+            v_all = torch.cat([past[1], v], dim=1)
+        else:
+            k_all, v_all = k, v
+        rep = cfg.num_attention_heads // cfg.num_key_value_heads
+        attn = F.scaled_dot_product_attention(
+            q[None],
+            k_all.repeat_interleave(rep, dim=0)[None],
+            v_all.repeat_interleave(rep, dim=0)[None],
+            attn_mask=mask[None, None],
+        )[0]
+        h = resid + self.o_proj(attn.transpose(0, 1).reshape(n, -1))
+        x = self.post_norm(h)
+        h = h + self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return h, k, v
+
+
+class DartModel(nn.Module):
+    """The DART drafter network (see module docstring)."""
+
+    def __init__(self, cfg: DartConfig) -> None:
+        super().__init__()
+        H = cfg.hidden_size
+        self.cfg = cfg
+        self.fc = nn.Linear(len(cfg.feature_layers) * H, H, bias=False)
+        self.norm_feat = RMSNorm(H, cfg.rms_norm_eps)
+        self.norm_embed = RMSNorm(H, cfg.rms_norm_eps)
+        self.mask_input = nn.Parameter(torch.randn(2 * H) * 0.02)
+        self.mask_resid = nn.Parameter(torch.zeros(H))
+        self.layers = nn.ModuleList([DraftLayer(cfg, 2 * H if i == 0 else H) for i in range(cfg.num_layers)])
+        self.input_norms = nn.ModuleList([RMSNorm(H, cfg.rms_norm_eps) for _ in range(cfg.num_layers - 1)])
+        self.norm = RMSNorm(H, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.arange(cfg.draft_vocab_size, dtype=torch.long), persistent=True)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=0.02)
+
+    # --- inputs ----------------------------------------------------------------------------------
+
+    def real_inputs(self, features: torch.Tensor, next_embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer input ``(m, 2H)`` and residual ``(m, H)`` for real positions."""
+        h = self.fc(features)
+        return torch.cat([self.norm_feat(h), self.norm_embed(next_embeds)], dim=-1), h
+
+    def mask_inputs(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer input and residual for ``n`` mask slots."""
+        return self.mask_input.expand(n, -1), self.mask_resid.expand(n, -1)
+
+    # --- forward ---------------------------------------------------------------------------------
+
+    def forward(
+        self,
+        x_in: torch.Tensor,
+        resid: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        cache: DraftKV | None = None,
+        keep: int = 0,
+    ) -> torch.Tensor:
+        """Final-norm hidden states ``(N, H)`` for N inputs attending to ``cache`` + themselves via ``mask``.
+
+        If ``cache`` is given, the keys/values of the first ``keep`` new inputs are appended to it.
+        """
+        h = resid
+        x = x_in
+        for i, layer in enumerate(self.layers):
+            if i > 0:
+                x = self.input_norms[i - 1](h)
+            past = (cache.keys[i], cache.values[i]) if cache is not None and cache.keys else None
+            h, k, v = layer(x, h, positions, mask, past)
+            if cache is not None and keep:
+                if cache.keys and len(cache.keys) > i:
+                    cache.keys[i] = torch.cat([cache.keys[i], k[:, :keep]], dim=1)
+                    cache.values[i] = torch.cat([cache.values[i], v[:, :keep]], dim=1)
+                else:
+                    cache.keys.append(k[:, :keep].contiguous())
+                    cache.values.append(v[:, :keep].contiguous())
+        return self.norm(h)
+
+    @torch.inference_mode()
+    def step(
+        self,
+        features: torch.Tensor,
+        next_embeds: torch.Tensor,
+        start: int,
+        cache: DraftKV,
+        depth: int | None = None,
+    ) -> torch.Tensor:
+        """One drafting forward: m new real positions (from ``start``) + masks; log-probs ``(depth, Vd)``.
+
+        The real positions' keys/values are appended to ``cache``; the masks' are dropped, so the cache
+        only ever holds committed context.
+        """
+        depth = self.cfg.depth if depth is None else max(1, min(depth, self.cfg.depth))
+        m = features.shape[0]
+        x_r, h_r = self.real_inputs(features, next_embeds)
+        x_m, h_m = self.mask_inputs(depth - 1)
+        x_in = torch.cat([x_r, x_m.to(x_r.dtype)])
+        resid = torch.cat([h_r, h_m.to(h_r.dtype)])
+        n = m + depth - 1
+        past = cache.length
+        positions = torch.arange(start, start + n, device=features.device)
+        mask = torch.ones(n, past + n, dtype=torch.bool, device=features.device)
+        mask[:, past:] = torch.ones(n, n, dtype=torch.bool, device=features.device).tril_()
+        hidden = self.forward(x_in, resid, positions, mask, cache=cache, keep=m)
+        logits = self.lm_head(hidden[m - 1 :]).float()
+        return torch.log_softmax(logits, dim=-1)
+
+    # --- persistence -----------------------------------------------------------------------------
+
+    def save(self, folder: str | Path, *, dtype: torch.dtype = torch.float16) -> None:
+        """Write ``config.json`` and ``model.safetensors`` atomically into ``folder``."""
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        tensors = {
+            k: (v.detach().to("cpu", dtype) if v.is_floating_point() else v.detach().cpu()).contiguous()
+            for k, v in self.state_dict().items()
+        }
+        tmp_w, tmp_c = folder / ".model.safetensors.tmp", folder / ".config.json.tmp"
+        save_file(tensors, str(tmp_w), metadata={"format": FORMAT})
+        tmp_c.write_text(self.cfg.to_json())
+        tmp_w.replace(folder / "model.safetensors")
+        tmp_c.replace(folder / "config.json")
+
+    @classmethod
+    def load(cls, folder: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+        """Load a drafter saved by :meth:`save`; corrupt or mismatched files raise DartspecError."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        cfg_path, w_path = folder / "config.json", folder / "model.safetensors"
+        for p in (cfg_path, w_path):
+            if not p.is_file():
+                raise DartspecError(f"{p} not found: not a DART drafter checkpoint folder")
+        cfg = DartConfig.from_json(cfg_path.read_text(), str(cfg_path))
+        model = cls(cfg)
+        try:
+            state = load_file(str(w_path))
+        except (SafetensorError, OSError, ValueError) as err:
+            raise DartspecError(f"{w_path} is corrupted ({err}); retrain or re-download the drafter") from None
+        expected = model.state_dict()
+        missing = sorted(set(expected) - set(state))
+        unexpected = sorted(set(state) - set(expected))
+        wrong = [k for k in expected if k in state and tuple(state[k].shape) != tuple(expected[k].shape)]
+        if missing or unexpected or wrong:
+            detail = "; ".join(
+                s
+                for s in (
+                    f"missing {missing[:3]}" if missing else "",
+                    f"unexpected {unexpected[:3]}" if unexpected else "",
+                    f"wrong shapes {wrong[:3]}" if wrong else "",
+                )
+                if s
+            )
+            raise DartspecError(f"{w_path} does not match its config.json ({detail})")
+        model.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()})
+        return model.to(device)
+
+    def check_target(self, target: Any) -> None:
+        """Refuse a drafter trained for another target (vocabulary or shapes differ)."""
+        cfg = self.cfg
+        if cfg.hidden_size != target.hidden_size or cfg.target_vocab_size != target.vocab_size:
+            raise DartspecError(
+                f"this drafter was trained for {cfg.target_name or 'another target'} (hidden {cfg.hidden_size}, "
+                f"vocab {cfg.target_vocab_size}), not {target.name} (hidden {target.hidden_size}, "
+                f"vocab {target.vocab_size})"
+            )
+        if tuple(cfg.feature_layers) != tuple(target.feature_layers):
+            raise DartspecError(
+                f"the drafter reads target layers {list(cfg.feature_layers)} but the target exposes "
+                f"{list(target.feature_layers)}: load the target with feature_layers={list(cfg.feature_layers)}"
+            )
+        if cfg.target_fingerprint and cfg.target_fingerprint != target_fingerprint(target):
+            raise DartspecError(f"this drafter was trained for a different tokenizer than {target.name}'s")
+
+
+def init_head_from_target(model: DartModel, target: Any, draft_ids: torch.Tensor) -> None:
+    """Start the draft LM head from the target's head rows for the draft vocabulary (faster training)."""
+    with torch.no_grad():
+        model.d2t.copy_(draft_ids.to(model.d2t.device))
+        model.lm_head.weight.copy_(target.lm_head.weight[draft_ids.to(target.device)].to(model.lm_head.weight))
+
+
+def param_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

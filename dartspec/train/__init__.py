@@ -1,0 +1,1 @@
+"""Training pipelines for drafters."""

@@ -1,0 +1,324 @@
+"""Online training of a DART drafter against a frozen target.
+
+Each step the target scores a few regenerated sequences without gradients (features + logits, nothing
+cached to disk), and the drafter is trained on many anchor blocks per sequence in one forward
+(:mod:`dartspec.train.dart_loss`). AdamW, cosine schedule with warmup, gradient clipping. Checkpoints
+are written atomically and hold everything needed to continue exactly: drafter, optimizer,
+scheduler, data position and RNG states.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dartspec.drafters.dart_model import DartConfig, DartModel, init_head_from_target
+from dartspec.errors import DartspecError
+from dartspec.train.dart_loss import anchor_layout, dart_loss, sample_anchors
+
+STATE_FILE = "train_state.pt"
+LOG_FILE = "train_log.jsonl"
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One training sequence: prompt + regenerated answer token ids."""
+
+    tokens: np.ndarray
+    prompt_len: int
+    index: int = -1
+
+
+@dataclass
+class TrainConfig:
+    """Hyper-parameters; also read from ``--config train.yaml`` (same keys)."""
+
+    depth: int = 8
+    num_layers: int = 1
+    draft_vocab_size: int = 16384
+    lr: float = 5e-4
+    min_lr_ratio: float = 0.05
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    warmup_steps: int = 50
+    epochs: float = 1.0
+    max_steps: int = 0  # 0 = derived from epochs
+    grad_clip: float = 0.5
+    max_seq_len: int = 1024
+    seqs_per_step: int = 4
+    anchors_per_seq: int = 128
+    loss: str = "kl"
+    depth_decay: float = 0.6
+    checkpoint_every: int = 50
+    eval_every: int = 100
+    eval_samples: int = 48
+    seed: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> TrainConfig:
+        import yaml
+
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as err:
+            raise DartspecError(f"cannot read training config {path}: {err}") from None
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise DartspecError(f"{path}: unknown training options {unknown}; known: {sorted(known)}")
+        if "betas" in data:
+            data["betas"] = tuple(data["betas"])
+        return cls(**data)
+
+
+def choose_draft_vocab(samples: Sequence[Sample], size: int, vocab_size: int) -> tuple[torch.Tensor, float]:
+    """The ``size`` most frequent answer tokens (sorted ids) and the share of answer tokens they cover."""
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for s in samples:
+        np.add.at(counts, s.tokens[s.prompt_len :].astype(np.int64), 1)
+    size = min(size, vocab_size)
+    top = np.argsort(-counts, kind="stable")[:size]
+    coverage = float(counts[top].sum() / max(counts.sum(), 1))
+    return torch.from_numpy(np.sort(top)).long(), coverage
+
+
+def lr_at(step: int, cfg: TrainConfig, total: int) -> float:
+    """Linear warmup, then cosine decay to ``min_lr_ratio * lr``."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+class DartTrainer:
+    """Trains a DART drafter for ``target`` on regenerated samples; resumable at step granularity."""
+
+    def __init__(
+        self,
+        target: Any,
+        train: Sequence[Sample],
+        dev: Sequence[Sample],
+        out: str | Path,
+        cfg: TrainConfig,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        if not train:
+            raise DartspecError("no training samples: regenerate data first (dartspec data regenerate)")
+        self.target = target
+        self.train = train
+        self.dev = list(dev)[: cfg.eval_samples]
+        self.out = Path(out)
+        self.cfg = cfg
+        self.log = log
+        self.embed = target.model.get_input_embeddings()
+        self.steps_per_epoch = math.ceil(len(train) / cfg.seqs_per_step)
+        self.total_steps = cfg.max_steps or max(1, int(cfg.epochs * self.steps_per_epoch))
+        self.step = 0
+        self.epoch = 0
+        self.position = 0  # samples consumed in the current epoch's permutation
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+        self.model: DartModel | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+
+    # --- setup -----------------------------------------------------------------------------------
+
+    def _build(self) -> None:
+        draft_ids, coverage = choose_draft_vocab(self.train, self.cfg.draft_vocab_size, self.target.vocab_size)
+        mcfg = DartConfig.for_target(
+            self.target, draft_vocab_size=len(draft_ids), depth=self.cfg.depth, num_layers=self.cfg.num_layers
+        )
+        mcfg.extra["draft_vocab_coverage"] = round(coverage, 5)
+        torch.manual_seed(self.cfg.seed)
+        model = DartModel(mcfg).to(self.target.device)
+        init_head_from_target(model, self.target, draft_ids)
+        self.model = model
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=self.cfg.lr, betas=self.cfg.betas, weight_decay=self.cfg.weight_decay
+        )
+        self.log(f"draft vocabulary: {len(draft_ids)} tokens covering {coverage:.2%} of answer tokens")
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng(self.cfg.seed + 1000 * epoch).permutation(len(self.train))
+
+    # --- checkpoints -----------------------------------------------------------------------------
+
+    def save(self) -> None:
+        """Drafter (safetensors + config) and training state, each written atomically."""
+        assert self.model is not None and self.optimizer is not None
+        self.model.save(self.out, dtype=torch.float32)
+        state = {
+            "step": self.step,
+            "epoch": self.epoch,
+            "position": self.position,
+            "total_steps": self.total_steps,
+            "optimizer": self.optimizer.state_dict(),
+            "generator": self.gen.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "config": json.dumps(asdict(self.cfg)),
+        }
+        tmp = self.out / f".{STATE_FILE}.tmp"
+        torch.save(state, tmp)
+        os.replace(tmp, self.out / STATE_FILE)
+
+    def resume(self) -> None:
+        path = self.out / STATE_FILE
+        if not path.is_file():
+            raise DartspecError(f"nothing to resume in {self.out} ({STATE_FILE} not found)")
+        try:
+            state = torch.load(path, weights_only=True)
+        except Exception as err:  # torch raises many types for a damaged file
+            raise DartspecError(f"{path} is corrupted ({type(err).__name__}); start again without --resume") from None
+        saved = json.loads(state["config"])
+        saved["betas"] = tuple(saved["betas"])
+        now = asdict(self.cfg)
+        changed = [k for k in now if k not in ("extra", "checkpoint_every", "eval_every") and saved.get(k) != now[k]]
+        if changed:
+            raise DartspecError(f"the checkpoint in {self.out} was trained with different settings: {changed}")
+        self.model = DartModel.load(self.out, device=self.target.device, dtype=torch.float32)
+        self.model.check_target(self.target)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=self.cfg.lr, betas=self.cfg.betas, weight_decay=self.cfg.weight_decay
+        )
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
+        self.total_steps = state["total_steps"]
+        self.gen.set_state(state["generator"])
+        torch.set_rng_state(state["torch_rng"])
+        self.log(f"resumed from step {self.step} (epoch {self.epoch}, sample {self.position})")
+
+    # --- steps -----------------------------------------------------------------------------------
+
+    def _batch(self) -> list[Sample]:
+        batch = []
+        while len(batch) < self.cfg.seqs_per_step:
+            perm = self._permutation(self.epoch)
+            if self.position >= len(perm):
+                self.epoch += 1
+                self.position = 0
+                continue
+            batch.append(self.train[int(perm[self.position])])
+            self.position += 1
+        return batch
+
+    def _sequence_loss(self, sample: Sample, anchors_per_seq: int | None = None, generator=None):
+        assert self.model is not None
+        tokens = sample.tokens[: self.cfg.max_seq_len].astype(np.int64)
+        if len(tokens) < 4 or sample.prompt_len >= len(tokens):
+            return None
+        out = self.target.score_sequence(tokens.tolist())
+        ids = torch.from_numpy(tokens).to(self.target.device)
+        with torch.no_grad():
+            next_embeds = self.embed(ids[1:]).float()
+        count = self.cfg.anchors_per_seq if anchors_per_seq is None else anchors_per_seq
+        anchors = sample_anchors(len(tokens), sample.prompt_len, count, generator or self.gen)
+        layout = anchor_layout(len(tokens), sample.prompt_len, self.cfg.depth, anchors, self.target.device)
+        return dart_loss(
+            self.model,
+            out.features.float().clone(),
+            next_embeds.clone(),
+            out.logits,
+            layout,
+            decay=self.cfg.depth_decay,
+            kind=self.cfg.loss,
+        )
+
+    def train_step(self) -> dict[str, Any]:
+        """One optimizer step over ``seqs_per_step`` sequences; returns the logged metrics."""
+        assert self.model is not None and self.optimizer is not None
+        self.model.train()
+        start = time.perf_counter()
+        lr = lr_at(self.step, self.cfg, self.total_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.zero_grad(set_to_none=True)
+        losses, tokens = [], 0
+        batch = self._batch()
+        for sample in batch:
+            res = self._sequence_loss(sample)
+            if res is None:
+                continue
+            (res.loss / len(batch)).backward()
+            losses.append(float(res.loss))
+            tokens += min(len(sample.tokens), self.cfg.max_seq_len)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip))
+        self.optimizer.step()
+        self.step += 1
+        elapsed = time.perf_counter() - start
+        return {
+            "step": self.step,
+            "loss": float(np.mean(losses)) if losses else float("nan"),
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
+            "epoch": self.epoch + self.position / len(self.train),
+        }
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, Any]:
+        """Per-depth top-1 agreement with the target on the dev split (fixed anchors), and chain tau."""
+        assert self.model is not None
+        self.model.eval()
+        gen = torch.Generator().manual_seed(12345)
+        correct = np.zeros(self.cfg.depth)
+        count = np.zeros(self.cfg.depth)
+        loss = []
+        for sample in self.dev:
+            res = self._sequence_loss(sample, anchors_per_seq=64, generator=gen)
+            if res is None:
+                continue
+            correct += res.per_depth_correct
+            count += res.per_depth_count
+            loss.append(float(res.loss))
+        acc = np.divide(correct, count, out=np.zeros_like(correct), where=count > 0)
+        # DART's mask rows are marginals given the true context, so a chain of d drafts survives to depth t
+        # with about prod(acc[:t]) (an estimate: errors at different depths are not independent).
+        survive = np.cumprod(acc)
+        return {
+            "dev_loss": float(np.mean(loss)) if loss else float("nan"),
+            "dev_top1": [round(float(a), 4) for a in acc],
+            "dev_chain_tau_est": round(float(1 + survive.sum()), 3),
+        }
+
+    # --- loop ------------------------------------------------------------------------------------
+
+    def fit(self, resume: bool = False, stop_after: int | None = None) -> dict[str, Any]:
+        """Train until ``total_steps`` (or ``stop_after`` more steps); checkpoint and log as configured."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        if resume:
+            self.resume()
+        else:
+            if (self.out / STATE_FILE).exists():
+                raise DartspecError(f"{self.out} already holds a training run: pass --resume or choose another --out")
+            self._build()
+            self.save()
+        log_path = self.out / LOG_FILE
+        end = self.total_steps if stop_after is None else min(self.total_steps, self.step + stop_after)
+        metrics: dict[str, Any] = {}
+        from tqdm import tqdm
+
+        with (
+            tqdm(total=self.total_steps, initial=self.step, desc="train dart", unit="step") as bar,
+            open(log_path, "a") as log_file,
+        ):
+            while self.step < end:
+                metrics = self.train_step()
+                if self.step % self.cfg.eval_every == 0 or self.step == self.total_steps:
+                    metrics.update(self.evaluate())
+                    self.log(f"step {self.step}: dev top-1 per depth {metrics['dev_top1']}")
+                log_file.write(json.dumps(metrics) + "\n")
+                log_file.flush()
+                bar.set_postfix(loss=f"{metrics['loss']:.3f}", tok_s=f"{metrics['tokens_per_s']:.0f}")
+                bar.update(1)
+                if self.step % self.cfg.checkpoint_every == 0 or self.step == end:
+                    self.save()
+        return metrics

@@ -1,0 +1,146 @@
+"""DART's training objective on one sequence: many anchor blocks in one drafter forward.
+
+The sequence's real positions i = 0..T-2 carry (fc(h_i), emb(x_{i+1})), causal among themselves;
+their own output rows predict depth 1 (token x_{i+2}). Each sampled anchor a gets its own block of
+d-1 mask slots at positions a+1..a+d-1 that see the real positions <= a and the earlier slots of the
+same block only, so one forward trains every anchor exactly as drafting at step a would see it.
+Slot j of anchor a predicts depth j+1, i.e. token x_{a+j+2}, whose target distribution is the
+target's logits at position a+j+1. Loss: KL(target || draft) over the draft vocabulary (the target's
+distribution restricted to it and renormalised), depth t weighted ``decay ** (t-1)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from dartspec.drafters.dart_model import DartModel
+
+
+@dataclass(frozen=True)
+class AnchorLayout:
+    """Where every drafter row sits: positions, attention mask, and the target row it is scored on."""
+
+    positions: torch.Tensor  # (N,) RoPE positions
+    mask: torch.Tensor  # (N, N) bool, True = may attend
+    depth: torch.Tensor  # (N,) depth predicted by each row (1..d); 0 = row not scored
+    target_row: torch.Tensor  # (N,) index into the target's logits (valid where depth > 0)
+    n_real: int
+
+
+def anchor_layout(
+    seq_len: int, prompt_len: int, depth: int, anchors: torch.Tensor, device: torch.device | str = "cpu"
+) -> AnchorLayout:
+    """Layout for a sequence of ``seq_len`` tokens with anchor blocks at ``anchors`` (real positions).
+
+    Only predictions of answer tokens (index >= prompt_len) are scored.
+    """
+    n_real = seq_len - 1
+    k = anchors.numel()
+    n_slots = depth - 1
+    n = n_real + k * n_slots
+    anchors = anchors.to(device)
+    real_pos = torch.arange(n_real, device=device)
+    slot_j = torch.arange(1, n_slots + 1, device=device)
+    slot_pos = (anchors[:, None] + slot_j[None, :]).reshape(-1)
+    positions = torch.cat([real_pos, slot_pos])
+
+    mask = torch.zeros(n, n, dtype=torch.bool, device=device)
+    mask[:n_real, :n_real] = torch.ones(n_real, n_real, dtype=torch.bool, device=device).tril_()
+    if k:
+        # Slot rows: see real positions <= anchor ...
+        slot_anchor = anchors.repeat_interleave(n_slots)
+        mask[n_real:, :n_real] = real_pos[None, :] <= slot_anchor[:, None]
+        # ... and earlier slots of their own block (block-diagonal lower triangles).
+        block = torch.ones(n_slots, n_slots, dtype=torch.bool, device=device).tril_()
+        mask[n_real:, n_real:] = torch.block_diag(*[block] * k)
+
+    depth_of = torch.cat([torch.ones(n_real, dtype=torch.long, device=device), (slot_j + 1).repeat(k)])
+    target_row = positions + 1  # row r predicts token positions[r] + 2, scored on target logits at positions[r] + 1
+    scored = (target_row <= seq_len - 1) & (target_row + 1 >= prompt_len)
+    depth_of = torch.where(scored, depth_of, torch.zeros_like(depth_of))
+    target_row = target_row.clamp(max=seq_len - 1)
+    return AnchorLayout(positions, mask, depth_of, target_row, n_real)
+
+
+def sample_anchors(seq_len: int, prompt_len: int, count: int, generator: torch.Generator) -> torch.Tensor:
+    """Up to ``count`` distinct anchors whose depth-2 prediction lies in the answer, sorted."""
+    lo = max(prompt_len - 2, 0)
+    hi = seq_len - 3  # anchor a needs token a+3 for depth 2
+    if hi < lo:
+        return torch.zeros(0, dtype=torch.long)
+    span = hi - lo + 1
+    if span <= count:
+        return torch.arange(lo, hi + 1)
+    return (torch.randperm(span, generator=generator)[:count] + lo).sort().values
+
+
+@dataclass
+class LossOutput:
+    loss: torch.Tensor
+    per_depth_loss: list[float]
+    per_depth_correct: list[int]  # draft top-1 == target top-1
+    per_depth_count: list[int]
+
+
+def dart_loss(
+    model: DartModel,
+    features: torch.Tensor,
+    next_embeds: torch.Tensor,
+    target_logits: torch.Tensor,
+    layout: AnchorLayout,
+    *,
+    decay: float = 0.6,
+    kind: str = "kl",
+) -> LossOutput:
+    """Weighted per-depth loss of the drafter on one sequence.
+
+    Args:
+        features: ``(T, F*H)`` target features; rows 0..T-2 are used.
+        next_embeds: ``(T-1, H)`` target embeddings of tokens 1..T-1.
+        target_logits: ``(T, V)`` target logits (row i predicts token i+1).
+        layout: from :func:`anchor_layout`.
+        kind: ``"kl"`` (to the target's distribution) or ``"ce"`` (to the target's argmax token).
+    """
+    cfg = model.cfg
+    n_real = layout.n_real
+    x_r, h_r = model.real_inputs(features[:n_real], next_embeds[:n_real])
+    n_slots = layout.positions.numel() - n_real
+    x_m, h_m = model.mask_inputs(n_slots)
+    x_in = torch.cat([x_r, x_m.to(x_r.dtype)])
+    resid = torch.cat([h_r, h_m.to(h_r.dtype)])
+
+    scored = layout.depth > 0
+    hidden = model(x_in, resid, layout.positions, layout.mask)[scored]
+    depth = layout.depth[scored]
+    rows = layout.target_row[scored]
+    logq = torch.log_softmax(model.lm_head(hidden).float(), dim=-1)
+    with torch.no_grad():
+        t_logits = target_logits[rows][:, model.d2t].float()
+        target_top = t_logits.argmax(-1)
+        p = torch.softmax(t_logits, dim=-1)
+    if kind == "kl":
+        per_row = (p * (torch.log(p.clamp_min(1e-30)) - logq)).sum(-1)
+    elif kind == "ce":
+        per_row = F.nll_loss(logq, target_top, reduction="none")
+    else:
+        raise ValueError(f"unknown loss kind {kind!r} (kl or ce)")
+    correct = logq.argmax(-1) == target_top
+
+    total = logq.new_zeros(())
+    per_loss, per_correct, per_count = [], [], []
+    for t in range(1, cfg.depth + 1):
+        sel = depth == t
+        cnt = int(sel.sum())
+        per_count.append(cnt)
+        if cnt == 0:
+            per_loss.append(0.0)
+            per_correct.append(0)
+            continue
+        mean = per_row[sel].mean()
+        total = total + decay ** (t - 1) * mean
+        per_loss.append(float(mean))
+        per_correct.append(int(correct[sel].sum()))
+    return LossOutput(total, per_loss, per_correct, per_count)
