@@ -290,8 +290,8 @@ class DartModel(nn.Module):
         mask = torch.ones(n, past + n, dtype=torch.bool, device=features.device)
         mask[:, past:] = torch.ones(n, n, dtype=torch.bool, device=features.device).tril_()
         hidden = self.forward(x_in, resid, positions, mask, cache=cache, keep=m)
-        logits = self.lm_head(hidden[m - 1 :]).float()
-        return torch.log_softmax(logits, dim=-1)
+        logits = self.lm_head(hidden[m - 1 :])
+        return torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
 
     # --- persistence -----------------------------------------------------------------------------
 

@@ -141,6 +141,6 @@ def dart_loss(
             continue
         mean = per_row[sel].mean()
         total = total + decay ** (t - 1) * mean
-        per_loss.append(float(mean))
+        per_loss.append(float(mean.detach()))
         per_correct.append(int(correct[sel].sum()))
     return LossOutput(total, per_loss, per_correct, per_count)

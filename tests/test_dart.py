@@ -1,0 +1,241 @@
+"""The DART drafter network, its training objective and trainer, on a tiny random target."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from dartspec.drafters.dart import DartDrafter
+from dartspec.drafters.dart_model import DartConfig, DartModel, DraftKV
+from dartspec.engine import Generator
+from dartspec.errors import DartspecError
+from dartspec.target import Target
+from dartspec.train.dart import STATE_FILE, DartTrainer, Sample, TrainConfig, choose_draft_vocab
+from dartspec.train.dart_loss import anchor_layout, sample_anchors
+
+VOCAB = 96
+
+
+def tiny_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(VOCAB)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="t1", unk_token="t0")
+
+
+def tiny_target(seed: int = 0, layers: int = 6) -> Target:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        eos_token_id=1,
+        tie_word_embeddings=True,
+    )
+    model = LlamaForCausalLM(cfg).to(torch.float64)
+    return Target(model, tiny_tokenizer(), name="tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def target() -> Target:
+    return tiny_target()
+
+
+def random_samples(n: int, seed: int, length: tuple[int, int] = (24, 48)) -> list[Sample]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        t = int(rng.integers(*length))
+        # A repeating motif makes the data learnable, so training must visibly lower the loss.
+        motif = rng.integers(2, VOCAB, size=5)
+        tokens = np.concatenate([rng.integers(2, VOCAB, size=6), np.resize(motif, t - 6)]).astype(np.uint16)
+        out.append(Sample(tokens, prompt_len=6, index=i))
+    return out
+
+
+def model_for(target: Target, depth: int = 4, vocab: int = 64, seed: int = 0) -> DartModel:
+    torch.manual_seed(seed)
+    cfg = DartConfig.for_target(target, draft_vocab_size=vocab, depth=depth)
+    return DartModel(cfg).to(torch.float64)
+
+
+def test_config_sizes_come_from_target(target: Target) -> None:
+    cfg = DartConfig.for_target(target, draft_vocab_size=50, depth=6)
+    assert (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) == (32, 4, 2, 8)
+    assert cfg.feature_layers == (2, 3, 3)
+    assert cfg.target_vocab_size == VOCAB and cfg.draft_vocab_size == 50
+
+
+def test_anchor_layout_masks() -> None:
+    lay = anchor_layout(seq_len=10, prompt_len=3, depth=3, anchors=torch.tensor([2, 5]))
+    n_real = 9
+    assert lay.n_real == n_real and lay.positions.tolist() == [*range(9), 3, 4, 6, 7]
+    # Real rows are causal among themselves and never see slots.
+    assert torch.equal(lay.mask[:n_real, :n_real], torch.ones(9, 9, dtype=torch.bool).tril())
+    assert not lay.mask[:n_real, n_real:].any()
+    # Slot 2 of anchor 5 sees real 0..5, slot 1 of its own block and itself, nothing of anchor 2's block.
+    row = lay.mask[n_real + 3]
+    assert row[:n_real].tolist() == [True] * 6 + [False] * 3
+    assert row[n_real:].tolist() == [False, False, True, True]
+    # Depth of each row and the target logits row it is scored on (0 = unscored).
+    assert lay.depth[n_real:].tolist() == [2, 3, 2, 3]
+    assert lay.target_row[n_real:].tolist() == [4, 5, 7, 8]
+    # Real row i is scored on the target's logits at i+1 (which predict token i+2) when that is an answer token
+    # (index >= 3); the last row uses the target's prediction after the final token, a valid soft label.
+    assert lay.depth[:n_real].tolist() == [0, 1, 1, 1, 1, 1, 1, 1, 1]
+    assert lay.target_row[:n_real].tolist() == list(range(1, 10))
+
+
+def test_training_layout_equals_incremental_drafting(target: Target) -> None:
+    """Every anchor block sees exactly what a drafting step at that position sees."""
+    model = model_for(target, depth=4).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    ids = list(np.random.default_rng(1).integers(2, VOCAB, size=30))
+    out = target.score_sequence(ids)
+    feats = out.features.clone()
+    embeds = target.model.get_input_embeddings()(torch.tensor(ids[1:])).detach()
+    anchors = torch.tensor([7, 15, 26])
+    lay = anchor_layout(len(ids), 1, 4, anchors)
+    with torch.no_grad():
+        x_r, h_r = model.real_inputs(feats[: lay.n_real], embeds)
+        x_m, h_m = model.mask_inputs(len(anchors) * 3)
+        hid = model(torch.cat([x_r, x_m]), torch.cat([h_r, h_m]), lay.positions, lay.mask)
+        logp = torch.log_softmax(model.lm_head(hid), -1)
+    for k, a in enumerate(anchors.tolist()):
+        cache = DraftKV()
+        model.step(feats[:5], embeds[:5], 0, cache, depth=1)  # an earlier step's real positions
+        step = model.step(feats[5 : a + 1], embeds[5 : a + 1], 5, cache, depth=4)
+        rows = [a] + [lay.n_real + 3 * k + j for j in range(3)]
+        torch.testing.assert_close(step, logp[rows], rtol=0, atol=1e-9)
+        assert cache.length == a + 1
+
+
+def test_save_load_round_trip(tmp_path: Path, target: Target) -> None:
+    model = model_for(target)
+    model.d2t.copy_(torch.arange(64) + 7)
+    model.save(tmp_path, dtype=torch.float32)
+    assert json.loads((tmp_path / "config.json").read_text())["format"] == "dartspec-dart"
+    loaded = DartModel.load(tmp_path, dtype=torch.float64)
+    for (k, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items(), strict=True):
+        torch.testing.assert_close(a, b.to(a.dtype), rtol=0, atol=1e-6, msg=k)
+    assert loaded.d2t.tolist() == list(range(7, 71))
+
+
+def test_corrupted_and_mismatched_checkpoints(tmp_path: Path, target: Target) -> None:
+    model_for(target).save(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(DartspecError, match="corrupted"):
+        DartModel.load(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(DartspecError, match="not valid JSON"):
+        DartModel.load(tmp_path)
+    with pytest.raises(DartspecError, match="not found"):
+        DartModel.load(tmp_path / "nowhere")
+    # Shapes that disagree with config.json
+    model_for(target).save(tmp_path / "a")
+    cfg = json.loads((tmp_path / "a" / "config.json").read_text())
+    cfg["intermediate_size"] = 48
+    (tmp_path / "a" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(DartspecError, match="does not match"):
+        DartModel.load(tmp_path / "a")
+    # A drafter for another target
+    other = tiny_target(layers=8)
+    with pytest.raises(DartspecError, match=r"reads target layers|trained for"):
+        DartDrafter(model_for(target), other)
+
+
+def test_dart_drafter_is_lossless_and_in_step(target: Target) -> None:
+    model = model_for(target, depth=5)
+    plain = Generator(target).generate(list(range(2, 12)), max_new_tokens=40)
+    gen = Generator(target, DartDrafter(model, target), tree_size=8, max_depth=5)
+    spec = gen.generate(list(range(2, 12)), max_new_tokens=40)
+    assert spec.token_ids == plain.token_ids
+
+
+def test_draft_vocab_coverage() -> None:
+    samples = [Sample(np.array([5, 5, 9, 9, 9, 3]), prompt_len=2)]
+    ids, coverage = choose_draft_vocab(samples, 1, VOCAB)
+    assert ids.tolist() == [9] and coverage == pytest.approx(0.75)
+
+
+def test_sample_anchors_in_answer_region() -> None:
+    g = torch.Generator().manual_seed(0)
+    a = sample_anchors(40, 10, 5, g)
+    assert len(a) == 5 and a.min() >= 8 and a.max() <= 37 and torch.equal(a, a.sort().values)
+    assert sample_anchors(5, 5, 3, g).numel() == 0
+
+
+def small_config(**kw) -> TrainConfig:
+    base = dict(
+        depth=4,
+        draft_vocab_size=64,
+        lr=3e-3,
+        warmup_steps=2,
+        max_steps=30,
+        seqs_per_step=2,
+        anchors_per_seq=8,
+        checkpoint_every=5,
+        eval_every=1000,
+        eval_samples=4,
+    )
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def test_training_lowers_the_loss(tmp_path: Path, target: Target) -> None:
+    trainer = DartTrainer(
+        target, random_samples(16, 0), random_samples(4, 1), tmp_path, small_config(), log=lambda m: None
+    )
+    trainer.fit()
+    log = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    first = np.mean([r["loss"] for r in log[:3]])
+    last = np.mean([r["loss"] for r in log[-3:]])
+    assert last < 0.8 * first, (first, last)
+    ev = trainer.evaluate()
+    assert len(ev["dev_top1"]) == 4 and ev["dev_chain_tau_est"] >= 1.0
+
+
+def test_resume_continues_exactly(tmp_path: Path, target: Target) -> None:
+    cfg = small_config(max_steps=8, checkpoint_every=3)
+    train, dev = random_samples(10, 0), random_samples(2, 1)
+    quiet = dict(log=lambda m: None)
+    full = DartTrainer(target, train, dev, tmp_path / "full", cfg, **quiet)
+    full.fit()
+    ref = [json.loads(x)["loss"] for x in (tmp_path / "full" / "train_log.jsonl").read_text().splitlines()]
+
+    part = DartTrainer(target, train, dev, tmp_path / "part", cfg, **quiet)
+    part.fit(stop_after=3)  # stops after step 3, checkpointed
+    again = DartTrainer(target, train, dev, tmp_path / "part", cfg, **quiet)
+    again.fit(resume=True)
+    got = [json.loads(x)["loss"] for x in (tmp_path / "part" / "train_log.jsonl").read_text().splitlines()]
+    assert len(got) == len(ref) == 8
+    np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-12)
+
+
+def test_resume_refuses_other_settings_and_overwrites(tmp_path: Path, target: Target) -> None:
+    train, dev = random_samples(6, 0), random_samples(2, 1)
+    DartTrainer(target, train, dev, tmp_path, small_config(max_steps=2), log=lambda m: None).fit()
+    with pytest.raises(DartspecError, match="already holds"):
+        DartTrainer(target, train, dev, tmp_path, small_config(max_steps=2), log=lambda m: None).fit()
+    with pytest.raises(DartspecError, match="different settings"):
+        DartTrainer(target, train, dev, tmp_path, small_config(max_steps=2, lr=1.0), log=lambda m: None).fit(
+            resume=True
+        )
+    (tmp_path / STATE_FILE).write_bytes(b"broken")
+    with pytest.raises(DartspecError, match="corrupted"):
+        DartTrainer(target, train, dev, tmp_path, small_config(max_steps=2), log=lambda m: None).fit(resume=True)
