@@ -92,7 +92,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.drafter not in drafter_names():
         make_drafter(args.drafter, None)  # raises the error that lists the known drafters
     target = load_target(args)
-    gen = Generator(target, make_drafter(args.drafter, target), tree_size=args.tree_size, max_depth=args.max_depth)
+    drafter = make_drafter(args.drafter, target, args.drafter_path)
+    gen = Generator(target, drafter, tree_size=args.tree_size, max_depth=args.max_depth)
     kwargs = dict(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
@@ -156,7 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_target_args(p)
     p.add_argument("--prompt", required=True, help="the prompt text")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user turn in the chat template")
-    p.add_argument("--drafter", default="none", help="none (plain decoding) or pld (prompt lookup)")
+    p.add_argument("--drafter", default="none", help="none (plain decoding), pld (prompt lookup) or dart")
+    p.add_argument("--drafter-path", default=None, help="drafter checkpoint folder (default: the shipped one)")
     p.add_argument("--tree-size", type=_positive_int, default=16, help="max draft tree nodes, root included")
     p.add_argument("--max-depth", type=int, default=8, help="max draft depth below the root")
     add_sampling_args(p)

@@ -2,29 +2,45 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from pathlib import Path
 
 from dartspec.drafters.base import DraftBudget, Drafter, NoDrafter
 from dartspec.drafters.pld import PromptLookupDrafter
 from dartspec.errors import DartspecError
-from dartspec.target import Target
 
-_FACTORIES: dict[str, Callable[[Target | None], Drafter]] = {
-    "none": lambda target: NoDrafter(),
-    "pld": lambda target: PromptLookupDrafter(),
-}
+#: Drafter checkpoints that ship inside the package, by target model name.
+SHIPPED_DIR = Path(__file__).resolve().parent.parent / "checkpoints"
+
+DRAFTER_NAMES = ("none", "pld", "dart")
 
 
 def drafter_names() -> list[str]:
-    return list(_FACTORIES)
+    return list(DRAFTER_NAMES)
 
 
-def make_drafter(name: str, target: Target | None) -> Drafter:
-    """A drafter for ``target`` by name (``none``, ``pld``)."""
-    factory = _FACTORIES.get(name)
-    if factory is None:
-        raise DartspecError(f"unknown drafter {name!r}: choose one of {', '.join(_FACTORIES)}")
-    return factory(target)
+def shipped_checkpoint(kind: str, model_name: str) -> Path | None:
+    """The packaged ``kind`` drafter (e.g. ``dart``) for a known target name, if one ships."""
+    folder = SHIPPED_DIR / f"{model_name}-{kind}"
+    return folder if (folder / "config.json").is_file() else None
+
+
+def make_drafter(name: str, target, checkpoint: str | Path | None = None) -> Drafter:
+    """A drafter for ``target`` by name: ``none``, ``pld``, or ``dart`` (``checkpoint`` or the shipped one)."""
+    if name == "none":
+        return NoDrafter()
+    if name == "pld":
+        return PromptLookupDrafter()
+    if name == "dart":
+        from dartspec.drafters.dart import DartDrafter
+
+        folder = Path(checkpoint) if checkpoint else shipped_checkpoint("dart", target.name)
+        if folder is None:
+            raise DartspecError(
+                f"no DART drafter ships for {target.name!r}: train one with `dartspec train dart` "
+                "and pass it with --drafter-path"
+            )
+        return DartDrafter.from_pretrained(folder, target)
+    raise DartspecError(f"unknown drafter {name!r}: choose one of {', '.join(DRAFTER_NAMES)}")
 
 
 __all__ = ["DraftBudget", "Drafter", "NoDrafter", "PromptLookupDrafter", "drafter_names", "make_drafter"]
