@@ -147,6 +147,38 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_data_regenerate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from dartspec.data.regenerate import RegenConfig, parse_range, regenerate
+
+    start, stop = parse_range(args.range)
+    if args.temperature < 0:
+        raise DartspecError("--temperature must be >= 0")
+    cfg = RegenConfig(
+        model=args.model,
+        source=args.source,
+        start=start,
+        stop=stop,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        seed=args.seed,
+        shard_size=args.shard_size,
+    )
+    target = load_target(args)
+    summary = regenerate(target, cfg, Path(args.out), resume=args.resume, batch_size=args.batch_size, log=_log)
+    _log("summary: " + json.dumps(summary))
+    return 0
+
+
+def cmd_train_dart(args: argparse.Namespace) -> int:
+    from dartspec.train.cli import train_dart
+
+    train_dart(args, load_target(args), log=_log)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dartspec", description="Fast, lossless LLM inference by speculative decoding."
@@ -171,6 +203,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--methods", default="none,pld", help="drafters to compare (default none,pld)")
     p.add_argument("--max-new-tokens", type=_positive_int, default=128)
     p.set_defaults(func=cmd_demo)
+
+    data = sub.add_parser("data", help="training data").add_subparsers(dest="data_command", required=True)
+    p = data.add_parser("regenerate", help="let the target write its own answers to ShareGPT prompts")
+    add_target_args(p)
+    p.add_argument("--source", default="sharegpt", choices=["sharegpt"])
+    p.add_argument("--range", required=True, help="source indices START:STOP (train < 14000, dev 14000:15000)")
+    p.add_argument("--out", required=True, help="output folder of token-id shards")
+    p.add_argument("--batch-size", type=_positive_int, default=16)
+    p.add_argument("--max-prompt-tokens", type=_positive_int, default=512)
+    p.add_argument("--max-new-tokens", type=_positive_int, default=512)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shard-size", type=_positive_int, default=256, help="source indices per shard")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted run (skips finished shards)")
+    p.set_defaults(func=cmd_data_regenerate)
+
+    train = sub.add_parser("train", help="train drafters").add_subparsers(dest="train_command", required=True)
+    p = train.add_parser("dart", help="train a DART drafter online against the target")
+    add_target_args(p)
+    p.add_argument("--data", required=True, help="regenerated training shards (dartspec data regenerate)")
+    p.add_argument("--dev", default=None, help="regenerated dev shards (default: none, no dev metrics)")
+    p.add_argument("--out", required=True, help="checkpoint folder")
+    p.add_argument("--config", default=None, help="YAML file of TrainConfig fields")
+    p.add_argument("--max-steps", type=int, default=None, help="override the number of optimizer steps")
+    p.add_argument("--stop-after", type=int, default=None, help="stop after this many steps (resume later)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out exactly")
+    p.set_defaults(func=cmd_train_dart)
 
     p = sub.add_parser("models", help="list the known model names")
     p.set_defaults(func=cmd_models)

@@ -1,0 +1,28 @@
+"""Glue between the ``dartspec train`` command line and the trainers."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from dartspec.data.shards import load_shards
+from dartspec.train.dart import DartTrainer, Sample, TrainConfig
+
+
+def samples_from(folder: str) -> list[Sample]:
+    return [Sample(r.tokens, r.prompt_len, r.index) for r in load_shards(folder)]
+
+
+def train_dart(args: argparse.Namespace, target: Any, log: Callable[[str], None]) -> dict[str, Any]:
+    cfg = TrainConfig.from_file(args.config) if args.config else TrainConfig()
+    if args.max_steps is not None:
+        cfg = replace(cfg, max_steps=args.max_steps)
+    train = samples_from(args.data)
+    dev = samples_from(args.dev) if args.dev else []
+    log(f"training on {len(train)} samples ({sum(len(s.tokens) for s in train)} tokens), dev {len(dev)}")
+    trainer = DartTrainer(target, train, dev, args.out, cfg, log=log)
+    metrics = trainer.fit(resume=args.resume, stop_after=args.stop_after)
+    log(f"saved {args.out} at step {trainer.step}/{trainer.total_steps}")
+    return metrics
