@@ -381,11 +381,12 @@ class Target:
         return mask[None, None]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """LM head on final-norm hidden states ``(rows, H)``; float32 ``(rows, vocab)``."""
+        """LM head on final-norm hidden states ``(rows, H)``; ``(rows, vocab)`` in float32 or wider."""
         if hidden.shape[0] == 0:
             return hidden.new_zeros((0, self.vocab_size), dtype=torch.float32)
         head = self.lm_head
-        logits = (rows_first_linear(hidden, head.weight, head.bias) if self.fast_linear else head(hidden)).float()
+        logits = rows_first_linear(hidden, head.weight, head.bias) if self.fast_linear else head(hidden)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits

@@ -181,9 +181,7 @@ def test_folder_with_config_but_no_weights_is_rejected(tmp_path: Path) -> None:
 # --- GGUF conversion ---------------------------------------------------------------------------
 
 
-def test_gguf_conversion_produces_loadable_folder_with_chat_template(
-    converted: Path, tiny_gguf: Path
-) -> None:
+def test_gguf_conversion_produces_loadable_folder_with_chat_template(converted: Path, tiny_gguf: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     assert converted.parent.name == "models"
@@ -264,9 +262,7 @@ def test_failed_conversion_leaves_nothing_behind(
     assert list((cache / "models").iterdir()) == []
 
 
-def test_conversion_replaces_existing_folder(
-    tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_conversion_replaces_existing_folder(tiny_gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def fake_convert(gguf_path: Path, out_dir: Path) -> str:
         (out_dir / "model.safetensors").write_bytes(b"weights")
         (out_dir / "config.json").write_text("{}")

@@ -47,10 +47,7 @@ def _truncated_sharegpt(path: Path) -> Path:
     """Write the records as ShareGPT's file does (indented list), then a record cut off mid-string."""
     text = json.dumps(SHAREGPT_RECORDS, indent=2, ensure_ascii=False)
     assert text.endswith("\n]")
-    cut = (
-        text[: -len("\n]")]
-        + ',\n  {\n    "id": "e_0",\n    "conversations": [\n      {"from": "human", "valu'
-    )
+    cut = text[: -len("\n]")] + ',\n  {\n    "id": "e_0",\n    "conversations": [\n      {"from": "human", "valu'
     path.write_text(cut, encoding="utf-8")
     return path
 
@@ -142,9 +139,7 @@ json_values = st.recursive(
     indent=st.sampled_from([None, 1]),
     cut=st.integers(min_value=1, max_value=200),
 )
-def test_json_array_decoder_matches_json_loads(
-    values: list[object], chunk: int, indent: int | None, cut: int
-) -> None:
+def test_json_array_decoder_matches_json_loads(values: list[object], chunk: int, indent: int | None, cut: int) -> None:
     text = json.dumps(values, indent=indent)
     assert list(iter_json_array(io.StringIO(text), chunk_chars=chunk)) == values
     # A truncated file yields a prefix of the elements: never a wrong or partial element.

@@ -1,0 +1,193 @@
+"""The engine loop: speculative output equals plain output, for any drafter and tree."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+import torch
+from conftest import VOCAB, tiny_target
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dartspec.drafters import PromptLookupDrafter
+from dartspec.drafters.base import DraftBudget
+from dartspec.engine import Generator
+from dartspec.errors import ContextLengthError, DartspecError
+from dartspec.target import Target
+from dartspec.tree import Tree
+
+
+class RandomDrafter:
+    """Random trees of random shape; with probability ``oracle_rate`` one branch follows ``reference`` (the
+    true continuation, e.g. plain decoding's output) for a random length, so long acceptances happen too."""
+
+    name = "random"
+    needs_features = False
+
+    def __init__(self, seed: int, reference: Sequence[int] = (), oracle_rate: float = 0.5) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.reference = list(reference)
+        self.oracle_rate = oracle_rate
+        self.prompt_len = 0
+
+    def begin(self, prompt_ids: Sequence[int]) -> None:
+        self.prompt_len = len(prompt_ids)
+
+    def observe(self, token_ids: Sequence[int], features: torch.Tensor | None) -> None:
+        pass
+
+    def propose(self, tokens: Sequence[int], budget: DraftBudget) -> Tree:
+        paths = []
+        if self.reference and budget.max_depth > 0 and self.rng.random() < self.oracle_rate:
+            done = len(tokens) - self.prompt_len
+            good = self.reference[done : done + budget.max_depth]
+            cut = int(self.rng.integers(0, len(good) + 1))
+            paths.append([*good[:cut], int(self.rng.integers(0, VOCAB))])
+        for _ in range(int(self.rng.integers(0, 4))):
+            depth = int(self.rng.integers(1, budget.max_depth + 1)) if budget.max_depth else 0
+            paths.append(self.rng.integers(0, VOCAB, size=depth).tolist())
+        paths = [p[: budget.max_depth] for p in paths]
+        return Tree.from_paths(tokens[-1], paths, max_nodes=budget.max_nodes)
+
+
+@pytest.fixture(scope="module")
+def target() -> Target:
+    return tiny_target("llama", seed=1)
+
+
+@pytest.fixture(scope="module")
+def qwen() -> Target:
+    return tiny_target("qwen2", seed=4)
+
+
+def prompt_for(seed: int) -> list[int]:
+    rng = np.random.default_rng(seed)
+    motif = rng.integers(2, VOCAB, size=4).tolist()
+    return rng.integers(2, VOCAB, size=5).tolist() + motif * 3  # repeats give prompt lookup matches
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    seed=st.integers(0, 10_000),
+    tree_size=st.integers(1, 24),
+    max_depth=st.integers(0, 8),
+    max_new=st.integers(1, 40),
+)
+def test_random_drafter_greedy_equals_plain(target: Target, seed: int, tree_size: int, max_depth: int, max_new: int):
+    prompt = prompt_for(seed)
+    plain = Generator(target).generate(prompt, max_new_tokens=max_new)
+    drafter = RandomDrafter(seed, plain.token_ids)
+    spec = Generator(target, drafter, tree_size=tree_size, max_depth=max_depth).generate(prompt, max_new_tokens=max_new)
+    assert spec.token_ids == plain.token_ids
+    assert spec.text == plain.text and spec.finish_reason == plain.finish_reason
+    assert len(spec.token_ids) <= max_new
+
+
+@pytest.mark.parametrize("arch_fixture", ["target", "qwen"])
+def test_prompt_lookup_greedy_equals_plain(arch_fixture: str, request: pytest.FixtureRequest) -> None:
+    t = request.getfixturevalue(arch_fixture)
+    accepted = 0
+    for seed in range(6):
+        prompt = prompt_for(seed)
+        plain = Generator(t).generate(prompt, max_new_tokens=30)
+        spec = Generator(t, PromptLookupDrafter(min_ngram=1)).generate(prompt, max_new_tokens=30)
+        assert spec.token_ids == plain.token_ids
+        accepted += spec.stats.draft_tokens_accepted
+    assert accepted > 0
+
+
+def test_long_acceptances_happen_and_stats_add_up(target: Target) -> None:
+    prompt = prompt_for(7)
+    plain = Generator(target).generate(prompt, max_new_tokens=40)
+    drafter = RandomDrafter(0, plain.token_ids, oracle_rate=1.0)
+    res = Generator(target, drafter, tree_size=16, max_depth=6).generate(prompt, max_new_tokens=40)
+    s = res.stats
+    assert s.tau > 2
+    assert s.tau == pytest.approx(s.new_tokens / s.target_forwards)
+    assert s.new_tokens == len(res.token_ids)
+    assert len(s.accept_per_depth) == 6 and all(0 <= a <= 1 for a in s.accept_per_depth)
+    # Accepting depth d needs depth d-1 accepted, so the counts can only drop with depth.
+    assert s.depth_accepted == sorted(s.depth_accepted, reverse=True)
+    assert res.token_ids == plain.token_ids
+    assert plain.stats.tau == 1.0 and plain.stats.target_forwards == 40
+
+
+@pytest.mark.parametrize("temperature,top_p,top_k", [(1.0, 1.0, 0), (0.7, 0.9, 20)])
+def test_sampling_with_a_seed_is_identical_with_and_without_drafting(
+    target: Target, temperature: float, top_p: float, top_k: int
+) -> None:
+    prompt = prompt_for(2)
+    kw = dict(max_new_tokens=40, temperature=temperature, top_p=top_p, top_k=top_k)
+    plain = Generator(target).generate(prompt, seed=5, **kw)
+    for seed in range(3):
+        drafter = RandomDrafter(seed, plain.token_ids)
+        spec = Generator(target, drafter, tree_size=12, max_depth=5).generate(prompt, seed=5, **kw)
+        assert spec.token_ids == plain.token_ids
+    other = Generator(target).generate(prompt, seed=6, **kw)
+    assert other.token_ids != plain.token_ids
+
+
+def test_streaming_events_add_up_to_the_result(target: Target) -> None:
+    ref = Generator(target).generate(prompt_for(3), max_new_tokens=33).token_ids
+    gen = Generator(target, RandomDrafter(1, ref), tree_size=10, max_depth=4)
+    events = list(gen.stream(prompt_for(3), max_new_tokens=33))
+    result = events[-1].result
+    assert result is not None and all(e.result is None for e in events[:-1])
+    assert "".join(e.text for e in events) == result.text
+    assert [t for e in events for t in e.token_ids] == result.token_ids
+    assert all(0 <= e.drafted <= len(e.token_ids) for e in events)
+
+
+def test_eos_ends_generation(target: Target) -> None:
+    prompt = prompt_for(4)
+    plain = Generator(target).generate(prompt, max_new_tokens=30).token_ids
+    eos_at = 6
+    t = tiny_target("llama", seed=1)
+    t.eos_token_ids = frozenset({plain[eos_at]})
+    first = plain.index(plain[eos_at])
+    for drafter in (None, RandomDrafter(2, plain, oracle_rate=1.0)):
+        res = Generator(t, drafter, tree_size=12, max_depth=6).generate(prompt, max_new_tokens=30)
+        assert res.finish_reason == "stop"
+        assert res.token_ids == plain[: first + 1]
+
+
+def test_stop_strings_truncate_text(target: Target) -> None:
+    prompt = prompt_for(5)
+    full = Generator(target).generate(prompt, max_new_tokens=30)
+    words = full.text.split(" ")
+    stop = " ".join(words[4:6])
+    for drafter in (None, PromptLookupDrafter(min_ngram=1)):
+        gen = Generator(target, drafter)
+        res = gen.generate(prompt, max_new_tokens=30, stop=[stop])
+        assert res.finish_reason == "stop"
+        assert res.text == full.text[: full.text.index(stop)]
+        streamed = "".join(e.text for e in gen.stream(prompt, max_new_tokens=30, stop=[stop]))
+        assert streamed == res.text
+
+
+def test_bad_inputs(target: Target) -> None:
+    gen = Generator(target)
+    for prompt in ([], [VOCAB + 5], [-1], [{"role": "x", "content": "a"}]):
+        with pytest.raises(DartspecError):
+            gen.generate(prompt, max_new_tokens=5)
+    with pytest.raises(DartspecError, match="max_new_tokens"):
+        gen.generate([3, 4], max_new_tokens=0)
+    with pytest.raises(DartspecError, match="temperature"):
+        gen.generate([3, 4], temperature=-1)
+    short = tiny_target("llama", max_positions=16)
+    with pytest.raises(ContextLengthError, match="context window"):
+        Generator(short).generate(list(range(2, 30)), max_new_tokens=5)
+    # Near the end of the window generation stops at the limit instead of overflowing.
+    res = Generator(short, PromptLookupDrafter(min_ngram=1)).generate([5, 6, 5, 6, 5, 6, 5, 6, 5, 6], max_new_tokens=50)
+    assert res.finish_reason in ("length", "stop") and len(res.token_ids) <= 6
+
+
+def test_a_drafter_with_the_wrong_root_is_an_error(target: Target) -> None:
+    class Bad(RandomDrafter):
+        def propose(self, tokens: Sequence[int], budget: DraftBudget) -> Tree:
+            return Tree.chain(tokens[-1] + 1, [])
+
+    with pytest.raises(RuntimeError, match="root"):
+        Generator(target, Bad(0)).generate([3, 4, 5], max_new_tokens=5)

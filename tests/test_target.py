@@ -1,0 +1,150 @@
+"""The target runtime: tree verification equals plain decoding, commit keeps exactly the accepted path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import VOCAB, tiny_target
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import dartspec.target as target_mod
+from dartspec.errors import ContextLengthError
+from dartspec.kernels import rows_first_linear
+from dartspec.target import Target
+from dartspec.tree import Tree
+
+# Models run in float64, but transformers' RMSNorm computes in float32, so batched and one-token forwards may
+# differ by ~1e-8; any masking or cache bug shows up as O(1e-2) or more.
+ATOL = 1e-6
+
+
+def reference_logits(target: Target, seq: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return target.model(torch.tensor([seq])).logits[0].double()
+
+
+def random_tree(rng: np.random.Generator, root: int, size: int) -> Tree:
+    tokens, parents = [root], [-1]
+    used: set[tuple[int, int]] = set()
+    while len(tokens) < size:
+        p = int(rng.integers(0, len(tokens)))
+        t = int(rng.integers(0, VOCAB))
+        if (p, t) in used:
+            continue
+        used.add((p, t))
+        tokens.append(t)
+        parents.append(p)
+    return Tree(np.array(tokens), np.array(parents))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_tree_logits_equal_step_by_step_decoding(any_target: Target, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    t = any_target
+    prompt = rng.integers(0, VOCAB, size=int(rng.integers(3, 20))).tolist()
+    t.reset()
+    out = t.prefill(prompt)
+    torch.testing.assert_close(out.logits[0].double(), reference_logits(t, prompt)[-1], rtol=0, atol=ATOL)
+    tree = random_tree(rng, int(rng.integers(0, VOCAB)), int(rng.integers(1, 20)))
+    base = t.cached
+    got = t.verify(tree).logits
+    for node in range(tree.size):
+        seq = prompt + [int(tree.tokens[i]) for i in tree.path_to(node)]
+        torch.testing.assert_close(got[node].double(), reference_logits(t, seq)[-1], rtol=0, atol=ATOL)
+    # Commit a random root-to-node path; the next forward must see exactly prompt + path.
+    node = int(rng.integers(0, tree.size))
+    path = tree.path_to(node)
+    t.commit(base, path)
+    assert t.cached == base + len(path)
+    nxt = int(rng.integers(0, VOCAB))
+    after = t.verify(Tree.chain(nxt, [3, 4])).logits
+    seq = prompt + [int(tree.tokens[i]) for i in path] + [nxt]
+    ref = reference_logits(t, [*seq, 3, 4])
+    torch.testing.assert_close(after.double(), ref[-3:], rtol=0, atol=ATOL)
+
+
+def test_long_context_beyond_sliding_window() -> None:
+    """Gemma3's sliding layers must only see the window, in prefill chunks and in tree verification."""
+    t = tiny_target("gemma3", seed=3)
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, VOCAB, size=40).tolist()
+    t.prefill(prompt)
+    tree = random_tree(rng, 5, 12)
+    got = t.verify(tree).logits
+    for node in range(tree.size):
+        seq = prompt + [int(tree.tokens[i]) for i in tree.path_to(node)]
+        torch.testing.assert_close(got[node].double(), reference_logits(t, seq)[-1], rtol=0, atol=ATOL)
+
+
+def test_features_are_hidden_states_entering_feature_layers(llama_target: Target) -> None:
+    t = llama_target
+    prompt = list(range(5, 17))
+    t.reset()
+    out = t.prefill(prompt, features=True)
+    with torch.no_grad():
+        hs = t.model(torch.tensor([prompt]), output_hidden_states=True).hidden_states
+    expected = torch.cat([hs[i][0] for i in t.feature_layers], dim=-1)
+    assert out.features.shape == (len(prompt), 3 * t.hidden_size)
+    torch.testing.assert_close(out.features, expected, rtol=0, atol=ATOL)
+    # Tree verification returns one feature row per node, equal to a plain forward along each path.
+    tree = Tree(np.array([40, 41, 42, 43]), np.array([-1, 0, 0, 1]))
+    feats = t.verify(tree, features=True).features
+    with torch.no_grad():
+        hs = t.model(torch.tensor([[*prompt, 40, 41, 43]]), output_hidden_states=True).hidden_states
+    torch.testing.assert_close(feats[3], torch.cat([hs[i][0, -1] for i in t.feature_layers]), rtol=0, atol=ATOL)
+
+
+def test_chunked_prefill_equals_one_forward(monkeypatch: pytest.MonkeyPatch, llama_target: Target) -> None:
+    t = llama_target
+    prompt = list(np.random.default_rng(5).integers(0, VOCAB, size=45))
+    t.reset()
+    whole = t.prefill(prompt, features=True)
+    monkeypatch.setattr(target_mod, "PREFILL_CHUNK", 8)
+    t.reset()
+    chunked = t.prefill(prompt, features=True)
+    torch.testing.assert_close(chunked.logits, whole.logits, rtol=0, atol=ATOL)
+    torch.testing.assert_close(chunked.features, whole.features, rtol=0, atol=ATOL)
+    assert t.cached == 45
+
+
+def test_context_window_errors() -> None:
+    t = tiny_target("llama", max_positions=32)
+    with pytest.raises(ContextLengthError, match="context window of 32"):
+        t.prefill(list(range(40)))
+    t.prefill(list(range(30)))
+    with pytest.raises(ContextLengthError):
+        t.verify(Tree.chain(1, [2, 3, 4]))
+    assert t.cached == 30  # a refused forward leaves the cache as it was
+
+
+def test_kv_cache_grows_past_its_initial_capacity(llama_target: Target) -> None:
+    t = llama_target
+    t.reset()
+    seq = list(np.random.default_rng(9).integers(0, VOCAB, size=300))
+    t.prefill(seq[:10])
+    for i in range(10, 300, 37):
+        t.prefill(seq[i : i + 37])
+    out = t.verify(Tree.root_only(7)).logits
+    torch.testing.assert_close(out[0].double(), reference_logits(t, [*seq, 7])[-1], rtol=0, atol=ATOL)
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(1, 40), bias=st.booleans(), out=st.sampled_from([3, 17, 64]))
+def test_rows_first_linear_equals_f_linear(m: int, bias: bool, out: int) -> None:
+    g = torch.Generator().manual_seed(m * 7 + out)
+    x = torch.randn(2, m, 24, generator=g, dtype=torch.float64)
+    w = torch.randn(out, 24, generator=g, dtype=torch.float64)
+    b = torch.randn(out, generator=g, dtype=torch.float64) if bias else None
+    torch.testing.assert_close(rows_first_linear(x, w, b), F.linear(x, w, b), rtol=1e-12, atol=1e-12)
+
+
+def test_fast_linear_does_not_change_outputs() -> None:
+    fast, slow = tiny_target("qwen2", seed=2), tiny_target("qwen2", seed=2, fast_linear=False)
+    prompt = list(range(3, 20))
+    for t in (fast, slow):
+        t.prefill(prompt)
+    tree = Tree.chain(4, [5, 6, 7])
+    torch.testing.assert_close(fast.verify(tree).logits, slow.verify(tree).logits, rtol=0, atol=ATOL)
