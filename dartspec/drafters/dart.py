@@ -17,19 +17,13 @@ import torch
 from dartspec.drafters.base import DraftBudget
 from dartspec.drafters.dart_model import DartModel, DraftKV
 from dartspec.errors import DartspecError
+from dartspec.kernels import use_rows_first_linears
+from dartspec.ngram import MergedNgram, NgramModel, OnlineNgram
+from dartspec.search import make_tree_builder
 from dartspec.tree import Tree
 
-#: Builds a tree from (root, log-probs (d, Vd), d2t, committed tokens, budget).
+#: Builds a tree from (root, log-probs (d, Vd), d2t, committed tokens, budget); see :mod:`dartspec.search`.
 TreeBuilder = Callable[[int, torch.Tensor, np.ndarray, Sequence[int], DraftBudget], Tree]
-
-
-def chain_builder(root: int, logp: torch.Tensor, d2t: np.ndarray, tokens: Sequence[int], budget: DraftBudget) -> Tree:
-    """Top-1 token per depth: a single path."""
-    depth = min(logp.shape[0], budget.max_depth, budget.max_nodes - 1)
-    if depth <= 0:
-        return Tree.root_only(root)
-    best = logp[:depth].argmax(-1).cpu().numpy()
-    return Tree.chain(root, d2t[best].tolist())
 
 
 class DartDrafter:
@@ -38,12 +32,35 @@ class DartDrafter:
     name = "dart"
     needs_features = True
 
-    def __init__(self, model: DartModel, target, tree_builder: TreeBuilder = chain_builder) -> None:
+    def __init__(
+        self,
+        model: DartModel,
+        target,
+        tree: str | TreeBuilder = "chain",
+        *,
+        ngram: NgramModel | None = None,
+        online_ngram: bool = False,
+    ) -> None:
+        """Args:
+        model: the trained network.
+        target: the target it was trained for (checked).
+        tree: ``chain``, ``beam`` (DART's n-gram-guided search), ``ddtree`` or a builder callable.
+        ngram: a static n-gram model for the beam search.
+        online_ngram: also score with counts from the current prompt and output.
+        """
         model.check_target(target)
         self.model = model.to(target.device).eval()
+        if target.fast_linear:
+            use_rows_first_linears(self.model)
         self.target = target
         self.embed = target.model.get_input_embeddings()
-        self.tree_builder = tree_builder
+        self.online = OnlineNgram(ngram.order if ngram is not None else 3) if online_ngram else None
+        scorer = MergedNgram(ngram, self.online) if (ngram is not None or self.online is not None) else None
+        self.tree_builder = (
+            make_tree_builder(tree, ngram=scorer, eos_ids=sorted(target.eos_token_ids))
+            if isinstance(tree, str)
+            else tree
+        )
         self.d2t = model.d2t.cpu().numpy()
         self.last_tree_seconds = 0.0
         self._cache = DraftKV()
@@ -51,11 +68,13 @@ class DartDrafter:
         self._committed = 0  # real positions already in the draft cache
 
     @classmethod
-    def from_pretrained(cls, folder: str | Path, target, tree_builder: TreeBuilder = chain_builder) -> DartDrafter:
+    def from_pretrained(cls, folder: str | Path, target, tree: str | TreeBuilder = "chain", **kw) -> DartDrafter:
         model = DartModel.load(folder, device=target.device, dtype=target.dtype)
-        return cls(model, target, tree_builder)
+        return cls(model, target, tree, **kw)
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
+        if self.online is not None:
+            self.online.reset()
         self._cache = DraftKV()
         self._pending = []
         self._committed = 0
@@ -87,6 +106,8 @@ class DartDrafter:
         logp = self.model.step(feats, self.embed(next_ids), start, self._cache, depth=budget.max_depth)
         self._committed = start + m
         t0 = time.perf_counter()
+        if self.online is not None:
+            self.online.extend(tokens[len(self.online.history) :])
         tree = self.tree_builder(root, logp, self.d2t, tokens, budget)
         self.last_tree_seconds = time.perf_counter() - t0
         return tree

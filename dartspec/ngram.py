@@ -1,0 +1,267 @@
+"""N-gram models that score draft continuations: a compact static one and an online one.
+
+DART's rule (method.md section 3): p(t | ctx) = count(ctx' t) / count(ctx') at the *longest* suffix ctx'
+of the context (up to order-1 tokens) for which ``ctx' t`` was seen; 0 if t was never seen.
+
+The static model is built from token corpora (the target's regenerated answers) and stored as sorted
+packed keys with counts, one table per order: queries are vectorised ``searchsorted`` calls, and the
+file is a flat binary with a JSON header so it loads with ``np.memmap`` (no parsing, no copy).
+The online model counts the current prompt and everything generated so far.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dartspec.errors import DartspecError
+
+MAGIC = b"DSNGRAM1"
+ALIGN = 64
+
+
+@dataclass(frozen=True)
+class BuildStats:
+    tokens: int
+    entries: int
+    bytes: int
+    seconds: float
+
+
+def _pack(windows: np.ndarray, vocab: int) -> np.ndarray:
+    """Pack rows of token ids into one uint64 key each (base-``vocab`` number)."""
+    key = np.zeros(len(windows), dtype=np.uint64)
+    for j in range(windows.shape[1]):
+        key = key * np.uint64(vocab) + windows[:, j].astype(np.uint64)
+    return key
+
+
+class NgramModel:
+    """Static n-gram counts: for each order n, sorted packed n-gram keys, their counts, and context totals."""
+
+    def __init__(self, order: int, vocab: int, arrays: dict[str, np.ndarray], tokenizer: str = "") -> None:
+        if order < 1:
+            raise ValueError("order must be >= 1")
+        if vocab**order >= 2**63:
+            raise DartspecError(f"order {order} with a {vocab}-token vocabulary does not fit 64-bit keys")
+        self.order, self.vocab, self.tokenizer = order, vocab, tokenizer
+        self.arrays = arrays
+
+    # --- building --------------------------------------------------------------------------------
+
+    @classmethod
+    def build(
+        cls, sequences: Iterable[Sequence[int] | np.ndarray], *, order: int = 3, vocab: int, tokenizer: str = ""
+    ) -> tuple[NgramModel, BuildStats]:
+        """Count all 1..order grams of ``sequences`` (each counted within its own sequence)."""
+        start = time.perf_counter()
+        keys: dict[int, list[np.ndarray]] = {n: [] for n in range(1, order + 1)}
+        total = 0
+        pending: list[np.ndarray] = []
+        pending_len = 0
+
+        def flush() -> None:
+            # Reduce each batch to (unique keys, counts) right away so memory stays bounded.
+            nonlocal pending, pending_len
+            for n in range(1, order + 1):
+                parts = [np.lib.stride_tricks.sliding_window_view(s, n) for s in pending if len(s) >= n]
+                if parts:
+                    u, c = np.unique(_pack(np.concatenate(parts), vocab), return_counts=True)
+                    keys[n].append(np.stack([u, c.astype(np.uint64)]))
+            pending, pending_len = [], 0
+
+        for seq in sequences:
+            arr = np.asarray(seq, dtype=np.int64)
+            if arr.size and (arr.min() < 0 or arr.max() >= vocab):
+                raise DartspecError(f"token ids must be in [0, {vocab}); got {arr.min()}..{arr.max()}")
+            pending.append(arr)
+            pending_len += len(arr)
+            total += len(arr)
+            if pending_len >= 2_000_000:
+                flush()
+        flush()
+        arrays: dict[str, np.ndarray] = {}
+        for n in range(1, order + 1):
+            if keys[n]:
+                merged = np.concatenate(keys[n], axis=1)
+                u, inv = np.unique(merged[0], return_inverse=True)
+                c = np.zeros(len(u), dtype=np.uint64)
+                np.add.at(c, inv, merged[1])
+            else:
+                u, c = np.zeros(0, np.uint64), np.zeros(0, np.uint64)
+            arrays[f"keys{n}"] = u
+            arrays[f"counts{n}"] = c.astype(np.uint32)
+            # Context totals: n-grams sharing a context are contiguous in sorted key order.
+            ctx = u // np.uint64(vocab)
+            cu, first = np.unique(ctx, return_index=True)
+            arrays[f"ctx{n}"] = cu
+            arrays[f"ctxsum{n}"] = np.add.reduceat(c, first).astype(np.uint64) if len(c) else np.zeros(0, np.uint64)
+        model = cls(order, vocab, arrays, tokenizer)
+        entries = sum(len(arrays[f"keys{n}"]) for n in range(1, order + 1))
+        nbytes = sum(a.nbytes for a in arrays.values())
+        return model, BuildStats(total, entries, nbytes, time.perf_counter() - start)
+
+    # --- storage ---------------------------------------------------------------------------------
+
+    def save(self, path: str | Path) -> int:
+        """Write atomically; returns the file size in bytes."""
+        path = Path(path)
+        specs, offset = [], 0
+        for name, arr in self.arrays.items():
+            offset = -(-offset // ALIGN) * ALIGN
+            specs.append({"name": name, "dtype": arr.dtype.str, "length": len(arr), "offset": offset})
+            offset += arr.nbytes
+        header = json.dumps(
+            {"order": self.order, "vocab": self.vocab, "tokenizer": self.tokenizer, "arrays": specs}
+        ).encode()
+        head_len = -(-(len(MAGIC) + 8 + len(header)) // ALIGN) * ALIGN
+        tmp = path.with_name(f".{path.name}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(MAGIC + len(header).to_bytes(8, "little") + header)
+            f.write(b"\0" * (head_len - f.tell()))
+            for spec, arr in zip(specs, self.arrays.values(), strict=True):
+                f.write(b"\0" * (head_len + spec["offset"] - f.tell()))
+                f.write(np.ascontiguousarray(arr).tobytes())
+        tmp.replace(path)
+        return path.stat().st_size
+
+    @classmethod
+    def load(cls, path: str | Path, *, tokenizer: str | None = None) -> NgramModel:
+        """Memory-map a saved model; a damaged file or another tokenizer raises DartspecError."""
+        path = Path(path)
+        try:
+            with open(path, "rb") as f:
+                magic = f.read(len(MAGIC))
+                if magic != MAGIC:
+                    raise DartspecError(f"{path} is not a dartspec n-gram file")
+                n = int.from_bytes(f.read(8), "little")
+                header = json.loads(f.read(n))
+            size = path.stat().st_size
+            head_len = -(-(len(MAGIC) + 8 + n) // ALIGN) * ALIGN
+            arrays = {}
+            for spec in header["arrays"]:
+                dtype = np.dtype(spec["dtype"])
+                end = head_len + spec["offset"] + spec["length"] * dtype.itemsize
+                if end > size:
+                    raise DartspecError(f"{path} is truncated ({size} bytes, needs {end}); rebuild it")
+                arrays[spec["name"]] = (
+                    np.memmap(path, dtype=dtype, mode="r", offset=head_len + spec["offset"], shape=(spec["length"],))
+                    if spec["length"]
+                    else np.zeros(0, dtype)
+                )
+        except (OSError, ValueError, KeyError, UnicodeDecodeError) as err:
+            raise DartspecError(f"{path} is not a readable n-gram file ({type(err).__name__}); rebuild it") from None
+        if tokenizer is not None and header.get("tokenizer") and header["tokenizer"] != tokenizer:
+            raise DartspecError(f"{path} was built for another tokenizer ({header['tokenizer']}, not {tokenizer})")
+        return cls(int(header["order"]), int(header["vocab"]), arrays, header.get("tokenizer", ""))
+
+    # --- queries ---------------------------------------------------------------------------------
+
+    def _lookup(self, table: str, keys: np.ndarray) -> np.ndarray:
+        arr = self.arrays[table]
+        if len(arr) == 0:
+            return np.full(keys.shape, -1)
+        idx = np.searchsorted(arr, keys)
+        idx_c = np.minimum(idx, len(arr) - 1)
+        return np.where(arr[idx_c] == keys, idx_c, -1)
+
+    def prob(self, contexts: np.ndarray, candidates: np.ndarray) -> np.ndarray:
+        """DART's longest-context probability for a batch.
+
+        Args:
+            contexts: ``(B, order-1)`` preceding token ids (use -1 for missing positions).
+            candidates: ``(B, K)`` token ids.
+        Returns:
+            ``(B, K)`` probabilities (0 where the token was never seen).
+        """
+        contexts = np.asarray(contexts, dtype=np.int64).reshape(len(candidates), -1)
+        cand = np.asarray(candidates, dtype=np.int64)
+        out = np.zeros(cand.shape)
+        done = np.zeros(cand.shape, dtype=bool)
+        V = np.uint64(self.vocab)
+        for n in range(self.order, 0, -1):
+            k = n - 1
+            ctx_tokens = contexts[:, contexts.shape[1] - k :] if k else contexts[:, :0]
+            valid = (ctx_tokens >= 0).all(axis=1) if k else np.ones(len(cand), dtype=bool)
+            if not valid.any():
+                continue
+            ctx_key = (
+                _pack(np.where(ctx_tokens < 0, 0, ctx_tokens), self.vocab) if k else np.zeros(len(cand), np.uint64)
+            )
+            full = ctx_key[:, None] * V + cand.astype(np.uint64)
+            hit = self._lookup(f"keys{n}", full)
+            ctx_hit = self._lookup(f"ctx{n}", ctx_key)
+            use = (hit >= 0) & ~done & valid[:, None] & (ctx_hit >= 0)[:, None]
+            if use.any():
+                counts = self.arrays[f"counts{n}"][np.where(hit >= 0, hit, 0)].astype(np.float64)
+                totals = self.arrays[f"ctxsum{n}"][np.where(ctx_hit >= 0, ctx_hit, 0)].astype(np.float64)
+                out = np.where(use, counts / np.maximum(totals[:, None], 1), out)
+                done |= use
+        return out
+
+
+class OnlineNgram:
+    """Counts over the current prompt and generated text, updated token by token."""
+
+    def __init__(self, order: int = 3) -> None:
+        self.order = order
+        self.counts: dict[tuple[int, ...], dict[int, int]] = defaultdict(dict)
+        self.totals: dict[tuple[int, ...], int] = defaultdict(int)
+        self.history: list[int] = []
+
+    def reset(self) -> None:
+        self.counts.clear()
+        self.totals.clear()
+        self.history = []
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        for t in tokens:
+            t = int(t)
+            h = self.history
+            for k in range(0, min(self.order - 1, len(h)) + 1):
+                ctx = tuple(h[len(h) - k :]) if k else ()
+                row = self.counts[ctx]
+                row[t] = row.get(t, 0) + 1
+                self.totals[ctx] += 1
+            h.append(t)
+
+    def prob(self, contexts: np.ndarray, candidates: np.ndarray) -> np.ndarray:
+        """Same rule and shapes as :meth:`NgramModel.prob`."""
+        cand = np.asarray(candidates, dtype=np.int64)
+        out = np.zeros(cand.shape)
+        for b, ctx_row in enumerate(np.asarray(contexts, dtype=np.int64).reshape(len(cand), -1)):
+            ctx_row = [int(x) for x in ctx_row if x >= 0]
+            rows = []
+            for k in range(min(self.order - 1, len(ctx_row)), -1, -1):
+                ctx = tuple(ctx_row[len(ctx_row) - k :]) if k else ()
+                if ctx in self.counts:
+                    rows.append((self.counts[ctx], self.totals[ctx]))
+            for j, t in enumerate(cand[b].tolist()):
+                for row, total in rows:
+                    c = row.get(t)
+                    if c:
+                        out[b, j] = c / total
+                        break
+        return out
+
+
+class MergedNgram:
+    """Static and online n-grams together: the larger of the two probabilities.
+
+    The max (rather than a mixture) lets a continuation copied from the prompt score as high as the
+    online counts say, without diluting what the static corpus knows elsewhere.
+    """
+
+    def __init__(self, static: NgramModel | None, online: OnlineNgram | None) -> None:
+        self.static, self.online = static, online
+        self.order = max(m.order for m in (static, online) if m is not None)
+
+    def prob(self, contexts: np.ndarray, candidates: np.ndarray) -> np.ndarray:
+        parts = [m.prob(contexts, candidates) for m in (self.static, self.online) if m is not None]
+        return np.maximum.reduce(parts) if len(parts) > 1 else parts[0]

@@ -1,0 +1,206 @@
+"""Turning a parallel drafter's d rows of log-probabilities into a small draft tree.
+
+Three builders, all returning :class:`~dartspec.tree.Tree`:
+
+- :class:`BeamTree`: DART's n-gram-guided beam search (method.md section 3).
+- :class:`DDTree`: best-first over rank tuples of the per-depth marginals (method.md section 5).
+- :class:`ChainTree`: the top-1 token per depth.
+
+They share :func:`top_candidates` (per-depth top-k, renormalised) and never keep global state.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from dartspec.drafters.base import DraftBudget
+from dartspec.tree import Tree
+
+# Drafted EOS nodes rank below every other node (still kept if the budget allows).
+EOS_PENALTY = 1e6
+
+
+class Scorer(Protocol):
+    order: int
+
+    def prob(self, contexts: np.ndarray, candidates: np.ndarray) -> np.ndarray: ...
+
+
+def top_candidates(logp: torch.Tensor, k: int, d2t: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Per depth, the top-``k`` target token ids and their log-probs renormalised over those k."""
+    vals, idx = torch.topk(logp.float(), min(k, logp.shape[-1]), dim=-1)
+    vals = vals - torch.logsumexp(vals, dim=-1, keepdim=True)
+    ids = idx.cpu().numpy()
+    return (d2t[ids] if d2t is not None else ids), vals.cpu().numpy().astype(np.float64)
+
+
+def _tree_from_nodes(root: int, tokens: list[int], parents: list[int], keep: list[int]) -> Tree:
+    """Tree of the kept node indices (into tokens/parents, -1 = root), which must be prefix-closed."""
+    new_index = {-1: 0}
+    out_tokens, out_parents = [root], [-1]
+    for i in sorted(keep):  # creation order is topological
+        new_index[i] = len(out_tokens)
+        out_tokens.append(tokens[i])
+        out_parents.append(new_index[parents[i]])
+    return Tree(np.array(out_tokens), np.array(out_parents))
+
+
+@dataclass(frozen=True)
+class ChainTree:
+    """Top-1 per depth: a single path."""
+
+    def __call__(
+        self, root: int, logp: torch.Tensor, d2t: np.ndarray | None, tokens: Sequence[int], budget: DraftBudget
+    ) -> Tree:
+        depth = min(logp.shape[0], budget.max_depth, budget.max_nodes - 1)
+        if depth <= 0:
+            return Tree.root_only(root)
+        best = logp[:depth].argmax(-1).cpu().numpy()
+        return Tree.chain(root, (d2t[best] if d2t is not None else best).tolist())
+
+
+@dataclass(frozen=True)
+class BeamParams:
+    """DART's published search settings."""
+
+    top_k: int = 25
+    beam_width: int = 20
+    level_decay: float = 0.7  # weight (l+1)^-level_decay
+    logit_decay: float = 0.9  # draft term weight logit_decay^l
+    ngram_weight: float = 0.5
+    eps: float = 1e-10
+
+
+class BeamTree:
+    """DART's beam search; the tree is the global top-R expanded nodes, kept prefix-closed.
+
+    Path score = sum over levels l of (l+1)^-0.7 * [0.9^l * log p_draft + 0.5 * log p_ngram]; no n-gram
+    term at level 0; beams ending in EOS are not expanded and rank last.
+    """
+
+    def __init__(self, params: BeamParams | None = None, ngram: Scorer | None = None, eos_ids: Sequence[int] = ()):
+        self.params = params or BeamParams()
+        self.ngram = ngram
+        self.eos = np.array(sorted(eos_ids), dtype=np.int64)
+
+    def __call__(
+        self, root: int, logp: torch.Tensor, d2t: np.ndarray | None, tokens: Sequence[int], budget: DraftBudget
+    ) -> Tree:
+        p = self.params
+        depth = min(logp.shape[0], budget.max_depth)
+        if depth <= 0 or budget.max_nodes <= 1:
+            return Tree.root_only(root)
+        cand, cand_lp = top_candidates(logp[:depth], p.top_k, d2t)
+        order = self.ngram.order if self.ngram is not None else 1
+        history = np.array(list(tokens)[-(order - 1) :] if order > 1 else [], dtype=np.int64)
+
+        all_tokens: list[int] = []
+        all_parents: list[int] = []
+        all_scores: list[float] = []
+        # Beam state: node index (-1 = root), score, last (order-1) tokens of committed text + path.
+        beam_nodes = np.array([-1])
+        beam_scores = np.array([0.0])
+        beam_ctx = history[None, :]
+        for level in range(depth):
+            w = (level + 1) ** -p.level_decay
+            score = beam_scores[:, None] + w * p.logit_decay**level * cand_lp[level][None, :]
+            kk = cand.shape[1]
+            cands = np.broadcast_to(cand[level], (len(beam_nodes), kk))
+            if self.ngram is not None and level > 0:
+                pn = self.ngram.prob(beam_ctx, cands)
+                score = score + w * p.ngram_weight * np.log(pn + p.eps)
+            flat = score.reshape(-1)
+            n_keep = min(p.beam_width, flat.size)
+            top = np.argpartition(-flat, n_keep - 1)[:n_keep]
+            top = top[np.argsort(-flat[top], kind="stable")]
+            b_idx, c_idx = np.divmod(top, kk)
+            new_nodes = []
+            for b, c, s in zip(b_idx.tolist(), c_idx.tolist(), flat[top].tolist(), strict=True):
+                all_tokens.append(int(cands[b, c]))
+                all_parents.append(int(beam_nodes[b]))
+                all_scores.append(s)
+                new_nodes.append(len(all_tokens) - 1)
+            new_tokens = cands[b_idx, c_idx]
+            alive = ~np.isin(new_tokens, self.eos) if self.eos.size else np.ones(len(new_tokens), dtype=bool)
+            # EOS ends a branch: it may be drafted but is never expanded further.
+            for i in np.flatnonzero(~alive):
+                all_scores[new_nodes[i]] -= EOS_PENALTY
+            if not alive.any():
+                break
+            beam_nodes = np.array(new_nodes)[alive]
+            beam_scores = flat[top][alive]
+            ctx = np.concatenate([beam_ctx[b_idx], new_tokens[:, None]], axis=1)[alive]
+            beam_ctx = ctx[:, ctx.shape[1] - (order - 1) :] if order > 1 else ctx[:, :0]
+        return _tree_from_nodes(root, all_tokens, all_parents, self._top_closed(all_parents, all_scores, budget))
+
+    @staticmethod
+    def _top_closed(parents: list[int], scores: list[float], budget: DraftBudget) -> list[int]:
+        """The best ``max_nodes - 1`` nodes by score whose parents are all kept (prefix closure)."""
+        order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
+        kept: set[int] = set()
+        room = budget.max_nodes - 1
+        # Scores never increase along a path, so parents come first; a second pass picks up ties.
+        for _ in range(2):
+            for i in order:
+                if len(kept) >= room:
+                    return sorted(kept)
+                if i not in kept and (parents[i] == -1 or parents[i] in kept):
+                    kept.add(i)
+        return sorted(kept)
+
+
+@dataclass(frozen=True)
+class DDTree:
+    """Best-first tree over rank tuples of per-depth marginals (DDTree, method.md section 5).
+
+    Optimal for the surrogate sum over nodes of the product of marginals along the path.
+    """
+
+    top_k: int = 16
+
+    def __call__(
+        self, root: int, logp: torch.Tensor, d2t: np.ndarray | None, tokens: Sequence[int], budget: DraftBudget
+    ) -> Tree:
+        depth = min(logp.shape[0], budget.max_depth)
+        if depth <= 0 or budget.max_nodes <= 1:
+            return Tree.root_only(root)
+        vals, idx = torch.topk(logp[:depth].float(), min(self.top_k, logp.shape[-1]), dim=-1)
+        ids = idx.cpu().numpy()
+        cand = d2t[ids] if d2t is not None else ids
+        lp = vals.cpu().numpy().astype(np.float64)  # marginals, not renormalised
+        k = lp.shape[1]
+        out_tokens, out_parents = [root], [-1]
+        # Heap entries: (-log score, tie-break, depth index l, rank r, parent tree index).
+        heap = [(-lp[0, 0], 0, 0, 0, 0)]
+        counter = 1
+        while heap and len(out_tokens) < budget.max_nodes:
+            neg, _, level, rank, parent = heapq.heappop(heap)
+            node = len(out_tokens)
+            out_tokens.append(int(cand[level, rank]))
+            out_parents.append(parent)
+            if rank + 1 < k:  # next sibling: same parent, next rank
+                heapq.heappush(heap, (neg + lp[level, rank] - lp[level, rank + 1], counter, level, rank + 1, parent))
+                counter += 1
+            if level + 1 < depth:  # first child
+                heapq.heappush(heap, (neg - lp[level + 1, 0], counter, level + 1, 0, node))
+                counter += 1
+        return Tree(np.array(out_tokens), np.array(out_parents))
+
+
+def make_tree_builder(name: str, *, ngram: Scorer | None = None, eos_ids: Sequence[int] = ()):
+    """``beam`` (DART), ``ddtree`` or ``chain``."""
+    from dartspec.errors import DartspecError
+
+    if name == "beam":
+        return BeamTree(ngram=ngram, eos_ids=eos_ids)
+    if name == "ddtree":
+        return DDTree()
+    if name == "chain":
+        return ChainTree()
+    raise DartspecError(f"unknown tree builder {name!r}: choose beam, ddtree or chain")

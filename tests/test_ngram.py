@@ -1,0 +1,102 @@
+"""N-gram counts and DART's longest-context probability against a brute-force counter."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dartspec.errors import DartspecError
+from dartspec.ngram import MergedNgram, NgramModel, OnlineNgram
+
+
+def brute_prob(seqs: list[list[int]], order: int, ctx: list[int], t: int) -> float:
+    grams: Counter = Counter()
+    for s in seqs:
+        for n in range(1, order + 1):
+            for i in range(len(s) - n + 1):
+                grams[tuple(s[i : i + n])] += 1
+    for k in range(min(order - 1, len(ctx)), -1, -1):
+        c = tuple(ctx[len(ctx) - k :]) if k else ()
+        if grams.get((*c, t)):
+            total = sum(v for g, v in grams.items() if len(g) == k + 1 and g[:k] == c)
+            return grams[(*c, t)] / total
+    return 0.0
+
+
+corpora = st.lists(st.lists(st.integers(0, 6), min_size=0, max_size=15), min_size=1, max_size=6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seqs=corpora, ctx=st.lists(st.integers(0, 6), min_size=2, max_size=2), order=st.integers(1, 3))
+def test_static_and_online_match_brute_force(seqs: list[list[int]], ctx: list[int], order: int) -> None:
+    model, _ = NgramModel.build(seqs, order=order, vocab=7)
+    cands = np.arange(7)[None, :]
+    contexts = np.array([ctx[len(ctx) - (order - 1) :] if order > 1 else []]).reshape(1, -1)
+    expected = [brute_prob(seqs, order, ctx, t) for t in range(7)]
+    np.testing.assert_allclose(model.prob(contexts, cands)[0], expected)
+    online = OnlineNgram(order)
+    for s in seqs:
+        online.history = []  # each sequence counted on its own, like the static builder
+        online.extend(s)
+    np.testing.assert_allclose(online.prob(contexts, cands)[0], expected)
+
+
+def test_longest_context_rule_by_hand() -> None:
+    model, stats = NgramModel.build([[1, 2, 3, 1, 2, 4, 5, 2, 3]], order=3, vocab=8)
+    # After (1, 2): 3 once, 4 once -> 1/2 each; 5 never follows (1,2) but follows 4; never after 2 -> backs
+    # off to the unigram rate of 5 (1/9).
+    p = model.prob(np.array([[1, 2]]), np.array([[3, 4, 5, 7]]))[0]
+    np.testing.assert_allclose(p, [0.5, 0.5, 1 / 9, 0.0])
+    # Context (9 unseen, 2): (2, 3) seen twice of three bigrams starting with 2.
+    p = model.prob(np.array([[7, 2]]), np.array([[3, 4]]))[0]
+    np.testing.assert_allclose(p, [2 / 3, 1 / 3])
+    assert stats.tokens == 9 and stats.entries > 0
+
+
+def test_save_load_memmap_round_trip(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    seqs = [rng.integers(0, 50, size=200) for _ in range(20)]
+    model, _ = NgramModel.build(seqs, order=3, vocab=50, tokenizer="tok-A")
+    size = model.save(tmp_path / "m.ngram")
+    assert size > 0
+    loaded = NgramModel.load(tmp_path / "m.ngram", tokenizer="tok-A")
+    assert isinstance(loaded.arrays["keys3"], np.memmap)
+    ctx = rng.integers(0, 50, size=(30, 2))
+    cand = rng.integers(0, 50, size=(30, 10))
+    np.testing.assert_array_equal(loaded.prob(ctx, cand), model.prob(ctx, cand))
+
+
+def test_damaged_files_and_tokenizer_mismatch(tmp_path: Path) -> None:
+    model, _ = NgramModel.build([[1, 2, 3, 4]], order=3, vocab=10, tokenizer="tok-A")
+    path = tmp_path / "m.ngram"
+    model.save(path)
+    with pytest.raises(DartspecError, match="another tokenizer"):
+        NgramModel.load(path, tokenizer="tok-B")
+    data = path.read_bytes()
+    path.write_bytes(data[:-40])
+    with pytest.raises(DartspecError, match="truncated"):
+        NgramModel.load(path)
+    path.write_bytes(b"XXXX" + data[4:])
+    with pytest.raises(DartspecError, match="not a dartspec n-gram"):
+        NgramModel.load(path)
+    path.write_bytes(data[:20])
+    with pytest.raises(DartspecError):
+        NgramModel.load(path)
+    with pytest.raises(DartspecError, match="token ids"):
+        NgramModel.build([[1, 99]], order=2, vocab=10)
+
+
+def test_online_updates_and_merge() -> None:
+    online = OnlineNgram(3)
+    online.extend([5, 6, 7])
+    assert online.prob(np.array([[5, 6]]), np.array([[7, 8]]))[0].tolist() == [1.0, 0.0]
+    online.extend([5, 6, 8])
+    assert online.prob(np.array([[5, 6]]), np.array([[7, 8]]))[0].tolist() == [0.5, 0.5]
+    static, _ = NgramModel.build([[5, 6, 9]], order=3, vocab=10)
+    merged = MergedNgram(static, online)
+    np.testing.assert_allclose(merged.prob(np.array([[5, 6]]), np.array([[7, 9, 3]]))[0], [0.5, 1.0, 0.0])

@@ -1,0 +1,98 @@
+"""Tree builders: budgets, prefix closure, and the published scoring rules against brute force."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dartspec.drafters.base import DraftBudget
+from dartspec.ngram import NgramModel
+from dartspec.search import BeamParams, BeamTree, ChainTree, DDTree, make_tree_builder
+
+
+def random_logp(seed: int, d: int, v: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.log_softmax(torch.randn(d, v, generator=g, dtype=torch.float64) * 3, -1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 1000),
+    d=st.integers(1, 8),
+    nodes=st.integers(1, 40),
+    depth=st.integers(0, 8),
+    kind=st.sampled_from(["beam", "ddtree", "chain"]),
+)
+def test_budget_depth_and_closure(seed: int, d: int, nodes: int, depth: int, kind: str) -> None:
+    logp = random_logp(seed, d, 50)
+    d2t = np.arange(50) + 100
+    builder = make_tree_builder(kind, eos_ids=[101])
+    tree = builder(7, logp, d2t, [1, 2, 3], DraftBudget(nodes, depth))
+    assert tree.size <= nodes and tree.tokens[0] == 7
+    assert tree.max_depth <= min(depth, d)
+    assert all(t >= 100 for t in tree.tokens[1:])  # mapped through d2t
+    again = builder(7, logp, d2t, [1, 2, 3], DraftBudget(nodes, depth))
+    assert again.tokens.tolist() == tree.tokens.tolist() and again.parents.tolist() == tree.parents.tolist()
+
+
+def beam_score(path: tuple[int, ...], lp: np.ndarray, p: BeamParams) -> float:
+    return sum((l + 1) ** -p.level_decay * p.logit_decay**l * lp[l, t] for l, t in enumerate(path))
+
+
+def test_beam_tree_is_the_prefix_closed_top_r_when_the_beam_is_exhaustive() -> None:
+    d, v = 3, 4
+    logp = random_logp(1, d, v)
+    params = BeamParams(top_k=v, beam_width=v**d)
+    lp = (logp - torch.logsumexp(logp, -1, keepdim=True)).numpy()
+    for r in (2, 5, 9, 17):
+        tree = BeamTree(params)(0, logp, None, [], DraftBudget(r, d))
+        got = {tuple(int(tree.tokens[j]) for j in tree.path_to(i)[1:]) for i in range(1, tree.size)}
+        paths = [pp for n in range(1, d + 1) for pp in itertools.product(range(v), repeat=n)]
+        best = sorted(paths, key=lambda pp: -beam_score(pp, lp, params))[: r - 1]
+        assert got == set(best)
+
+
+def test_ngram_term_changes_the_ranking() -> None:
+    logp = torch.log(torch.tensor([[0.9, 0.1, 1e-9], [0.45, 0.55, 1e-9], [0.5, 0.5, 1e-9]], dtype=torch.float64))
+    plain = BeamTree(BeamParams(top_k=2))(9, logp, None, [9], DraftBudget(3, 3))
+    assert plain.tokens.tolist() == [9, 0, 1] and plain.parents.tolist() == [-1, 0, 1]
+    ngram, _ = NgramModel.build([[9, 0, 0, 0]] * 5, order=3, vocab=10)
+    guided = BeamTree(BeamParams(top_k=2), ngram=ngram)(9, logp, None, [9], DraftBudget(3, 3))
+    # The corpus only ever continues 0 -> 0, so the n-gram pulls depth 2 to token 0.
+    assert guided.tokens.tolist() == [9, 0, 0] and guided.parents.tolist() == [-1, 0, 1]
+
+
+def test_eos_is_not_expanded() -> None:
+    logp = torch.log(torch.tensor([[0.9, 0.1], [0.9, 0.1], [0.9, 0.1]], dtype=torch.float64))
+    tree = BeamTree(BeamParams(top_k=2, beam_width=4), eos_ids=[0])(5, logp, None, [], DraftBudget(10, 3))
+    for i in range(1, tree.size):
+        if tree.tokens[i] == 0:
+            assert tree.children(i) == []
+
+
+def test_ddtree_is_optimal_for_its_surrogate() -> None:
+    d, v = 3, 3
+    logp = random_logp(4, d, v)
+    lp = logp.numpy()
+    for r in (2, 4, 7, 12):
+        tree = DDTree(top_k=v)(0, logp, None, [], DraftBudget(r, d))
+        got = sum(
+            math.exp(sum(lp[l, tree.tokens[j]] for l, j in enumerate(tree.path_to(i)[1:]))) for i in range(1, tree.size)
+        )
+        # Brute force: the best prefix-closed set of r-1 nodes maximises the sum of path products; since a
+        # child's product never exceeds its parent's, taking the r-1 largest products is prefix-closed.
+        paths = [pp for n in range(1, d + 1) for pp in itertools.product(range(v), repeat=n)]
+        scores = sorted((math.exp(sum(lp[l, t] for l, t in enumerate(pp))) for pp in paths), reverse=True)
+        assert got == pytest.approx(sum(scores[: r - 1]))
+
+
+def test_chain_is_argmax_per_depth() -> None:
+    logp = random_logp(2, 5, 30)
+    tree = ChainTree()(1, logp, None, [], DraftBudget(16, 4))
+    assert tree.tokens.tolist() == [1, *logp[:4].argmax(-1).tolist()]
