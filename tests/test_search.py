@@ -42,7 +42,7 @@ def test_budget_depth_and_closure(seed: int, d: int, nodes: int, depth: int, kin
 
 
 def beam_score(path: tuple[int, ...], lp: np.ndarray, p: BeamParams) -> float:
-    return sum((l + 1) ** -p.level_decay * p.logit_decay**l * lp[l, t] for l, t in enumerate(path))
+    return sum((lv + 1) ** -p.level_decay * p.logit_decay**lv * lp[lv, t] for lv, t in enumerate(path))
 
 
 def test_beam_tree_is_the_prefix_closed_top_r_when_the_beam_is_exhaustive() -> None:
@@ -83,12 +83,13 @@ def test_ddtree_is_optimal_for_its_surrogate() -> None:
     for r in (2, 4, 7, 12):
         tree = DDTree(top_k=v)(0, logp, None, [], DraftBudget(r, d))
         got = sum(
-            math.exp(sum(lp[l, tree.tokens[j]] for l, j in enumerate(tree.path_to(i)[1:]))) for i in range(1, tree.size)
+            math.exp(sum(lp[lv, tree.tokens[j]] for lv, j in enumerate(tree.path_to(i)[1:])))
+            for i in range(1, tree.size)
         )
         # Brute force: the best prefix-closed set of r-1 nodes maximises the sum of path products; since a
         # child's product never exceeds its parent's, taking the r-1 largest products is prefix-closed.
         paths = [pp for n in range(1, d + 1) for pp in itertools.product(range(v), repeat=n)]
-        scores = sorted((math.exp(sum(lp[l, t] for l, t in enumerate(pp))) for pp in paths), reverse=True)
+        scores = sorted((math.exp(sum(lp[lv, t] for lv, t in enumerate(pp))) for pp in paths), reverse=True)
         assert got == pytest.approx(sum(scores[: r - 1]))
 
 
