@@ -92,7 +92,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.drafter not in drafter_names():
         make_drafter(args.drafter, None)  # raises the error that lists the known drafters
     target = load_target(args)
-    drafter = make_drafter(args.drafter, target, args.drafter_path)
+    drafter = make_drafter(
+        args.drafter, target, args.drafter_path, tree=args.tree, ngram=args.ngram, online_ngram=args.online_ngram
+    )
     gen = Generator(target, drafter, tree_size=args.tree_size, max_depth=args.max_depth)
     kwargs = dict(
         max_new_tokens=args.max_new_tokens,
@@ -172,6 +174,13 @@ def cmd_data_regenerate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ngram_build(args: argparse.Namespace) -> int:
+    from dartspec.ngram_build import build_ngram
+
+    build_ngram(args, log=_log)
+    return 0
+
+
 def cmd_train_dart(args: argparse.Namespace) -> int:
     from dartspec.train.cli import train_dart
 
@@ -191,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user turn in the chat template")
     p.add_argument("--drafter", default="none", help="none (plain decoding), pld (prompt lookup) or dart")
     p.add_argument("--drafter-path", default=None, help="drafter checkpoint folder (default: the shipped one)")
+    p.add_argument("--tree", default="beam", choices=["beam", "ddtree", "chain"], help="tree builder for dart")
+    p.add_argument("--ngram", default=None, help="static n-gram file for the beam search (dartspec ngram build)")
+    p.add_argument("--online-ngram", action="store_true", help="also score drafts with prompt + output n-grams")
     p.add_argument("--tree-size", type=_positive_int, default=16, help="max draft tree nodes, root included")
     p.add_argument("--max-depth", type=int, default=8, help="max draft depth below the root")
     add_sampling_args(p)
@@ -230,6 +242,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop-after", type=int, default=None, help="stop after this many steps (resume later)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out exactly")
     p.set_defaults(func=cmd_train_dart)
+
+    ng = sub.add_parser("ngram", help="n-gram models").add_subparsers(dest="ngram_command", required=True)
+    p = ng.add_parser("build", help="count n-grams of regenerated data (and optional text files)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="the target whose tokenizer ids are counted")
+    p.add_argument("--data", action="append", default=[], help="regenerated shard folder (repeatable)")
+    p.add_argument("--text", nargs="*", default=[], help="plain text files, tokenized with the target's tokenizer")
+    p.add_argument("--order", type=_positive_int, default=3)
+    p.add_argument("--out", required=True, help="output n-gram file")
+    p.set_defaults(func=cmd_ngram_build)
 
     p = sub.add_parser("models", help="list the known model names")
     p.set_defaults(func=cmd_models)

@@ -34,6 +34,17 @@ class BuildStats:
     seconds: float
 
 
+def tokenizer_identity(tokenizer) -> str:
+    """A short id of a tokenizer's vocabulary: an n-gram of token ids is meaningless under another one."""
+    import hashlib
+
+    vocab = tokenizer.get_vocab()
+    h = hashlib.sha256()
+    for tok, idx in sorted(vocab.items(), key=lambda kv: kv[1]):
+        h.update(f"{idx}:{tok}\n".encode())
+    return f"{len(vocab)}-{h.hexdigest()[:12]}"
+
+
 def _pack(windows: np.ndarray, vocab: int) -> np.ndarray:
     """Pack rows of token ids into one uint64 key each (base-``vocab`` number)."""
     key = np.zeros(len(windows), dtype=np.uint64)

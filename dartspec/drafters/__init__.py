@@ -24,8 +24,20 @@ def shipped_checkpoint(kind: str, model_name: str) -> Path | None:
     return folder if (folder / "config.json").is_file() else None
 
 
-def make_drafter(name: str, target, checkpoint: str | Path | None = None) -> Drafter:
-    """A drafter for ``target`` by name: ``none``, ``pld``, or ``dart`` (``checkpoint`` or the shipped one)."""
+def make_drafter(
+    name: str,
+    target,
+    checkpoint: str | Path | None = None,
+    *,
+    tree: str = "beam",
+    ngram: str | Path | None = None,
+    online_ngram: bool = False,
+) -> Drafter:
+    """A drafter for ``target`` by name: ``none``, ``pld``, or ``dart`` (``checkpoint`` or the shipped one).
+
+    For ``dart``: ``tree`` picks the builder (beam, ddtree, chain), ``ngram`` a static n-gram file (default:
+    the one shipped next to the drafter, if any), ``online_ngram`` adds prompt/output n-grams.
+    """
     if name == "none":
         return NoDrafter()
     if name == "pld":
@@ -39,7 +51,11 @@ def make_drafter(name: str, target, checkpoint: str | Path | None = None) -> Dra
                 f"no DART drafter ships for {target.name!r}: train one with `dartspec train dart` "
                 "and pass it with --drafter-path"
             )
-        return DartDrafter.from_pretrained(folder, target)
+        from dartspec.ngram import NgramModel, tokenizer_identity
+
+        ngram_path = Path(ngram) if ngram else (folder / "ngram.bin" if (folder / "ngram.bin").is_file() else None)
+        static = NgramModel.load(ngram_path, tokenizer=tokenizer_identity(target.tokenizer)) if ngram_path else None
+        return DartDrafter.from_pretrained(folder, target, tree, ngram=static, online_ngram=online_ngram)
     raise DartspecError(f"unknown drafter {name!r}: choose one of {', '.join(DRAFTER_NAMES)}")
 
 
