@@ -44,7 +44,7 @@ class TrainConfig:
 
     depth: int = 8
     num_layers: int = 1
-    draft_vocab_size: int = 16384
+    draft_vocab_size: int = 8192
     lr: float = 5e-4
     min_lr_ratio: float = 0.05
     weight_decay: float = 0.0
@@ -90,6 +90,15 @@ def choose_draft_vocab(samples: Sequence[Sample], size: int, vocab_size: int) ->
     top = np.argsort(-counts, kind="stable")[:size]
     coverage = float(counts[top].sum() / max(counts.sum(), 1))
     return torch.from_numpy(np.sort(top)).long(), coverage
+
+
+def held_out_coverage(samples: Sequence[Sample], draft_ids: torch.Tensor) -> float:
+    """Share of answer tokens of ``samples`` inside the draft vocabulary."""
+    keep = np.zeros(int(draft_ids.max()) + 1 if len(draft_ids) else 1, dtype=bool)
+    keep[draft_ids.numpy()] = True
+    answers = np.concatenate([s.tokens[s.prompt_len :].astype(np.int64) for s in samples]) if samples else np.zeros(0)
+    inside = answers[answers < len(keep)]
+    return float(keep[inside].sum() / max(len(answers), 1))
 
 
 def lr_at(step: int, cfg: TrainConfig, total: int) -> float:
@@ -138,6 +147,10 @@ class DartTrainer:
             self.target, draft_vocab_size=len(draft_ids), depth=self.cfg.depth, num_layers=self.cfg.num_layers
         )
         mcfg.extra["draft_vocab_coverage"] = round(coverage, 5)
+        if self.dev:
+            dev_cov = held_out_coverage(self.dev, draft_ids)
+            mcfg.extra["draft_vocab_dev_coverage"] = round(dev_cov, 5)
+            self.log(f"draft vocabulary covers {dev_cov:.2%} of dev answer tokens")
         torch.manual_seed(self.cfg.seed)
         model = DartModel(mcfg).to(self.target.device)
         init_head_from_target(model, self.target, draft_ids)
