@@ -144,8 +144,13 @@ def cmd_bench_latency(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from dartspec.bench.demo import run_demo
+    from dartspec.drafters import shipped_checkpoint
 
-    print(run_demo(load_target(args), args.methods.split(","), args.max_new_tokens, log=_log))
+    target = load_target(args)
+    methods = args.methods.split(",") if args.methods else ["none", "pld"]
+    if not args.methods and shipped_checkpoint("dart", target.name) is not None:
+        methods.append("dart")
+    print(run_demo(target, methods, args.max_new_tokens, log=_log))
     return 0
 
 
@@ -212,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="speculative vs plain decoding on three real prompts (what `make demo` runs)")
     add_target_args(p)
-    p.add_argument("--methods", default="none,pld", help="drafters to compare (default none,pld)")
+    p.add_argument("--methods", default=None, help="drafters to compare (default: none,pld and dart if shipped)")
     p.add_argument("--max-new-tokens", type=_positive_int, default=128)
     p.set_defaults(func=cmd_demo)
 
