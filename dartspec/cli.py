@@ -239,7 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train drafters").add_subparsers(dest="train_command", required=True)
     p = train.add_parser("dart", help="train a DART drafter online against the target")
     add_target_args(p)
-    p.add_argument("--data", required=True, help="regenerated training shards (dartspec data regenerate)")
+    p.add_argument(
+        "--data", required=True, action="append", help="regenerated training shards (repeatable; data regenerate)"
+    )
     p.add_argument("--dev", default=None, help="regenerated dev shards (default: none, no dev metrics)")
     p.add_argument("--out", required=True, help="checkpoint folder")
     p.add_argument("--config", default=None, help="YAML file of TrainConfig fields")
@@ -254,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", action="append", default=[], help="regenerated shard folder (repeatable)")
     p.add_argument("--text", nargs="*", default=[], help="plain text files, tokenized with the target's tokenizer")
     p.add_argument("--order", type=_positive_int, default=3)
+    p.add_argument("--min-count", type=_positive_int, default=1, help="drop rarer n-grams (n >= 2) to shrink the file")
     p.add_argument("--out", required=True, help="output n-gram file")
     p.set_defaults(func=cmd_ngram_build)
 

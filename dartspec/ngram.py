@@ -68,9 +68,21 @@ class NgramModel:
 
     @classmethod
     def build(
-        cls, sequences: Iterable[Sequence[int] | np.ndarray], *, order: int = 3, vocab: int, tokenizer: str = ""
+        cls,
+        sequences: Iterable[Sequence[int] | np.ndarray],
+        *,
+        order: int = 3,
+        vocab: int,
+        tokenizer: str = "",
+        min_count: int = 1,
     ) -> tuple[NgramModel, BuildStats]:
-        """Count all 1..order grams of ``sequences`` (each counted within its own sequence)."""
+        """Count all 1..order grams of ``sequences`` (each counted within its own sequence).
+
+        ``min_count`` drops n-grams (n >= 2) seen fewer times; context totals still count them, so the
+        probabilities of the kept n-grams are unchanged and the file shrinks several-fold.
+        """
+        if min_count < 1:
+            raise DartspecError(f"min_count must be >= 1, got {min_count}")
         start = time.perf_counter()
         keys: dict[int, list[np.ndarray]] = {n: [] for n in range(1, order + 1)}
         total = 0
@@ -106,13 +118,19 @@ class NgramModel:
                 np.add.at(c, inv, merged[1])
             else:
                 u, c = np.zeros(0, np.uint64), np.zeros(0, np.uint64)
-            arrays[f"keys{n}"] = u
-            arrays[f"counts{n}"] = c.astype(np.uint32)
             # Context totals: n-grams sharing a context are contiguous in sorted key order.
             ctx = u // np.uint64(vocab)
             cu, first = np.unique(ctx, return_index=True)
+            ctxsum = np.add.reduceat(c, first).astype(np.uint64) if len(c) else np.zeros(0, np.uint64)
+            if n >= 2 and min_count > 1:
+                keep = c >= min_count
+                u, c = u[keep], c[keep]
+                used = np.isin(cu, u // np.uint64(vocab))
+                cu, ctxsum = cu[used], ctxsum[used]
+            arrays[f"keys{n}"] = u
+            arrays[f"counts{n}"] = c.astype(np.uint32)
             arrays[f"ctx{n}"] = cu
-            arrays[f"ctxsum{n}"] = np.add.reduceat(c, first).astype(np.uint64) if len(c) else np.zeros(0, np.uint64)
+            arrays[f"ctxsum{n}"] = ctxsum
         model = cls(order, vocab, arrays, tokenizer)
         entries = sum(len(arrays[f"keys{n}"]) for n in range(1, order + 1))
         nbytes = sum(a.nbytes for a in arrays.values())

@@ -35,7 +35,9 @@ def build_ngram(args: argparse.Namespace, log: Callable[[str], None]) -> NgramMo
                 raise DartspecError(f"cannot read {path}: {err.strerror}") from None
             yield np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
 
-    model, stats = NgramModel.build(sequences(), order=args.order, vocab=vocab, tokenizer=tokenizer_identity(tokenizer))
+    model, stats = NgramModel.build(
+        sequences(), order=args.order, vocab=vocab, tokenizer=tokenizer_identity(tokenizer), min_count=args.min_count
+    )
     size = model.save(args.out)
     log(
         f"n-gram order {args.order}: {stats.tokens} tokens, {stats.entries} entries, {size / 1e6:.1f} MB, "

@@ -11,8 +11,10 @@ from dartspec.data.shards import load_shards
 from dartspec.train.dart import DartTrainer, Sample, TrainConfig
 
 
-def samples_from(folder: str) -> list[Sample]:
-    return [Sample(r.tokens, r.prompt_len, r.index) for r in load_shards(folder)]
+def samples_from(folders: str | list[str]) -> list[Sample]:
+    """All samples of one or more regenerated data folders, in folder order."""
+    names = [folders] if isinstance(folders, str) else folders
+    return [Sample(r.tokens, r.prompt_len, r.index) for folder in names for r in load_shards(folder)]
 
 
 def train_dart(args: argparse.Namespace, target: Any, log: Callable[[str], None]) -> dict[str, Any]:

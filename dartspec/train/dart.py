@@ -261,7 +261,7 @@ class DartTrainer:
             if res is None:
                 continue
             (res.loss / len(batch)).backward()
-            losses.append(float(res.loss))
+            losses.append(float(res.loss.detach()))
             tokens += min(len(sample.tokens), self.cfg.max_seq_len)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip))
         self.optimizer.step()
@@ -273,6 +273,7 @@ class DartTrainer:
             "lr": lr,
             "grad_norm": grad_norm,
             "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
+            "seconds": elapsed,
             "epoch": self.epoch + self.position / len(self.train),
         }
 
