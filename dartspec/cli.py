@@ -154,6 +154,55 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    import datetime
+    import platform
+    from pathlib import Path
+
+    from tqdm import tqdm
+
+    from dartspec.bench.suite import load_prompts, parse_methods, run_suite, summarize, write_results
+
+    if args.temperature < 0:
+        raise DartspecError("--temperature must be >= 0")
+    specs = parse_methods(args.methods, tree_size=args.tree_size)
+    prompts = load_prompts(args.dataset, turn=args.turn, limit=args.limit)
+    target = load_target(args)
+    runs = run_suite(
+        target,
+        specs,
+        prompts,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        seed=args.seed,
+        progress=lambda items, n: tqdm(items, total=n, desc="bench", unit="prompt"),
+    )
+    rows = summarize(runs)
+    meta = {
+        "model": target.name,
+        "dataset": args.dataset,
+        "prompts": len(prompts),
+        "temperature": args.temperature,
+        "max_new_tokens": args.max_new_tokens,
+        "methods": [r["method"] for r in rows],
+        "device": str(target.device),
+        "threads": __import__("torch").get_num_threads(),
+        "machine": platform.platform(),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+    out = (
+        Path(args.out)
+        if args.out
+        else Path("bench-results") / f"{args.dataset.replace('/', '_')}-t{args.temperature:g}"
+    )
+    print(write_results(runs, rows, meta, out))
+    bad = [r["method"] for r in rows if r["mismatches"]]
+    if bad:
+        _log(f"MISMATCH: {', '.join(bad)} produced output different from plain greedy decoding")
+    _log(f"saved {out}/results.md, results.json, speedup.png, acceptance.png")
+    return 1 if bad else 0
+
+
 def cmd_data_regenerate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -206,7 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drafter", default="none", help="none (plain decoding), pld (prompt lookup) or dart")
     p.add_argument("--drafter-path", default=None, help="drafter checkpoint folder (default: the shipped one)")
     p.add_argument("--tree", default="beam", choices=["beam", "ddtree", "chain"], help="tree builder for dart")
-    p.add_argument("--ngram", default=None, help="static n-gram file for the beam search (dartspec ngram build)")
+    p.add_argument(
+        "--ngram", default=None, help="static n-gram file for the beam search (default: the shipped one; off = none)"
+    )
     p.add_argument("--online-ngram", action="store_true", help="also score drafts with prompt + output n-grams")
     p.add_argument("--tree-size", type=_positive_int, default=16, help="max draft tree nodes, root included")
     p.add_argument("--max-depth", type=int, default=8, help="max draft depth below the root")
@@ -263,7 +314,29 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("models", help="list the known model names")
     p.set_defaults(func=cmd_models)
 
-    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_command", required=True)
+    bp = sub.add_parser(
+        "bench",
+        help="methods side by side on real prompts (or: bench latency)",
+        description="Run methods back to back on each prompt (rotating order), compare outputs with plain "
+        "decoding, print a Markdown table and save results.md, results.json and plots.",
+    )
+    add_target_args(bp)
+    bp.add_argument(
+        "--methods",
+        default="ar,pld,dart",
+        help="comma-separated: ar, pld, dart, hf-ar, hf-pld; dart options after a colon, e.g. "
+        "dart:tree=ddtree,size=8,online=1,ngram=off (default ar,pld,dart)",
+    )
+    bp.add_argument("--dataset", default="mtbench", help="mtbench, humaneval or a .jsonl file of prompts")
+    bp.add_argument("--turn", type=int, default=1, choices=[1])
+    bp.add_argument("--limit", type=_positive_int, default=None, help="first N prompts only")
+    bp.add_argument("--max-new-tokens", type=_positive_int, default=256)
+    bp.add_argument("--temperature", type=float, default=0.0)
+    bp.add_argument("--seed", type=int, default=0)
+    bp.add_argument("--tree-size", type=_positive_int, default=16, help="default tree size for dart methods")
+    bp.add_argument("--out", default=None, help="folder for results.md, results.json and plots")
+    bp.set_defaults(func=cmd_bench)
+    bench = bp.add_subparsers(dest="bench_command", required=False)
     p = bench.add_parser("latency", help="verify cost curve T(q)/T(1) and plain decoding vs transformers generate")
     add_target_args(p)
     p.add_argument(

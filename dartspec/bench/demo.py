@@ -1,18 +1,19 @@
-"""``dartspec demo`` (what ``make demo`` runs): speculative vs plain decoding on a few real prompts.
+"""``dartspec demo`` (what ``make demo`` runs): speculative vs plain decoding on three real prompts.
 
-For each prompt, every method runs back to back (rotating order, after a warm-up) and greedy outputs
-are compared token for token with plain decoding. Prints tau, tokens/s and speedup per method.
+A small instance of :mod:`dartspec.bench.suite`: every method runs back to back on each prompt
+(rotating order, after a warm-up), greedy outputs are compared token for token with plain decoding,
+and the table shows tau, tokens/s and speedup per method.
 """
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 
-from dartspec.drafters import make_drafter
-from dartspec.engine import Generator
+from dartspec.bench.suite import markdown, parse_methods, run_suite, summarize
 from dartspec.target import Target
+
+# On a 2-core CPU verifying 4 nodes costs ~1.3x one token and 16 nodes ~2.3x, so the demo uses small trees.
+DEMO_TREE_SIZE = 6
 
 
 def demo_prompts() -> list[tuple[str, str]]:
@@ -29,51 +30,16 @@ def demo_prompts() -> list[tuple[str, str]]:
 
 
 def run_demo(target: Target, methods: list[str], max_new_tokens: int, log: Callable[[str], None]) -> str:
-    # Trees of a few nodes: on a 2-core CPU verifying 4 nodes costs ~1.3x one token, 16 nodes ~2.3x.
-    gens = {
-        m: Generator(target, make_drafter(m, target), tree_size=6, max_depth=8)
-        for m in ["none", *[m for m in methods if m != "none"]]
-    }
-    rows = []
-    for label, prompt in demo_prompts():
-        ids = target.encode_chat([{"role": "user", "content": prompt}])
-        gens["none"].generate(ids, max_new_tokens=8)  # warm-up
-        results = {}
-        order = list(gens)
-        for round_ in range(2):
-            for name in order if round_ % 2 == 0 else order[::-1]:
-                start = time.perf_counter()
-                res = gens[name].generate(ids, max_new_tokens=max_new_tokens)
-                wall = time.perf_counter() - start
-                if name not in results or wall < results[name][0]:
-                    results[name] = (wall, res)
-        base_wall, base = results["none"]
-        for name, (wall, res) in results.items():
-            same = res.token_ids == base.token_ids
-            rows.append(
-                (
-                    label,
-                    name,
-                    res.stats.tau,
-                    len(res.token_ids) / wall,
-                    base_wall / wall * (len(res.token_ids) / max(len(base.token_ids), 1)),
-                    same,
-                )
-            )
-            log(
-                f"{label:24s} {name:6s} tau {res.stats.tau:5.2f}  {len(res.token_ids) / wall:6.1f} tok/s  "
-                f"identical to plain: {'yes' if same else 'NO'}"
-            )
-    lines = [
-        f"dartspec demo: {target.name}, greedy, {max_new_tokens} new tokens, {target.device}",
-        "",
-        "| prompt | method | tau | tok/s | speedup vs plain | identical |",
-        "|---|---|---|---|---|---|",
-    ]
-    for label, name, tau, tps, speedup, same in rows:
-        lines.append(f"| {label} | {name} | {tau:.2f} | {tps:.1f} | {speedup:.2f}x | {'yes' if same else 'NO'} |")
-    for name in gens:
-        if name != "none":
-            med = statistics.median(r[4] for r in rows if r[1] == name)
-            lines.append(f"\nmedian speedup of {name} over plain decoding: {med:.2f}x")
+    """Run ``methods`` (``none`` is plain decoding) on the demo prompts; returns a Markdown report."""
+    names = ["ar" if m == "none" else m for m in methods]
+    specs = parse_methods(",".join(names), tree_size=DEMO_TREE_SIZE)
+    log(f"running {', '.join(s.label for s in specs)} on {len(demo_prompts())} prompts ({max_new_tokens} new tokens)")
+    runs = run_suite(target, specs, demo_prompts(), max_new_tokens=max_new_tokens)
+    rows = summarize(runs)
+    title = f"dartspec demo: {target.name}, greedy, {max_new_tokens} new tokens, {target.device}"
+    lines = [markdown(rows, title), ""]
+    for r in rows:
+        if r["method"] != "ar":
+            same = "identical to plain decoding" if not r["mismatches"] else "OUTPUT DIFFERS FROM PLAIN DECODING"
+            lines.append(f"{r['method']}: tau {r['tau']:.2f}, median speedup {r['speedup']:.2f}x, {same}")
     return "\n".join(lines)

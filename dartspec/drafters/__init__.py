@@ -36,7 +36,7 @@ def make_drafter(
     """A drafter for ``target`` by name: ``none``, ``pld``, or ``dart`` (``checkpoint`` or the shipped one).
 
     For ``dart``: ``tree`` picks the builder (beam, ddtree, chain), ``ngram`` a static n-gram file (default:
-    the one shipped next to the drafter, if any), ``online_ngram`` adds prompt/output n-grams.
+    the one shipped next to the drafter, if any; ``"off"`` for none), ``online_ngram`` adds prompt/output n-grams.
     """
     if name == "none":
         return NoDrafter()
@@ -53,7 +53,12 @@ def make_drafter(
             )
         from dartspec.ngram import NgramModel, tokenizer_identity
 
-        ngram_path = Path(ngram) if ngram else (folder / "ngram.bin" if (folder / "ngram.bin").is_file() else None)
+        if ngram == "off":
+            ngram_path = None
+        elif ngram:
+            ngram_path = Path(ngram)
+        else:
+            ngram_path = folder / "ngram.bin" if (folder / "ngram.bin").is_file() else None
         static = NgramModel.load(ngram_path, tokenizer=tokenizer_identity(target.tokenizer)) if ngram_path else None
         return DartDrafter.from_pretrained(folder, target, tree, ngram=static, online_ngram=online_ngram)
     raise DartspecError(f"unknown drafter {name!r}: choose one of {', '.join(DRAFTER_NAMES)}")

@@ -1,0 +1,373 @@
+"""``dartspec bench``: methods side by side on real prompts, fair by construction.
+
+For every prompt all methods run back to back in one process, in an order that rotates from prompt
+to prompt, after one warm-up generation per method. Speedup is measured per prompt (the method's
+tokens/s over plain decoding's on the same prompt) and summarised by its median and interquartile
+range. Under greedy decoding every method's output is compared with plain decoding's: a lossless
+method never differs, so any mismatch is reported loudly.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dartspec.errors import DartspecError
+
+#: Method names ``--methods`` understands; options follow a colon (``dart:tree=ddtree,size=8``).
+METHODS = ("ar", "pld", "dart", "hf-ar", "hf-pld")
+_DART_OPTIONS = {"tree", "size", "depth", "ngram", "online", "path"}
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """One row of the benchmark: a drafter and its settings."""
+
+    label: str
+    kind: str  # one of METHODS
+    tree: str = "beam"
+    tree_size: int = 16
+    max_depth: int = 8
+    ngram: str | None = "shipped"  # "shipped", "off" or a file
+    online: bool = False
+    path: str | None = None
+
+
+def parse_methods(text: str, *, tree_size: int = 16) -> list[MethodSpec]:
+    """``"ar,pld,dart,dart:tree=ddtree,size=8"`` -> specs (an ``x=y`` item extends the method before it)."""
+    groups: list[list[str]] = []
+    for item in (s.strip() for s in text.split(",")):
+        if not item:
+            continue
+        if "=" in item and ":" not in item:
+            if not groups:
+                raise DartspecError(f"--methods: option {item!r} must follow a method name")
+            groups[-1].append(item)
+        else:
+            name, _, first = item.partition(":")
+            groups.append([name, *([first] if first else [])])
+    if not groups:
+        raise DartspecError("--methods is empty")
+    specs = [_spec(group, tree_size) for group in groups]
+    labels = [s.label for s in specs]
+    if len(set(labels)) != len(labels):
+        raise DartspecError(f"--methods lists the same method twice: {labels}")
+    return specs
+
+
+def _spec(group: list[str], tree_size: int) -> MethodSpec:
+    name, options = group[0], group[1:]
+    if name == "eagle3":
+        raise DartspecError("the eagle3 baseline is not available yet (see the issue tracker); use ar, pld or dart")
+    if name not in METHODS:
+        raise DartspecError(f"unknown method {name!r}: choose from {', '.join(METHODS)}")
+    label = name + (":" + ",".join(options) if options else "")
+    if options and name != "dart":
+        raise DartspecError(f"method {name} takes no options (got {label})")
+    kw: dict[str, Any] = {"tree_size": tree_size}
+    for opt in options:
+        key, _, value = opt.partition("=")
+        if key not in _DART_OPTIONS or not value:
+            raise DartspecError(f"bad option {opt!r} in {label}: use {', '.join(sorted(_DART_OPTIONS))} as key=value")
+        if key == "tree":
+            if value not in ("beam", "ddtree", "chain"):
+                raise DartspecError(f"{label}: tree must be beam, ddtree or chain")
+            kw["tree"] = value
+        elif key in ("size", "depth"):
+            if not value.isdigit() or int(value) < 1:
+                raise DartspecError(f"{label}: {key} must be a positive integer")
+            kw["tree_size" if key == "size" else "max_depth"] = int(value)
+        elif key == "online":
+            kw["online"] = value in ("1", "on", "true", "yes")
+        else:
+            kw[key] = value
+    return MethodSpec(label=label, kind=name, **kw)
+
+
+# --- prompts -------------------------------------------------------------------------------------
+
+
+def load_prompts(dataset: str, *, turn: int = 1, limit: int | None = None) -> list[tuple[str, str]]:
+    """``(label, user message)`` pairs from ``mtbench``, ``humaneval`` or a JSONL file."""
+    from dartspec.data.sources import load_humaneval, load_mtbench, load_prompts_jsonl
+
+    if turn != 1:
+        raise DartspecError("only --turn 1 is supported for now")
+    if dataset == "mtbench":
+        items = [(f"mtbench/{q['question_id']}", q["turns"][0]) for q in load_mtbench()]
+    elif dataset == "humaneval":
+        items = [(q["task_id"].lower(), "Complete this Python function:\n\n" + q["prompt"]) for q in load_humaneval()]
+    elif dataset.endswith(".jsonl") or Path(dataset).is_file():
+        records = load_prompts_jsonl(dataset)
+        items = [
+            (str(r.get("id", f"{Path(dataset).stem}/{i}")), r["prompt"] if "prompt" in r else r["turns"][0])
+            for i, r in enumerate(records)
+        ]
+    else:
+        raise DartspecError(f"unknown --dataset {dataset!r}: use mtbench, humaneval or a .jsonl file")
+    return items[:limit] if limit else items
+
+
+# --- running -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """One generation of one method on one prompt."""
+
+    prompt: str
+    method: str
+    new_tokens: int
+    seconds: float
+    tau: float
+    accept_per_depth: list[float]
+    times: dict[str, float]
+    token_ids: list[int] = field(repr=False)
+    matches_ar: bool | None = None
+    first_difference: int | None = None
+
+
+Runner = Callable[[list[int], int, float, int], Run]
+
+
+def make_runner(spec: MethodSpec, target: Any) -> Runner:
+    """A function ``(prompt ids, max new tokens, temperature, seed) -> Run`` for ``spec``."""
+    if spec.kind in ("hf-ar", "hf-pld"):
+        return _hf_runner(spec, target)
+    from dartspec.drafters import make_drafter
+    from dartspec.engine import Generator
+
+    name = {"ar": "none"}.get(spec.kind, spec.kind)
+    kw: dict[str, Any] = {}
+    if name == "dart":
+        kw = {"tree": spec.tree, "online_ngram": spec.online}
+        if spec.ngram not in (None, "shipped"):
+            kw["ngram"] = spec.ngram
+    drafter = make_drafter(name, target, spec.path, **kw)
+    gen = Generator(target, drafter, tree_size=spec.tree_size, max_depth=spec.max_depth)
+
+    def run(ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> Run:
+        res = gen.generate(ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+        s = res.stats
+        return Run(
+            "", spec.label, len(res.token_ids), s.seconds, s.tau, s.accept_per_depth, dict(s.times), res.token_ids
+        )
+
+    return run
+
+
+def _hf_runner(spec: MethodSpec, target: Any) -> Runner:
+    import torch
+
+    def run(ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> Run:
+        kw: dict[str, Any] = {"do_sample": False}
+        if temperature > 0:
+            torch.manual_seed(seed)
+            kw = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+        if spec.kind == "hf-pld":
+            kw["prompt_lookup_num_tokens"] = 10
+        x = torch.tensor([ids], device=target.device)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = target.model.generate(
+                input_ids=x,
+                attention_mask=torch.ones_like(x),
+                max_new_tokens=max_new_tokens,
+                eos_token_id=sorted(target.eos_token_ids),
+                pad_token_id=min(target.eos_token_ids),
+                **kw,
+            )
+        seconds = time.perf_counter() - start
+        new = out[0, len(ids) :].tolist()
+        for i, tok in enumerate(new):
+            if tok in target.eos_token_ids:
+                new = new[: i + 1]
+                break
+        return Run("", spec.label, len(new), seconds, float("nan"), [], {}, new)
+
+    return run
+
+
+def run_suite(
+    target: Any,
+    specs: Sequence[MethodSpec],
+    prompts: Sequence[tuple[str, str]],
+    *,
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    seed: int = 0,
+    runners: dict[str, Runner] | None = None,
+    progress: Callable[[Iterable[Any], int], Iterable[Any]] | None = None,
+) -> list[Run]:
+    """Run every method on every prompt (rotating order); plain decoding is added as the reference."""
+    if not prompts:
+        raise DartspecError("no prompts to benchmark")
+    specs = list(specs)
+    if not any(s.kind == "ar" for s in specs):
+        specs.insert(0, MethodSpec("ar", "ar"))
+    runners = dict(runners or {})
+    for s in specs:
+        runners.setdefault(s.label, make_runner(s, target))
+    # Base models (no chat template) get the raw prompt.
+    chat = bool(getattr(target.tokenizer, "chat_template", None))
+    encoded = [
+        (label, target.encode_chat([{"role": "user", "content": text}]) if chat else target.encode(text))
+        for label, text in prompts
+    ]
+    for s in specs:  # warm-up: first-call allocations and lazy initialisation stay out of the timings
+        runners[s.label](encoded[0][1], 8, temperature, seed)
+    runs: list[Run] = []
+    items = progress(list(enumerate(encoded)), len(encoded)) if progress else enumerate(encoded)
+    for i, (label, ids) in items:
+        order = specs[i % len(specs) :] + specs[: i % len(specs)]
+        got = {}
+        for s in order:
+            run = runners[s.label](ids, max_new_tokens, temperature, seed + i)
+            run.prompt, run.method = label, s.label
+            got[s.label] = run
+        ref = next(got[s.label] for s in specs if s.kind == "ar")
+        for s in specs:
+            run = got[s.label]
+            if temperature == 0:
+                run.matches_ar = run.token_ids == ref.token_ids
+                if not run.matches_ar:
+                    run.first_difference = next(
+                        (j for j, (a, b) in enumerate(zip(run.token_ids, ref.token_ids, strict=False)) if a != b),
+                        min(len(run.token_ids), len(ref.token_ids)),
+                    )
+            runs.append(run)
+    return runs
+
+
+# --- reporting -----------------------------------------------------------------------------------
+
+
+def _quartiles(values: list[float]) -> tuple[float, float, float]:
+    if len(values) == 1:
+        return values[0], values[0], values[0]
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[0], statistics.median(values), q[2]
+
+
+def summarize(runs: Sequence[Run]) -> list[dict[str, Any]]:
+    """Per method: median tau and tokens/s, speedup over plain decoding (median, IQR), shares, mismatches."""
+    by_prompt: dict[str, dict[str, Run]] = {}
+    for r in runs:
+        by_prompt.setdefault(r.prompt, {})[r.method] = r
+    methods = list(dict.fromkeys(r.method for r in runs))
+    rows = []
+    for m in methods:
+        mine = [r for r in runs if r.method == m]
+        speedups = []
+        for r in mine:
+            ar = by_prompt[r.prompt].get("ar")
+            if ar and r.seconds > 0 and ar.new_tokens and r.new_tokens:
+                speedups.append((r.new_tokens / r.seconds) / (ar.new_tokens / ar.seconds))
+        q1, med, q3 = _quartiles(speedups) if speedups else (float("nan"),) * 3
+        depth = max((len(r.accept_per_depth) for r in mine), default=0)
+        accept = [
+            statistics.mean(r.accept_per_depth[d] for r in mine if len(r.accept_per_depth) > d) for d in range(depth)
+        ]
+        total = {k: sum(r.times.get(k, 0.0) for r in mine) for k in ("draft", "tree", "verify")}
+        seconds = sum(r.seconds for r in mine)
+        taus = [r.tau for r in mine if r.tau == r.tau]
+        rows.append(
+            {
+                "method": m,
+                "prompts": len(mine),
+                "tau": statistics.median(taus) if taus else float("nan"),
+                "tokens_per_s": statistics.median(r.new_tokens / r.seconds for r in mine if r.seconds > 0),
+                "speedup": med,
+                "speedup_iqr": [q1, q3],
+                "accept_per_depth": accept,
+                "shares": {k: v / seconds if seconds else 0.0 for k, v in total.items()},
+                "mismatches": sum(1 for r in mine if r.matches_ar is False),
+            }
+        )
+    return rows
+
+
+def markdown(rows: Sequence[dict[str, Any]], title: str) -> str:
+    lines = [
+        f"### {title}",
+        "",
+        "| method | tau | tok/s | speedup vs ar (IQR) | accept d1..d4 | draft / tree / verify | mismatches |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        acc = " ".join(f"{a:.2f}" for a in r["accept_per_depth"][:4]) or "-"
+        sh = r["shares"]
+        shares = f"{sh['draft']:.0%} / {sh['tree']:.0%} / {sh['verify']:.0%}" if sh["verify"] else "-"
+        tau = f"{r['tau']:.2f}" if r["tau"] == r["tau"] else "-"
+        lo, hi = r["speedup_iqr"]
+        mism = str(r["mismatches"]) if not r["mismatches"] else f"**{r['mismatches']} MISMATCH**"
+        lines.append(
+            f"| {r['method']} | {tau} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}x ({lo:.2f}-{hi:.2f}) "
+            f"| {acc} | {shares} | {mism} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: Sequence[dict[str, Any]], out: Path, title: str) -> list[Path]:
+    """Speedup bars (with IQR) and acceptance per depth; returns the PNG paths."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise DartspecError("plots need matplotlib: pip install 'dartspec[bench]'") from None
+    paths = []
+    fig, ax = plt.subplots(figsize=(1.2 + 1.1 * len(rows), 3.6))
+    names = [r["method"] for r in rows]
+    med = [r["speedup"] for r in rows]
+    err = [
+        [m - r["speedup_iqr"][0] for m, r in zip(med, rows, strict=True)],
+        [r["speedup_iqr"][1] - m for m, r in zip(med, rows, strict=True)],
+    ]
+    ax.bar(names, med, yerr=err, capsize=4, color="#4c72b0")
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_ylabel("speedup over plain decoding")
+    ax.set_title(title, fontsize=9)
+    ax.tick_params(axis="x", labelrotation=30, labelsize=8)
+    fig.tight_layout()
+    paths.append(out / "speedup.png")
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(5, 3.6))
+    for r in rows:
+        if r["accept_per_depth"]:
+            ax.plot(range(1, len(r["accept_per_depth"]) + 1), r["accept_per_depth"], marker="o", label=r["method"])
+    ax.set_xlabel("draft depth")
+    ax.set_ylabel("acceptance rate")
+    ax.set_ylim(0, 1)
+    ax.set_title(title, fontsize=9)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    paths.append(out / "acceptance.png")
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+    return paths
+
+
+def write_results(runs: Sequence[Run], rows: Sequence[dict[str, Any]], meta: dict[str, Any], out: Path) -> str:
+    """Write results.md, results.json and the plots into ``out``; returns the Markdown table."""
+    out.mkdir(parents=True, exist_ok=True)
+    title = f"{meta['model']} · {meta['dataset']} · T={meta['temperature']} · {meta['max_new_tokens']} new tokens"
+    table = markdown(rows, title)
+    (out / "results.md").write_text(table + "\n")
+    payload = {
+        "meta": meta,
+        "summary": list(rows),
+        "runs": [{k: v for k, v in asdict(r).items() if k != "token_ids"} for r in runs],
+    }
+    (out / "results.json").write_text(json.dumps(payload, indent=1))
+    plot(rows, out, title)
+    return table

@@ -1,0 +1,83 @@
+"""The benchmark harness on a tiny random model: tables, JSON, plots, mismatch detection, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dartspec.bench.suite import MethodSpec, Run, load_prompts, parse_methods, run_suite, summarize, write_results
+from dartspec.errors import DartspecError
+from dartspec.target import Target
+
+PROMPTS = [("p0", "t5 t6 t7 t8 t5 t6 t7 t8 t5"), ("p1", "t9 t10 t11 t9 t10 t11 t9")]
+
+
+def test_parse_methods_groups_options() -> None:
+    specs = parse_methods("ar,pld,dart:tree=ddtree,size=8,online=1,dart", tree_size=12)
+    assert [s.label for s in specs] == ["ar", "pld", "dart:tree=ddtree,size=8,online=1", "dart"]
+    assert specs[2].tree == "ddtree" and specs[2].tree_size == 8 and specs[2].online
+    assert specs[3].tree == "beam" and specs[3].tree_size == 12
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("ar,medusa", "unknown method 'medusa'"),
+        ("eagle3", "eagle3 baseline is not available"),
+        ("dart:tree=wide", "tree must be beam, ddtree or chain"),
+        ("dart:colour=red", "bad option 'colour=red'"),
+        ("size=4", "must follow a method name"),
+        ("pld:size=4", "takes no options"),
+        ("ar,ar", "same method twice"),
+        ("", "empty"),
+    ],
+)
+def test_parse_methods_errors(text: str, message: str) -> None:
+    with pytest.raises(DartspecError, match=message):
+        parse_methods(text)
+
+
+def test_malformed_dataset_line_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "hello"}\n{"prompt": 3}\n')
+    with pytest.raises(DartspecError, match=r"p.jsonl line 2: \"prompt\" must be a non-empty string"):
+        load_prompts(str(path))
+    path.write_text('{"prompt": "hello"}\n{"turns": ["a", "b"]}\n')
+    assert [text for _, text in load_prompts(str(path))] == ["hello", "a"]
+
+
+def test_suite_writes_table_json_plots_and_flags_a_corrupting_method(tmp_path: Path, llama_target: Target) -> None:
+    def corrupt(ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> Run:
+        run = plain(ids, max_new_tokens, temperature, seed)
+        run.token_ids = [*run.token_ids[:-1], (run.token_ids[-1] + 1) % 96]
+        return run
+
+    from dartspec.bench.suite import make_runner
+
+    plain = make_runner(MethodSpec("ar", "ar"), llama_target)
+    specs = [MethodSpec("ar", "ar"), MethodSpec("pld", "pld"), MethodSpec("broken", "pld")]
+    runs = run_suite(llama_target, specs, PROMPTS, max_new_tokens=12, runners={"broken": corrupt})
+    assert len(runs) == 6 and {r.prompt for r in runs} == {"p0", "p1"}
+    rows = {r["method"]: r for r in summarize(runs)}
+    assert rows["ar"]["mismatches"] == 0 and rows["pld"]["mismatches"] == 0
+    assert rows["broken"]["mismatches"] == 2
+    assert rows["ar"]["speedup"] == pytest.approx(1.0)
+    table = write_results(
+        runs,
+        list(rows.values()),
+        {"model": "tiny", "dataset": "toy", "temperature": 0.0, "max_new_tokens": 12},
+        tmp_path,
+    )
+    assert "**2 MISMATCH**" in table and "| pld |" in table
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert len(data["runs"]) == 6 and data["summary"][0]["method"] == "ar"
+    for name in ("results.md", "speedup.png", "acceptance.png"):
+        assert (tmp_path / name).stat().st_size > 0
+
+
+def test_sampling_runs_skip_the_token_comparison(llama_target: Target) -> None:
+    runs = run_suite(llama_target, [MethodSpec("pld", "pld")], PROMPTS[:1], max_new_tokens=6, temperature=1.0)
+    assert [r.method for r in runs] == ["ar", "pld"]  # plain decoding is added as the reference
+    assert all(r.matches_ar is None for r in runs)
