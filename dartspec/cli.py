@@ -31,6 +31,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _tree_size(text: str) -> int | str:
+    """``--tree-size``: a positive integer or ``auto``."""
+    if text == "auto":
+        return text
+    try:
+        return _positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or auto, got {text!r}") from None
+
+
 def _int_list(text: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
@@ -92,10 +102,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.drafter not in drafter_names():
         make_drafter(args.drafter, None)  # raises the error that lists the known drafters
     target = load_target(args)
+    from dartspec.tree_size import AUTO_MAX_SIZE
+
+    auto = args.tree_size == "auto"
     drafter = make_drafter(
-        args.drafter, target, args.drafter_path, tree=args.tree, ngram=args.ngram, online_ngram=args.online_ngram
+        args.drafter,
+        target,
+        args.drafter_path,
+        tree=args.tree,
+        ngram=args.ngram,
+        online_ngram=args.online_ngram,
+        auto_size=auto and args.drafter == "dart",
     )
-    gen = Generator(target, drafter, tree_size=args.tree_size, max_depth=args.max_depth)
+    size = (AUTO_MAX_SIZE if args.drafter == "dart" else 16) if auto else args.tree_size
+    gen = Generator(target, drafter, tree_size=size, max_depth=args.max_depth)
     kwargs = dict(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
@@ -259,7 +279,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--ngram", default=None, help="static n-gram file for the beam search (default: the shipped one; off = none)"
     )
     p.add_argument("--online-ngram", action="store_true", help="also score drafts with prompt + output n-grams")
-    p.add_argument("--tree-size", type=_positive_int, default=16, help="max draft tree nodes, root included")
+    p.add_argument(
+        "--tree-size",
+        type=_tree_size,
+        default=16,
+        help="max draft tree nodes, root included, or auto (dart: chosen per step from this machine's verify costs)",
+    )
     p.add_argument("--max-depth", type=int, default=8, help="max draft depth below the root")
     add_sampling_args(p)
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
@@ -333,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     bp.add_argument("--max-new-tokens", type=_positive_int, default=256)
     bp.add_argument("--temperature", type=float, default=0.0)
     bp.add_argument("--seed", type=int, default=0)
-    bp.add_argument("--tree-size", type=_positive_int, default=16, help="default tree size for dart methods")
+    bp.add_argument("--tree-size", type=_tree_size, default=16, help="default tree size for dart methods (or auto)")
     bp.add_argument("--out", default=None, help="folder for results.md, results.json and plots")
     bp.set_defaults(func=cmd_bench)
     bench = bp.add_subparsers(dest="bench_command", required=False)

@@ -42,6 +42,7 @@ class GenerationStats:
     )
     depth_offered: list[int] = field(default_factory=list)
     depth_accepted: list[int] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)  # drafter-specific figures (e.g. tree_size_auto)
 
     @property
     def tau(self) -> float:
@@ -79,6 +80,7 @@ class GenerationStats:
             "accept_per_depth": [round(a, 4) for a in self.accept_per_depth],
             "seconds": round(self.seconds, 4),
             "times": {k: round(v, 4) for k, v in self.times.items()},
+            **self.extra,
         }
 
 
@@ -250,6 +252,9 @@ class Generator:
                 new, final_text = self._truncate(new, limit, text)
                 stats.new_tokens = len(new)
                 stats.seconds = time.perf_counter() - start
+                report = getattr(drafter, "report", None)
+                if callable(report):
+                    stats.extra.update(report())
                 result = GenerationResult(final_text, new, finish, stats)
                 last = new[shown_tokens:]
                 yield StepEvent(last, min(drafted, len(last)), text.delta(final_text, True), result)

@@ -28,13 +28,18 @@ from dartspec.target import Target
 from dartspec.tree import Tree
 
 
-def verify_cost_curve(target: Target, qs: list[int], ctx: int, repeats: int) -> dict[str, dict[int, float]]:
-    """Median seconds of one ``verify`` of a q-node chain after ``ctx`` cached tokens, per dispatch."""
+def verify_cost_curve(
+    target: Target, qs: list[int], ctx: int, repeats: int, modes: list[str] | None = None
+) -> dict[str, dict[int, float]]:
+    """Median seconds of one ``verify`` of a q-node chain after ``ctx`` cached tokens, per dispatch.
+
+    ``modes`` picks among ``stock`` and ``rows-first`` (default: both, interleaved).
+    """
     rng = np.random.default_rng(0)
     target.reset()
     target.prefill(rng.integers(10, target.vocab_size - 1, size=ctx).tolist())
     base = target.cached
-    modes = {"stock": False, "rows-first": True}
+    modes = {m: v for m, v in {"stock": False, "rows-first": True}.items() if modes is None or m in modes}
     samples: dict[str, dict[int, list[float]]] = {m: {q: [] for q in qs} for m in modes}
     original = target.fast_linear
 

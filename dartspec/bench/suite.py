@@ -31,14 +31,14 @@ class MethodSpec:
     label: str
     kind: str  # one of METHODS
     tree: str = "beam"
-    tree_size: int = 16
+    tree_size: int | str = 16  # or "auto"
     max_depth: int = 8
     ngram: str | None = "shipped"  # "shipped", "off" or a file
     online: bool = False
     path: str | None = None
 
 
-def parse_methods(text: str, *, tree_size: int = 16) -> list[MethodSpec]:
+def parse_methods(text: str, *, tree_size: int | str = 16) -> list[MethodSpec]:
     """``"ar,pld,dart,dart:tree=ddtree,size=8"`` -> specs (an ``x=y`` item extends the method before it)."""
     groups: list[list[str]] = []
     for item in (s.strip() for s in text.split(",")):
@@ -60,7 +60,7 @@ def parse_methods(text: str, *, tree_size: int = 16) -> list[MethodSpec]:
     return specs
 
 
-def _spec(group: list[str], tree_size: int) -> MethodSpec:
+def _spec(group: list[str], tree_size: int | str) -> MethodSpec:
     name, options = group[0], group[1:]
     if name == "eagle3":
         raise DartspecError("the eagle3 baseline is not available yet (see the issue tracker); use ar, pld or dart")
@@ -78,6 +78,8 @@ def _spec(group: list[str], tree_size: int) -> MethodSpec:
             if value not in ("beam", "ddtree", "chain"):
                 raise DartspecError(f"{label}: tree must be beam, ddtree or chain")
             kw["tree"] = value
+        elif key == "size" and value == "auto":
+            kw["tree_size"] = "auto"
         elif key in ("size", "depth"):
             if not value.isdigit() or int(value) < 1:
                 raise DartspecError(f"{label}: {key} must be a positive integer")
@@ -144,12 +146,17 @@ def make_runner(spec: MethodSpec, target: Any) -> Runner:
 
     name = {"ar": "none"}.get(spec.kind, spec.kind)
     kw: dict[str, Any] = {}
+    size = spec.tree_size
     if name == "dart":
-        kw = {"tree": spec.tree, "online_ngram": spec.online}
+        kw = {"tree": spec.tree, "online_ngram": spec.online, "auto_size": size == "auto"}
         if spec.ngram not in (None, "shipped"):
             kw["ngram"] = spec.ngram
     drafter = make_drafter(name, target, spec.path, **kw)
-    gen = Generator(target, drafter, tree_size=spec.tree_size, max_depth=spec.max_depth)
+    if size == "auto":
+        from dartspec.tree_size import AUTO_MAX_SIZE
+
+        size = AUTO_MAX_SIZE if name == "dart" else 16
+    gen = Generator(target, drafter, tree_size=int(size), max_depth=spec.max_depth)
 
     def run(ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> Run:
         res = gen.generate(ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)

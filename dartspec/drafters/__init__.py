@@ -32,11 +32,14 @@ def make_drafter(
     tree: str = "beam",
     ngram: str | Path | None = None,
     online_ngram: bool = False,
+    auto_size: bool = False,
 ) -> Drafter:
     """A drafter for ``target`` by name: ``none``, ``pld``, or ``dart`` (``checkpoint`` or the shipped one).
 
     For ``dart``: ``tree`` picks the builder (beam, ddtree, chain), ``ngram`` a static n-gram file (default:
-    the one shipped next to the drafter, if any; ``"off"`` for none), ``online_ngram`` adds prompt/output n-grams.
+    the one shipped next to the drafter, if any; ``"off"`` for none), ``online_ngram`` adds prompt/output n-grams,
+    ``auto_size`` cuts each tree to the size with the best expected tokens/s on this machine (the engine's
+    ``tree_size`` is then the largest size considered; see :mod:`dartspec.tree_size`).
     """
     if name == "none":
         return NoDrafter()
@@ -60,7 +63,14 @@ def make_drafter(
         else:
             ngram_path = folder / "ngram.bin" if (folder / "ngram.bin").is_file() else None
         static = NgramModel.load(ngram_path, tokenizer=tokenizer_identity(target.tokenizer)) if ngram_path else None
-        return DartDrafter.from_pretrained(folder, target, tree, ngram=static, online_ngram=online_ngram)
+        auto = None
+        if auto_size:
+            from dartspec.tree_size import AutoSizer, calibrate
+
+            auto = AutoSizer(calibrate(target))
+        return DartDrafter.from_pretrained(
+            folder, target, tree, ngram=static, online_ngram=online_ngram, auto_size=auto
+        )
     raise DartspecError(f"unknown drafter {name!r}: choose one of {', '.join(DRAFTER_NAMES)}")
 
 

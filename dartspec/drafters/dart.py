@@ -21,6 +21,7 @@ from dartspec.kernels import use_rows_first_linears
 from dartspec.ngram import MergedNgram, NgramModel, OnlineNgram
 from dartspec.search import make_tree_builder
 from dartspec.tree import Tree
+from dartspec.tree_size import AutoSizer, node_estimates
 
 #: Builds a tree from (root, log-probs (d, Vd), d2t, committed tokens, budget); see :mod:`dartspec.search`.
 TreeBuilder = Callable[[int, torch.Tensor, np.ndarray, Sequence[int], DraftBudget], Tree]
@@ -40,6 +41,7 @@ class DartDrafter:
         *,
         ngram: NgramModel | None = None,
         online_ngram: bool = False,
+        auto_size: AutoSizer | None = None,
     ) -> None:
         """Args:
         model: the trained network.
@@ -47,6 +49,8 @@ class DartDrafter:
         tree: ``chain``, ``beam`` (DART's n-gram-guided search), ``ddtree`` or a builder callable.
         ngram: a static n-gram model for the beam search.
         online_ngram: also score with counts from the current prompt and output.
+        auto_size: cut each tree to the size with the best expected tokens per second
+            (:mod:`dartspec.tree_size`); the engine's budget is then the largest size considered.
         """
         model.check_target(target)
         self.model = model.to(target.device).eval()
@@ -62,6 +66,10 @@ class DartDrafter:
             else tree
         )
         self.d2t = model.d2t.cpu().numpy()
+        self.auto = auto_size
+        self.t2d = np.full(max(int(self.d2t.max()) + 1, 1), -1, dtype=np.int64)
+        self.t2d[self.d2t] = np.arange(len(self.d2t))
+        self._proposed = False
         self.last_tree_seconds = 0.0
         self._cache = DraftKV()
         self._pending: list[torch.Tensor] = []
@@ -78,10 +86,19 @@ class DartDrafter:
         self._cache = DraftKV()
         self._pending = []
         self._committed = 0
+        self._proposed = False
+        if self.auto is not None:
+            self.auto.begin()
+
+    def report(self) -> dict:
+        """Extra ``--json`` figures: the automatic tree size's choices and why."""
+        return {"tree_size_auto": self.auto.report()} if self.auto is not None else {}
 
     def observe(self, token_ids: Sequence[int], features: torch.Tensor | None) -> None:
         if features is None:
             raise DartspecError("the DART drafter needs target features (Target.verify(..., features=True))")
+        if self.auto is not None and self._proposed:
+            self.auto.observe(len(token_ids) - 1)
         self._pending.append(features)
 
     @torch.inference_mode()
@@ -102,6 +119,7 @@ class DartDrafter:
         m = feats.shape[0]
         if start + m + 1 != len(tokens):
             raise RuntimeError(f"DART drafter out of step: {start} cached + {m} new + root != {len(tokens)} tokens")
+        t_draft = time.perf_counter()
         next_ids = torch.tensor(tokens[start + 1 : start + m + 1], device=feats.device)
         logp = self.model.step(feats, self.embed(next_ids), start, self._cache, depth=budget.max_depth)
         self._committed = start + m
@@ -109,6 +127,11 @@ class DartDrafter:
         if self.online is not None:
             self.online.extend(tokens[len(self.online.history) :])
         tree = self.tree_builder(root, logp, self.d2t, tokens, budget)
+        if self.auto is not None:
+            tree, _ = self.auto.choose(tree, node_estimates(tree, logp, self.t2d))
+            spent = time.perf_counter() - t_draft
+            self.auto.overhead_s = spent if not self.auto.overhead_s else 0.9 * self.auto.overhead_s + 0.1 * spent
+        self._proposed = True
         self.last_tree_seconds = time.perf_counter() - t0
         return tree
 

@@ -1,0 +1,145 @@
+"""``--tree-size auto``: pick the draft tree size that maximises expected tokens per second.
+
+Verifying R tree nodes costs T(R), measured once per machine, model, device, dtype and thread count
+(cached as JSON). At each step the drafter's tree is built at the largest size, every node gets an
+acceptance estimate (the product of the draft probabilities along its path), and the tree is cut to
+the R whose expected committed tokens, 1 + sum of the R-1 best estimates, per second of
+T(R) + drafting overhead is largest. Raw draft probabilities are over- or under-confident, so the
+estimates are scaled by a running ratio of accepted to predicted draft tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dartspec.tree import Tree
+
+#: The largest tree ``--tree-size auto`` considers (the engine's budget in auto mode).
+AUTO_MAX_SIZE = 32
+
+#: Tree sizes timed by the calibration; costs in between are interpolated.
+CALIBRATION_QS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """Seconds of one verification of q tree nodes, at the calibrated sizes."""
+
+    qs: tuple[int, ...]
+    seconds: tuple[float, ...]
+
+    def cost(self, q: int | np.ndarray) -> np.ndarray:
+        """Interpolated seconds for ``q`` nodes (clamped at the ends)."""
+        return np.interp(q, self.qs, self.seconds)
+
+    def as_dict(self) -> dict[str, float]:
+        return {str(q): round(s * 1000, 2) for q, s in zip(self.qs, self.seconds, strict=True)}
+
+
+def _calibration_file(target: Any, cache: Path) -> Path:
+    cpu = platform.processor() or platform.machine()
+    key = f"{target.name}-{target.device}-{str(target.dtype).replace('torch.', '')}-t{torch.get_num_threads()}"
+    key += f"-{'rows' if target.fast_linear else 'stock'}-{cpu}-{os.cpu_count()}"
+    safe = "".join(c if c.isalnum() or c in "-._" else "_" for c in key)
+    return cache / "calibration" / f"{safe}.json"
+
+
+def calibrate(target: Any, *, cache: Path | None = None, repeats: int = 5, ctx: int = 256, log=None) -> CostCurve:
+    """The target's verify cost curve on this machine, measured once and cached."""
+    from dartspec.assets import cache_dir
+    from dartspec.bench.latency import verify_cost_curve
+
+    path = _calibration_file(target, cache or cache_dir())
+    if path.is_file():
+        try:
+            data = json.loads(path.read_text())
+            return CostCurve(tuple(data["qs"]), tuple(data["seconds"]))
+        except (ValueError, KeyError, TypeError):
+            path.unlink(missing_ok=True)  # a damaged cache entry is simply measured again
+    if log:
+        log(f"calibrating the verify cost curve of {target.name} on this machine (once)...")
+    mode = "rows-first" if target.fast_linear else "stock"
+    curve = verify_cost_curve(target, list(CALIBRATION_QS), ctx, repeats, modes=[mode])[mode]
+    # A monotone curve keeps the choice stable against timing noise.
+    seconds = np.maximum.accumulate(np.array([curve[q] for q in CALIBRATION_QS]))
+    result = CostCurve(CALIBRATION_QS, tuple(float(s) for s in seconds))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps({"qs": list(result.qs), "seconds": list(result.seconds)}))
+    tmp.replace(path)
+    return result
+
+
+def node_estimates(tree: Tree, logp: torch.Tensor, t2d: np.ndarray) -> np.ndarray:
+    """Product of draft probabilities along each node's path (root = 1); ``logp`` is ``(depth, Vd)``."""
+    probs = np.ones(tree.size)
+    if tree.size == 1:
+        return probs
+    lp = logp.float().cpu().numpy()
+    for i in range(1, tree.size):
+        d = int(tree.depth[i]) - 1
+        k = t2d[int(tree.tokens[i])] if int(tree.tokens[i]) < len(t2d) else -1
+        p = float(np.exp(lp[d, k])) if k >= 0 and d < lp.shape[0] else 0.0
+        probs[i] = probs[int(tree.parents[i])] * p
+    return probs
+
+
+def subtree(tree: Tree, keep: np.ndarray) -> Tree:
+    """The tree of the root plus the (prefix-closed) node indices ``keep``."""
+    nodes = np.concatenate([[0], np.sort(keep[keep > 0])])
+    index = {int(n): i for i, n in enumerate(nodes)}
+    parents = [-1] + [index[int(tree.parents[n])] for n in nodes[1:]]
+    return Tree(tree.tokens[nodes], np.array(parents))
+
+
+@dataclass
+class AutoSizer:
+    """Cuts each proposed tree to the size with the best expected tokens per second."""
+
+    curve: CostCurve
+    overhead_s: float = 0.0  # drafting + search time per step, updated by the drafter
+    scale: float = 1.0
+    predicted: float = 0.0
+    accepted: float = 0.0
+    chosen: list[int] = field(default_factory=list)
+
+    def begin(self) -> None:
+        """A new generation: the size history restarts, the learned calibration is kept."""
+        self.chosen = []
+
+    def choose(self, tree: Tree, estimates: np.ndarray) -> tuple[Tree, float]:
+        """The best prefix of the nodes ranked by estimate; returns the cut tree and its expected gain."""
+        order = sorted(range(1, tree.size), key=lambda i: (-estimates[i], i))  # parents rank before children
+        p = np.minimum(1.0, estimates[order] * self.scale)
+        sizes = np.arange(1, tree.size + 1)
+        gain = 1.0 + np.concatenate([[0.0], np.cumsum(p)])
+        rate = gain / (self.curve.cost(sizes) + self.overhead_s)
+        best = int(np.argmax(rate))
+        self.chosen.append(best + 1)
+        self.predicted += float(gain[best] - 1.0)
+        return subtree(tree, np.array(order[:best], dtype=np.int64)), float(gain[best])
+
+    def observe(self, accepted_drafts: int) -> None:
+        self.accepted += accepted_drafts
+        # Shrink towards 1 until there is evidence; clamp so one odd prompt cannot run away.
+        self.scale = float(np.clip((self.accepted + 2.0) / (self.predicted + 2.0), 0.2, 3.0))
+
+    def report(self) -> dict[str, Any]:
+        """What ``--json`` shows under ``tree_size_auto``."""
+        sizes = self.chosen or [1]
+        return {
+            "mean_size": round(float(np.mean(sizes)), 2),
+            "sizes": {str(k): int(v) for k, v in zip(*np.unique(sizes, return_counts=True), strict=True)},
+            "cost_ms": self.curve.as_dict(),
+            "overhead_ms": round(self.overhead_s * 1000, 2),
+            "calibration_scale": round(self.scale, 3),
+            "why": "R maximises (1 + sum of the R-1 best path-probability estimates) / (T(R) + draft time)",
+        }

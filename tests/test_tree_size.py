@@ -1,0 +1,109 @@
+"""--tree-size auto: path estimates, prefix-closed cuts, the rate-maximising choice, calibration cache."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_target
+from test_dart import model_for
+
+from dartspec.drafters.dart import DartDrafter
+from dartspec.engine import Generator
+from dartspec.tree import Tree
+from dartspec.tree_size import AutoSizer, CostCurve, calibrate, node_estimates, subtree
+
+FLAT = CostCurve((1, 32), (0.01, 0.01))
+STEEP = CostCurve((1, 2, 32), (0.01, 0.05, 1.0))
+
+
+def test_node_estimates_are_path_products() -> None:
+    tree = Tree(np.array([9, 3, 4, 5]), np.array([-1, 0, 1, 0]))  # 3 -> 4 on one branch, 5 on another
+    logp = torch.log(torch.tensor([[0.5, 0.2, 0.3], [0.1, 0.6, 0.3]]))  # (depth 2, draft vocab 3)
+    t2d = np.array([-1, -1, -1, 0, 1, 2])  # target ids 3, 4, 5 -> draft ids 0, 1, 2
+    np.testing.assert_allclose(node_estimates(tree, logp, t2d), [1.0, 0.5, 0.5 * 0.6, 0.3], rtol=1e-6)
+
+
+def test_subtree_keeps_tokens_and_parents() -> None:
+    tree = Tree(np.array([9, 3, 4, 5, 6]), np.array([-1, 0, 1, 0, 3]))
+    cut = subtree(tree, np.array([3, 1, 4]))
+    assert cut.tokens.tolist() == [9, 3, 5, 6] and cut.parents.tolist() == [-1, 0, 0, 2]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_choice_maximises_expected_rate(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    q = 12
+    parents = np.array([-1, *[int(rng.integers(0, i)) for i in range(1, q)]])
+    tree = Tree(np.arange(q) + 10, parents)
+    est = np.ones(q)
+    for i in range(1, q):
+        est[i] = est[parents[i]] * rng.uniform(0.05, 0.95)
+    curve = CostCurve((1, 4, 16), (0.03, 0.04, 0.09))
+    sizer = AutoSizer(curve, overhead_s=0.004)
+    cut, gain = sizer.choose(tree, est)
+    # Brute force over prefixes of the estimate ranking.
+    ranked = sorted(est[1:], reverse=True)
+    rates = [(1 + sum(ranked[: r - 1])) / (curve.cost(r) + 0.004) for r in range(1, q + 1)]
+    assert cut.size == int(np.argmax(rates)) + 1
+    assert gain == pytest.approx(1 + sum(ranked[: cut.size - 1]))
+    kept = set(cut.tokens.tolist())
+    for t in cut.tokens[1:]:  # prefix closure
+        parent = parents[t - 10]
+        assert parent == 0 or int(parent) + 10 in kept
+
+
+def test_flat_and_steep_costs() -> None:
+    tree = Tree.chain(1, [2, 3, 4])
+    est = np.array([1.0, 0.6, 0.3, 0.1])
+    assert AutoSizer(FLAT).choose(tree, est)[0].size == 4
+    assert AutoSizer(STEEP).choose(tree, est)[0].size == 1
+
+
+def test_calibration_scale_follows_acceptance() -> None:
+    sizer = AutoSizer(FLAT)
+    tree = Tree.chain(1, [2, 3])
+    for _ in range(20):
+        sizer.choose(tree, np.array([1.0, 0.9, 0.8]))
+        sizer.observe(0)  # predicted 1.7 draft tokens, none accepted
+    assert sizer.scale < 0.3
+    assert sizer.report()["sizes"] == {"3": 20}
+
+
+def test_auto_sized_drafter_is_lossless_and_reports(tmp_path: Path) -> None:
+    target = tiny_target()
+    model = model_for(target, depth=5)
+    plain = Generator(target).generate(list(range(2, 12)), max_new_tokens=30)
+    sizer = AutoSizer(CostCurve((1, 4, 16), (0.01, 0.011, 0.02)))
+    gen = Generator(target, DartDrafter(model, target, "beam", auto_size=sizer), tree_size=16, max_depth=5)
+    out = gen.generate(list(range(2, 12)), max_new_tokens=30)
+    assert out.token_ids == plain.token_ids
+    report = out.stats.as_dict()["tree_size_auto"]
+    # One choice per drafting step (the prefill and a last step with no room to draft have none).
+    assert out.stats.target_forwards - 2 <= sum(report["sizes"].values()) <= out.stats.target_forwards - 1
+    assert report["cost_ms"]["4"] == pytest.approx(11.0)
+
+
+def test_calibration_is_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dartspec.bench.latency as latency
+
+    target = tiny_target()
+    calls = []
+    real = latency.verify_cost_curve
+
+    def counting(*args, **kw):
+        calls.append(1)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(latency, "verify_cost_curve", counting)
+    first = calibrate(target, cache=tmp_path, repeats=1, ctx=16)
+    second = calibrate(target, cache=tmp_path, repeats=1, ctx=16)
+    assert calls == [1] and first == second
+    assert all(b >= a for a, b in zip(first.seconds, first.seconds[1:], strict=False))  # monotone
+    (file,) = (tmp_path / "calibration").iterdir()
+    file.write_text("{broken")
+    calibrate(target, cache=tmp_path, repeats=1, ctx=16)  # a damaged entry is measured again
+    assert calls == [1, 1] and json.loads(file.read_text())["qs"][0] == 1
