@@ -61,6 +61,24 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's)")
 
 
+def add_drafter_args(p: argparse.ArgumentParser, default: str = "none") -> None:
+    """Options choosing and sizing the drafter (generate, serve)."""
+    p.add_argument("--drafter", default=default, help="none (plain decoding), pld (prompt lookup) or dart")
+    p.add_argument("--drafter-path", default=None, help="drafter checkpoint folder (default: the shipped one)")
+    p.add_argument("--tree", default="beam", choices=["beam", "ddtree", "chain"], help="tree builder for dart")
+    p.add_argument(
+        "--ngram", default=None, help="static n-gram file for the beam search (default: the shipped one; off = none)"
+    )
+    p.add_argument("--online-ngram", action="store_true", help="also score drafts with prompt + output n-grams")
+    p.add_argument(
+        "--tree-size",
+        type=_tree_size,
+        default=16,
+        help="max draft tree nodes, root included, or auto (dart: chosen per step from this machine's verify costs)",
+    )
+    p.add_argument("--max-depth", type=int, default=8, help="max draft depth below the root")
+
+
 def load_target(args: argparse.Namespace):  # -> Target (imported lazily: torch import is slow)
     import torch
 
@@ -223,6 +241,47 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from dartspec.serve.app import create_app
+        from dartspec.serve.engine import ServeEngine
+    except ImportError as err:
+        raise DartspecError(f"serving needs {err.name}: pip install 'dartspec[serve]'") from None
+    from dartspec.drafters import NoDrafter, drafter_names, make_drafter
+    from dartspec.engine import Generator
+    from dartspec.tree_size import AUTO_MAX_SIZE
+
+    if args.drafter not in drafter_names():
+        make_drafter(args.drafter, None)  # raises the error that lists the known drafters
+    if args.timeout <= 0:
+        raise DartspecError("--timeout must be positive")
+    target = load_target(args)
+    auto = args.tree_size == "auto"
+    drafter = make_drafter(
+        args.drafter,
+        target,
+        args.drafter_path,
+        tree=args.tree,
+        ngram=args.ngram,
+        online_ngram=args.online_ngram,
+        auto_size=auto and args.drafter == "dart",
+    )
+    size = (AUTO_MAX_SIZE if args.drafter == "dart" else 16) if auto else args.tree_size
+    engine = ServeEngine(
+        Generator(target, drafter, tree_size=size, max_depth=args.max_depth),
+        Generator(target, NoDrafter()),
+        target.name,
+        max_queue=args.max_queue,
+        timeout_s=args.timeout,
+    )
+    app = create_app(engine, api_key=args.api_key, default_max_tokens=args.default_max_tokens)
+    _log(f"serving {target.name} with drafter {args.drafter} on http://{args.host}:{args.port}/ (web demo at /)")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
 def cmd_data_regenerate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -272,24 +331,22 @@ def build_parser() -> argparse.ArgumentParser:
     add_target_args(p)
     p.add_argument("--prompt", required=True, help="the prompt text")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user turn in the chat template")
-    p.add_argument("--drafter", default="none", help="none (plain decoding), pld (prompt lookup) or dart")
-    p.add_argument("--drafter-path", default=None, help="drafter checkpoint folder (default: the shipped one)")
-    p.add_argument("--tree", default="beam", choices=["beam", "ddtree", "chain"], help="tree builder for dart")
-    p.add_argument(
-        "--ngram", default=None, help="static n-gram file for the beam search (default: the shipped one; off = none)"
-    )
-    p.add_argument("--online-ngram", action="store_true", help="also score drafts with prompt + output n-grams")
-    p.add_argument(
-        "--tree-size",
-        type=_tree_size,
-        default=16,
-        help="max draft tree nodes, root included, or auto (dart: chosen per step from this machine's verify costs)",
-    )
-    p.add_argument("--max-depth", type=int, default=8, help="max draft depth below the root")
+    add_drafter_args(p)
     add_sampling_args(p)
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object with text and stats instead of streaming")
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server with streaming, metrics and a web demo")
+    add_target_args(p)
+    add_drafter_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
+    p.add_argument("--port", type=_positive_int, default=8000)
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/ endpoints")
+    p.add_argument("--max-queue", type=int, default=64, help="requests that may wait for the engine (then 429)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds a generation may run")
+    p.add_argument("--default-max-tokens", type=_positive_int, default=256)
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("demo", help="speculative vs plain decoding on three real prompts (what `make demo` runs)")
     add_target_args(p)

@@ -1,0 +1,1 @@
+"""OpenAI-compatible server: ``dartspec serve`` (see :mod:`dartspec.serve.app`)."""

@@ -1,0 +1,246 @@
+"""The OpenAI-compatible server against real clients on loopback (tiny random model; one SmolLM2 test)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+import uvicorn  # noqa: E402
+from conftest import tiny_target  # noqa: E402
+
+from dartspec.drafters import NoDrafter, PromptLookupDrafter  # noqa: E402
+from dartspec.engine import Generator  # noqa: E402
+from dartspec.serve.app import create_app  # noqa: E402
+from dartspec.serve.engine import ServeEngine  # noqa: E402
+
+TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+
+
+class SlowDrafter(NoDrafter):
+    """Plain decoding that takes a while per step, so tests can catch a generation mid-way."""
+
+    name = "slow"
+
+    def propose(self, tokens, budget):
+        time.sleep(0.02)
+        return super().propose(tokens, budget)
+
+
+def make_target():
+    target = tiny_target("llama")
+    target.tokenizer.chat_template = TEMPLATE
+    return target
+
+
+@contextmanager
+def serving(drafter=None, *, target=None, **kw) -> Iterator[str]:
+    target = target or make_target()
+    engine = ServeEngine(
+        Generator(target, drafter or PromptLookupDrafter(), tree_size=8),
+        Generator(target, NoDrafter()),
+        "tiny",
+        max_queue=kw.pop("max_queue", 64),
+        timeout_s=kw.pop("timeout_s", 60.0),
+    )
+    app = create_app(engine, **kw)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 20
+    while not server.started:
+        if time.time() > deadline:
+            raise RuntimeError("server did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    with serving() as u:
+        yield u
+
+
+def client(url: str, key: str = "none"):
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+
+
+def prompt(i: int) -> list[dict[str, str]]:
+    # The tiny word-level tokenizer only round-trips single-digit names (t2..t9).
+    return [{"role": "user", "content": " ".join(f"t{(i * 5 + j * (i % 3 + 1)) % 8 + 2}" for j in range(8))}]
+
+
+def stream_text(c, messages, **kw) -> str:
+    parts = []
+    for chunk in c.chat.completions.create(model="tiny", messages=messages, stream=True, temperature=0, **kw):
+        if chunk.choices and chunk.choices[0].delta.content:
+            parts.append(chunk.choices[0].delta.content)
+    return "".join(parts)
+
+
+def test_chat_stream_equals_non_stream(url: str) -> None:
+    c = client(url)
+    full = c.chat.completions.create(model="tiny", messages=prompt(1), max_tokens=24, temperature=0)
+    assert full.choices[0].finish_reason in ("stop", "length") and full.choices[0].message.content
+    assert full.usage.completion_tokens > 0
+    extra = full.usage.model_extra["dartspec"]
+    assert extra["target_forwards"] >= 1 and extra["tau"] >= 1.0
+    assert stream_text(c, prompt(1), max_tokens=24) == full.choices[0].message.content
+
+
+def test_completions_models_health_metrics(url: str) -> None:
+    c = client(url)
+    done = c.completions.create(model="tiny", prompt="t5 t6 t7 t5 t6 t7", max_tokens=10, temperature=0)
+    assert done.choices[0].text and done.usage.total_tokens == done.usage.prompt_tokens + done.usage.completion_tokens
+    assert [m.id for m in c.models.list().data] == ["tiny"]
+    assert httpx.get(f"{url}/health").json()["status"] == "ok"
+    metrics = httpx.get(f"{url}/metrics").text
+    assert "dartspec_requests_total" in metrics and "dartspec_completion_tokens_total" in metrics
+    assert "dartspec_depth_accepted_total" in metrics
+
+
+def test_twenty_concurrent_streams_match_single_requests(url: str) -> None:
+    c = client(url)
+    single = [stream_text(c, prompt(i), max_tokens=16) for i in range(20)]
+    with ThreadPoolExecutor(20) as pool:
+        together = list(pool.map(lambda i: stream_text(client(url), prompt(i), max_tokens=16), range(20)))
+    assert together == single
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "message"),
+    [
+        ({"messages": [{"role": "user", "content": "t5"}], "max_tokens": "ten"}, "max_tokens", "integer"),
+        ({"messages": [{"role": "user", "content": "t5"}], "temperature": -1}, "temperature", "between 0 and 2"),
+        ({"messages": [{"role": "user", "content": "t5"}], "top_p": 0}, "top_p", "top_p must be in"),
+        ({"messages": [{"role": "wizard", "content": "t5"}]}, "messages.0.role", "Input should be"),
+        ({"messages": []}, "messages", "at least 1"),
+        ({"messages": [{"role": "user", "content": "t5 " * 600}]}, "messages", "context window"),
+    ],
+)
+def test_bad_input_is_a_400_in_openai_shape(url: str, body: dict, param: str, message: str) -> None:
+    r = httpx.post(f"{url}/v1/chat/completions", json=body)
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["param"] == param and message in err["message"] and err["type"] == "invalid_request_error"
+
+
+def test_malformed_json(url: str) -> None:
+    r = httpx.post(f"{url}/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+
+
+def test_api_key() -> None:
+    with serving(api_key="sekret") as u:
+        with pytest.raises(openai.AuthenticationError):
+            client(u, "wrong").chat.completions.create(model="tiny", messages=prompt(0), max_tokens=4)
+        ok = client(u, "sekret").chat.completions.create(model="tiny", messages=prompt(0), max_tokens=4)
+        assert ok.choices[0].message.content
+        assert httpx.get(f"{u}/health").status_code == 200  # health stays open for probes
+
+
+def test_queue_overflow_is_429_and_disconnect_frees_the_engine() -> None:
+    with serving(SlowDrafter(), max_queue=1) as u:
+        body = {"messages": prompt(2), "max_tokens": 400, "temperature": 0, "stream": True}
+        with httpx.Client(timeout=30) as h:
+            with h.stream("POST", f"{u}/v1/chat/completions", json=body) as running:
+                lines = running.iter_lines()
+                assert next(lines).startswith("data: ")  # generating now
+                waiting = threading.Thread(
+                    target=lambda: httpx.post(f"{u}/v1/chat/completions", json={**body, "stream": False}, timeout=60)
+                )
+                waiting.start()
+                time.sleep(0.3)  # the second request is now queued
+                over = httpx.post(f"{u}/v1/chat/completions", json={**body, "stream": False})
+                assert over.status_code == 429 and over.json()["error"]["type"] == "rate_limit_error"
+            # Leaving the block closed the stream mid-generation: the queued request gets the engine.
+            start = time.time()
+            waiting.join(30)
+            assert not waiting.is_alive() and time.time() - start < 15
+        metrics = httpx.get(f"{u}/metrics").text
+        assert "dartspec_rejected_requests_total 1.0" in metrics and "dartspec_in_flight 0.0" in metrics
+
+
+def test_timeout_is_504() -> None:
+    with serving(SlowDrafter(), timeout_s=0.3) as u:
+        r = httpx.post(f"{u}/v1/chat/completions", json={"messages": prompt(3), "max_tokens": 400}, timeout=30)
+        assert r.status_code == 504 and "timeout" in r.json()["error"]["message"]
+        ok = httpx.post(f"{u}/v1/chat/completions", json={"messages": prompt(3), "max_tokens": 3}, timeout=30)
+        assert ok.status_code == 200  # the engine was released
+
+
+def test_plain_decoding_switch_gives_the_same_text(url: str) -> None:
+    body = {"messages": prompt(4), "max_tokens": 20, "temperature": 0}
+    spec = httpx.post(f"{url}/v1/chat/completions", json=body).json()
+    plain = httpx.post(f"{url}/v1/chat/completions", json={**body, "dartspec": {"drafter": "none"}}).json()
+    assert spec["choices"][0]["message"] == plain["choices"][0]["message"]
+    assert plain["usage"]["dartspec"]["accepted_draft_tokens"] == 0
+
+
+@pytest.mark.slow
+def test_smollm2_streaming_chat() -> None:
+    from dartspec.target import Target
+
+    target = Target.from_pretrained("smollm2-135m")
+    with serving(target=target) as u:
+        c = client(u)
+        text = stream_text(c, [{"role": "user", "content": "Name three primary colours."}], max_tokens=24)
+        full = c.chat.completions.create(
+            model="smollm2-135m",
+            messages=[{"role": "user", "content": "Name three primary colours."}],
+            max_tokens=24,
+            temperature=0,
+        )
+        assert text and text == full.choices[0].message.content
+
+
+def test_web_page_streams_in_headless_chromium(url: str, tmp_path: Path) -> None:
+    import shutil
+
+    webdriver = pytest.importorskip("selenium.webdriver")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver_path = shutil.which("chromedriver")
+    if not chromium or not driver_path:
+        pytest.skip("needs the Debian packages chromium and chromium-driver")
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    try:
+        driver.get(url + "/")
+        WebDriverWait(driver, 20).until(lambda d: "model tiny" in d.find_element(By.ID, "meta").text)
+        box = driver.find_element(By.ID, "prompt")
+        box.clear()
+        box.send_keys("t5 t6 t7 t5 t6 t7 t5 t6")
+        driver.find_element(By.ID, "send").click()
+        WebDriverWait(driver, 30).until(lambda d: d.find_element(By.ID, "tau").text not in ("-", ""))
+        assert driver.find_element(By.ID, "out").text.strip()
+        assert int(driver.find_element(By.ID, "ntok").text) > 0
+        assert float(driver.find_element(By.ID, "tps").text) > 0
+        shot = tmp_path / "web-demo.png"
+        driver.save_screenshot(str(shot))
+        assert shot.stat().st_size > 1000
+        print(f"screenshot: {shot}")
+    finally:
+        driver.quit()
