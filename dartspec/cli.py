@@ -79,6 +79,26 @@ def add_drafter_args(p: argparse.ArgumentParser, default: str = "none") -> None:
     p.add_argument("--max-depth", type=int, default=8, help="max draft depth below the root")
 
 
+def make_generator(args: argparse.Namespace, target):  # -> Generator
+    """The generator that :func:`add_drafter_args`' options describe (``--tree-size auto`` included)."""
+    from dartspec.drafters import make_drafter
+    from dartspec.engine import Generator
+    from dartspec.tree_size import AUTO_MAX_SIZE
+
+    auto = args.tree_size == "auto"
+    drafter = make_drafter(
+        args.drafter,
+        target,
+        args.drafter_path,
+        tree=args.tree,
+        ngram=args.ngram,
+        online_ngram=args.online_ngram,
+        auto_size=auto and args.drafter == "dart",
+    )
+    size = (AUTO_MAX_SIZE if args.drafter == "dart" else 16) if auto else args.tree_size
+    return Generator(target, drafter, tree_size=size, max_depth=args.max_depth)
+
+
 def load_target(args: argparse.Namespace):  # -> Target (imported lazily: torch import is slow)
     import torch
 
@@ -112,7 +132,6 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from dartspec.drafters import drafter_names, make_drafter
-    from dartspec.engine import Generator
     from dartspec.verify import SamplingParams
 
     # Reject bad options before the (slow) model load.
@@ -120,20 +139,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.drafter not in drafter_names():
         make_drafter(args.drafter, None)  # raises the error that lists the known drafters
     target = load_target(args)
-    from dartspec.tree_size import AUTO_MAX_SIZE
-
-    auto = args.tree_size == "auto"
-    drafter = make_drafter(
-        args.drafter,
-        target,
-        args.drafter_path,
-        tree=args.tree,
-        ngram=args.ngram,
-        online_ngram=args.online_ngram,
-        auto_size=auto and args.drafter == "dart",
-    )
-    size = (AUTO_MAX_SIZE if args.drafter == "dart" else 16) if auto else args.tree_size
-    gen = Generator(target, drafter, tree_size=size, max_depth=args.max_depth)
+    gen = make_generator(args, target)
     kwargs = dict(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
@@ -251,26 +257,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise DartspecError(f"serving needs {err.name}: pip install 'dartspec[serve]'") from None
     from dartspec.drafters import NoDrafter, drafter_names, make_drafter
     from dartspec.engine import Generator
-    from dartspec.tree_size import AUTO_MAX_SIZE
 
     if args.drafter not in drafter_names():
         make_drafter(args.drafter, None)  # raises the error that lists the known drafters
     if args.timeout <= 0:
         raise DartspecError("--timeout must be positive")
     target = load_target(args)
-    auto = args.tree_size == "auto"
-    drafter = make_drafter(
-        args.drafter,
-        target,
-        args.drafter_path,
-        tree=args.tree,
-        ngram=args.ngram,
-        online_ngram=args.online_ngram,
-        auto_size=auto and args.drafter == "dart",
-    )
-    size = (AUTO_MAX_SIZE if args.drafter == "dart" else 16) if auto else args.tree_size
     engine = ServeEngine(
-        Generator(target, drafter, tree_size=size, max_depth=args.max_depth),
+        make_generator(args, target),
         Generator(target, NoDrafter()),
         target.name,
         max_queue=args.max_queue,
@@ -279,6 +273,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     app = create_app(engine, api_key=args.api_key, default_max_tokens=args.default_max_tokens)
     _log(f"serving {target.name} with drafter {args.drafter} on http://{args.host}:{args.port}/ (web demo at /)")
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+def cmd_bench_search(args: argparse.Namespace) -> int:
+    import torch
+
+    from dartspec.bench.search_speed import report
+    from dartspec.drafters import shipped_checkpoint
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    path = args.ngram
+    if path is None:
+        shipped = shipped_checkpoint("dart", DEFAULT_MODEL)
+        path = shipped / "ngram.bin" if shipped and (shipped / "ngram.bin").is_file() else None
+    print(report(args.sizes, path))
     return 0
 
 
@@ -381,6 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, default=None, help="override the number of optimizer steps")
     p.add_argument("--stop-after", type=int, default=None, help="stop after this many steps (resume later)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out exactly")
+    p.add_argument("--init", default=None, help="warm start from this drafter checkpoint (e.g. the shipped one)")
     p.set_defaults(func=cmd_train_dart)
 
     ng = sub.add_parser("ngram", help="n-gram models").add_subparsers(dest="ngram_command", required=True)
@@ -419,6 +430,12 @@ def build_parser() -> argparse.ArgumentParser:
     bp.add_argument("--out", default=None, help="folder for results.md, results.json and plots")
     bp.set_defaults(func=cmd_bench)
     bench = bp.add_subparsers(dest="bench_command", required=False)
+    p = bench.add_parser("search", help="tree-builder time per step and n-gram query throughput")
+    p.add_argument("--sizes", type=_int_list, default=[8, 16, 32, 64], help="tree sizes R (default 8,16,32,64)")
+    p.add_argument("--ngram", default=None, help="n-gram file (default: the shipped SmolLM2 drafter's)")
+    p.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's)")
+    p.set_defaults(func=cmd_bench_search)
+
     p = bench.add_parser("latency", help="verify cost curve T(q)/T(1) and plain decoding vs transformers generate")
     add_target_args(p)
     p.add_argument(

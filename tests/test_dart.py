@@ -239,3 +239,21 @@ def test_resume_refuses_other_settings_and_overwrites(tmp_path: Path, target: Ta
     (tmp_path / STATE_FILE).write_bytes(b"broken")
     with pytest.raises(DartspecError, match="corrupted"):
         DartTrainer(target, train, dev, tmp_path, small_config(max_steps=2), log=lambda m: None).fit(resume=True)
+
+
+def test_warm_start_from_a_checkpoint(tmp_path: Path, target: Target) -> None:
+    train, dev = random_samples(16, 0), random_samples(4, 1)
+    first = DartTrainer(target, train, dev, tmp_path / "a", small_config(max_steps=30), log=lambda m: None)
+    first.fit()
+    fresh = DartTrainer(target, train, dev, tmp_path / "b", small_config(max_steps=1), log=lambda m: None)
+    fresh.fit()
+    warm = DartTrainer(
+        target, train, dev, tmp_path / "c", small_config(max_steps=1, init=str(tmp_path / "a")), log=lambda m: None
+    )
+    warm.fit()
+    assert torch.equal(warm.model.d2t, first.model.d2t)
+    assert warm.evaluate()["dev_loss"] < 0.9 * fresh.evaluate()["dev_loss"]
+    with pytest.raises(DartspecError, match="depth 4"):
+        DartTrainer(
+            target, train, dev, tmp_path / "d", small_config(depth=5, init=str(tmp_path / "a")), log=lambda m: None
+        ).fit()

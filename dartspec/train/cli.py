@@ -21,6 +21,8 @@ def train_dart(args: argparse.Namespace, target: Any, log: Callable[[str], None]
     cfg = TrainConfig.from_file(args.config) if args.config else TrainConfig()
     if args.max_steps is not None:
         cfg = replace(cfg, max_steps=args.max_steps)
+    if getattr(args, "init", None):
+        cfg = replace(cfg, init=args.init)
     train = samples_from(args.data)
     dev = samples_from(args.dev) if args.dev else []
     log(f"training on {len(train)} samples ({sum(len(s.tokens) for s in train)} tokens), dev {len(dev)}")

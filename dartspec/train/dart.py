@@ -62,6 +62,7 @@ class TrainConfig:
     eval_every: int = 100
     eval_samples: int = 48
     seed: int = 0
+    init: str | None = None  # start from this drafter checkpoint (warm start) instead of a fresh network
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -142,6 +143,9 @@ class DartTrainer:
     # --- setup -----------------------------------------------------------------------------------
 
     def _build(self) -> None:
+        if self.cfg.init:
+            self._build_from(self.cfg.init)
+            return
         draft_ids, coverage = choose_draft_vocab(self.train, self.cfg.draft_vocab_size, self.target.vocab_size)
         mcfg = DartConfig.for_target(
             self.target, draft_vocab_size=len(draft_ids), depth=self.cfg.depth, num_layers=self.cfg.num_layers
@@ -159,6 +163,23 @@ class DartTrainer:
             model.parameters(), lr=self.cfg.lr, betas=self.cfg.betas, weight_decay=self.cfg.weight_decay
         )
         self.log(f"draft vocabulary: {len(draft_ids)} tokens covering {coverage:.2%} of answer tokens")
+
+    def _build_from(self, folder: str) -> None:
+        """Warm start: the network and draft vocabulary of an existing checkpoint, a fresh optimizer."""
+        model = DartModel.load(folder, device=self.target.device, dtype=torch.float32)
+        model.check_target(self.target)
+        if model.cfg.depth != self.cfg.depth or model.cfg.num_layers != self.cfg.num_layers:
+            raise DartspecError(
+                f"--init {folder} has depth {model.cfg.depth} and {model.cfg.num_layers} layer(s); the training "
+                f"config asks for depth {self.cfg.depth} and {self.cfg.num_layers}"
+            )
+        if self.dev:
+            dev_cov = held_out_coverage(self.dev, model.d2t.cpu())
+            self.log(f"draft vocabulary (from {folder}) covers {dev_cov:.2%} of dev answer tokens")
+        self.model = model
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=self.cfg.lr, betas=self.cfg.betas, weight_decay=self.cfg.weight_decay
+        )
 
     def _permutation(self, epoch: int) -> np.ndarray:
         return np.random.default_rng(self.cfg.seed + 1000 * epoch).permutation(len(self.train))
@@ -261,7 +282,7 @@ class DartTrainer:
             if res is None:
                 continue
             (res.loss / len(batch)).backward()
-            losses.append(float(res.loss.detach()))
+            losses.append(res.loss.detach())
             tokens += min(len(sample.tokens), self.cfg.max_seq_len)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip))
         self.optimizer.step()
@@ -269,7 +290,7 @@ class DartTrainer:
         elapsed = time.perf_counter() - start
         return {
             "step": self.step,
-            "loss": float(np.mean(losses)) if losses else float("nan"),
+            "loss": float(torch.stack(losses).mean()) if losses else float("nan"),
             "lr": lr,
             "grad_norm": grad_norm,
             "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
