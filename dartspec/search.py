@@ -93,7 +93,7 @@ class BeamTree:
         self, root: int, logp: torch.Tensor, d2t: np.ndarray | None, tokens: Sequence[int], budget: DraftBudget
     ) -> Tree:
         p = self.params
-        depth = min(logp.shape[0], budget.max_depth)
+        depth = min(logp.shape[0], budget.max_depth, budget.max_nodes - 1)  # deeper levels cannot be kept
         if depth <= 0 or budget.max_nodes <= 1:
             return Tree.root_only(root)
         cand, cand_lp = top_candidates(logp[:depth], p.top_k, d2t)

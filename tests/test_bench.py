@@ -81,3 +81,14 @@ def test_sampling_runs_skip_the_token_comparison(llama_target: Target) -> None:
     runs = run_suite(llama_target, [MethodSpec("pld", "pld")], PROMPTS[:1], max_new_tokens=6, temperature=1.0)
     assert [r.method for r in runs] == ["ar", "pld"]  # plain decoding is added as the reference
     assert all(r.matches_ar is None for r in runs)
+
+
+def test_search_speed_report(tmp_path: Path) -> None:
+    from dartspec.bench.search_speed import report
+    from dartspec.ngram import NgramModel
+
+    model, _ = NgramModel.build([[1, 2, 3, 1, 2, 4] * 20], order=3, vocab=9000)
+    model.save(tmp_path / "ng.bin")
+    text = report([4, 8], tmp_path / "ng.bin")
+    assert "| beam+ngram+online |" in text and "| ddtree |" in text and "R=8" in text
+    assert "candidate probabilities per second" in text

@@ -14,7 +14,8 @@ from dartspec.errors import DartspecError
 from dartspec.ngram import MergedNgram, NgramModel, OnlineNgram
 
 
-def brute_prob(seqs: list[list[int]], order: int, ctx: list[int], t: int) -> float:
+def brute_prob(seqs: list[list[int]], order: int, ctx: list[int], t: int, min_count: int = 1) -> float:
+    """DART's rule by counting; n-grams (n >= 2) seen fewer than ``min_count`` times are unknown."""
     grams: Counter = Counter()
     for s in seqs:
         for n in range(1, order + 1):
@@ -22,7 +23,7 @@ def brute_prob(seqs: list[list[int]], order: int, ctx: list[int], t: int) -> flo
                 grams[tuple(s[i : i + n])] += 1
     for k in range(min(order - 1, len(ctx)), -1, -1):
         c = tuple(ctx[len(ctx) - k :]) if k else ()
-        if grams.get((*c, t)):
+        if grams.get((*c, t), 0) >= (min_count if k else 1):
             total = sum(v for g, v in grams.items() if len(g) == k + 1 and g[:k] == c)
             return grams[(*c, t)] / total
     return 0.0
@@ -46,27 +47,12 @@ def test_static_and_online_match_brute_force(seqs: list[list[int]], ctx: list[in
     np.testing.assert_allclose(online.prob(contexts, cands)[0], expected)
 
 
-def brute_prob_pruned(seqs: list[list[int]], order: int, ctx: list[int], t: int, min_count: int) -> float:
-    """Like brute_prob, but n-grams (n >= 2) seen fewer than ``min_count`` times are unknown."""
-    grams: Counter = Counter()
-    for s in seqs:
-        for n in range(1, order + 1):
-            for i in range(len(s) - n + 1):
-                grams[tuple(s[i : i + n])] += 1
-    for k in range(min(order - 1, len(ctx)), -1, -1):
-        c = tuple(ctx[len(ctx) - k :]) if k else ()
-        if grams.get((*c, t), 0) >= (min_count if k else 1):
-            total = sum(v for g, v in grams.items() if len(g) == k + 1 and g[:k] == c)
-            return grams[(*c, t)] / total
-    return 0.0
-
-
 @settings(max_examples=40, deadline=None)
 @given(seqs=corpora, ctx=st.lists(st.integers(0, 6), min_size=2, max_size=2), min_count=st.integers(2, 3))
 def test_min_count_prunes_without_changing_kept_probabilities(seqs: list[list[int]], ctx: list[int], min_count: int):
     model, _ = NgramModel.build(seqs, order=3, vocab=7, min_count=min_count)
     got = model.prob(np.array([ctx]), np.arange(7)[None, :])[0]
-    expected = [brute_prob_pruned(seqs, 3, ctx, t, min_count) for t in range(7)]
+    expected = [brute_prob(seqs, 3, ctx, t, min_count) for t in range(7)]
     np.testing.assert_allclose(got, expected)
 
 

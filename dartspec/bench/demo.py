@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dartspec.bench.suite import markdown, parse_methods, run_suite, summarize
 from dartspec.target import Target
 
-# On a 2-core CPU verifying 4 nodes costs ~1.3x one token and 16 nodes ~2.3x, so the demo uses small trees.
-DEMO_TREE_SIZE = 6
+# On a 2-core CPU verifying 4 nodes costs ~1.3x one token and 8 nodes ~1.8x: the demo uses 4 (see BENCHMARKS.md).
+DEMO_TREE_SIZE = 4
 
 
 def demo_prompts() -> list[tuple[str, str]]:

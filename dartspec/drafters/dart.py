@@ -121,7 +121,9 @@ class DartDrafter:
             raise RuntimeError(f"DART drafter out of step: {start} cached + {m} new + root != {len(tokens)} tokens")
         t_draft = time.perf_counter()
         next_ids = torch.tensor(tokens[start + 1 : start + m + 1], device=feats.device)
-        logp = self.model.step(feats, self.embed(next_ids), start, self._cache, depth=budget.max_depth)
+        # A tree of R nodes reaches depth R-1 at most: rows beyond that are never used.
+        depth = min(budget.max_depth, budget.max_nodes - 1)
+        logp = self.model.step(feats, self.embed(next_ids), start, self._cache, depth=depth)
         self._committed = start + m
         t0 = time.perf_counter()
         if self.online is not None:
