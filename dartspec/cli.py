@@ -63,7 +63,11 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
 
 def add_drafter_args(p: argparse.ArgumentParser, default: str = "none") -> None:
     """Options choosing and sizing the drafter (generate, serve)."""
-    p.add_argument("--drafter", default=default, help="none (plain decoding), pld (prompt lookup) or dart")
+    p.add_argument(
+        "--drafter",
+        default=default,
+        help="none (plain decoding), pld (prompt lookup), dart, or dart+pld (both in one tree)",
+    )
     p.add_argument("--drafter-path", default=None, help="drafter checkpoint folder (default: the shipped one)")
     p.add_argument("--tree", default="beam", choices=["beam", "ddtree", "chain"], help="tree builder for dart")
     p.add_argument(
@@ -86,6 +90,8 @@ def make_generator(args: argparse.Namespace, target):  # -> Generator
     from dartspec.tree_size import AUTO_MAX_SIZE
 
     auto = args.tree_size == "auto"
+    dart_like = args.drafter in ("dart", "dart+pld")
+    size = (AUTO_MAX_SIZE if dart_like else 16) if auto else args.tree_size
     drafter = make_drafter(
         args.drafter,
         target,
@@ -93,9 +99,11 @@ def make_generator(args: argparse.Namespace, target):  # -> Generator
         tree=args.tree,
         ngram=args.ngram,
         online_ngram=args.online_ngram,
-        auto_size=auto and args.drafter == "dart",
+        auto_size=auto and dart_like,
+        drafter_nodes=size,
     )
-    size = (AUTO_MAX_SIZE if args.drafter == "dart" else 16) if auto else args.tree_size
+    if args.drafter == "dart+pld":
+        size += max(args.max_depth, 0)  # room for a lookup span on top of the DART tree
     return Generator(target, drafter, tree_size=size, max_depth=args.max_depth)
 
 

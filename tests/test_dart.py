@@ -257,3 +257,24 @@ def test_warm_start_from_a_checkpoint(tmp_path: Path, target: Target) -> None:
         DartTrainer(
             target, train, dev, tmp_path / "d", small_config(depth=5, init=str(tmp_path / "a")), log=lambda m: None
         ).fit()
+
+
+def test_hybrid_merges_lookup_spans_and_stays_lossless(target: Target) -> None:
+    from dartspec.drafters.base import DraftBudget
+    from dartspec.drafters.hybrid import HybridDrafter
+
+    model = model_for(target, depth=5)
+    prompt = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6]
+    plain = Generator(target).generate(prompt, max_new_tokens=40)
+    hybrid = HybridDrafter(DartDrafter(model, target, "beam"), drafter_nodes=4)
+    out = Generator(target, hybrid, tree_size=10, max_depth=5).generate(prompt, max_new_tokens=40)
+    assert out.token_ids == plain.token_ids
+
+    # One proposal, by hand: the lookup span 7 8 9 5 6 comes first, the DART guesses fill the rest.
+    hybrid.begin(prompt)
+    feats = target.prefill(prompt, features=True).features
+    hybrid.observe(prompt, feats)
+    tokens = [*prompt, 7]
+    tree = hybrid.propose(tokens, DraftBudget(max_nodes=10, max_depth=5))
+    assert tree.tokens[1:6].tolist() == [8, 9, 5, 6, 7] and tree.size <= 10
+    target.reset()

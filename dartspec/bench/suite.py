@@ -20,7 +20,7 @@ from typing import Any
 from dartspec.errors import DartspecError
 
 #: Method names ``--methods`` understands; options follow a colon (``dart:tree=ddtree,size=8``).
-METHODS = ("ar", "pld", "dart", "hf-ar", "hf-pld")
+METHODS = ("ar", "pld", "dart", "dart+pld", "hf-ar", "hf-pld")
 _DART_OPTIONS = {"tree", "size", "depth", "ngram", "online", "path"}
 
 
@@ -67,7 +67,7 @@ def _spec(group: list[str], tree_size: int | str) -> MethodSpec:
     if name not in METHODS:
         raise DartspecError(f"unknown method {name!r}: choose from {', '.join(METHODS)}")
     label = name + (":" + ",".join(options) if options else "")
-    if options and name != "dart":
+    if options and name not in ("dart", "dart+pld"):
         raise DartspecError(f"method {name} takes no options (got {label})")
     kw: dict[str, Any] = {"tree_size": tree_size}
     for opt in options:
@@ -146,16 +146,20 @@ def make_runner(spec: MethodSpec, target: Any) -> Runner:
 
     name = {"ar": "none"}.get(spec.kind, spec.kind)
     kw: dict[str, Any] = {}
+    from dartspec.tree_size import AUTO_MAX_SIZE
+
+    dart_like = name in ("dart", "dart+pld")
     size = spec.tree_size
-    if name == "dart":
-        kw = {"tree": spec.tree, "online_ngram": spec.online, "auto_size": size == "auto"}
+    if size == "auto":
+        size = AUTO_MAX_SIZE if dart_like else 16
+    if dart_like:
+        kw = {"tree": spec.tree, "online_ngram": spec.online, "auto_size": spec.tree_size == "auto"}
+        kw["drafter_nodes"] = int(size)
         if spec.ngram not in (None, "shipped"):
             kw["ngram"] = spec.ngram
     drafter = make_drafter(name, target, spec.path, **kw)
-    if size == "auto":
-        from dartspec.tree_size import AUTO_MAX_SIZE
-
-        size = AUTO_MAX_SIZE if name == "dart" else 16
+    if name == "dart+pld":
+        size = int(size) + spec.max_depth  # room for a lookup span on top of the DART tree
     gen = Generator(target, drafter, tree_size=int(size), max_depth=spec.max_depth)
 
     def run(ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> Run:

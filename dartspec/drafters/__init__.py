@@ -11,7 +11,7 @@ from dartspec.errors import DartspecError
 #: Drafter checkpoints that ship inside the package, by target model name.
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "checkpoints"
 
-DRAFTER_NAMES = ("none", "pld", "dart")
+DRAFTER_NAMES = ("none", "pld", "dart", "dart+pld")
 
 
 def drafter_names() -> list[str]:
@@ -33,18 +33,27 @@ def make_drafter(
     ngram: str | Path | None = None,
     online_ngram: bool = False,
     auto_size: bool = False,
+    drafter_nodes: int = 4,
 ) -> Drafter:
     """A drafter for ``target`` by name: ``none``, ``pld``, or ``dart`` (``checkpoint`` or the shipped one).
 
     For ``dart``: ``tree`` picks the builder (beam, ddtree, chain), ``ngram`` a static n-gram file (default:
     the one shipped next to the drafter, if any; ``"off"`` for none), ``online_ngram`` adds prompt/output n-grams,
     ``auto_size`` cuts each tree to the size with the best expected tokens/s on this machine (the engine's
-    ``tree_size`` is then the largest size considered; see :mod:`dartspec.tree_size`).
+    ``tree_size`` is then the largest size considered; see :mod:`dartspec.tree_size`). ``dart+pld`` merges
+    prompt-lookup spans into a DART tree of ``drafter_nodes`` nodes (:mod:`dartspec.drafters.hybrid`).
     """
     if name == "none":
         return NoDrafter()
     if name == "pld":
         return PromptLookupDrafter()
+    if name == "dart+pld":
+        from dartspec.drafters.hybrid import HybridDrafter
+
+        dart = make_drafter(
+            "dart", target, checkpoint, tree=tree, ngram=ngram, online_ngram=online_ngram, auto_size=auto_size
+        )
+        return HybridDrafter(dart, drafter_nodes=drafter_nodes)
     if name == "dart":
         from dartspec.drafters.dart import DartDrafter
 
