@@ -201,7 +201,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     target = load_target(args)
     methods = args.methods.split(",") if args.methods else ["none", "pld"]
     if not args.methods and shipped_checkpoint("dart", target.name) is not None:
-        methods.append("dart")
+        methods += ["dart", "dart+pld"]
     print(run_demo(target, methods, args.max_new_tokens, log=_log))
     return 0
 
@@ -368,7 +368,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="speculative vs plain decoding on three real prompts (what `make demo` runs)")
     add_target_args(p)
-    p.add_argument("--methods", default=None, help="drafters to compare (default: none,pld and dart if shipped)")
+    p.add_argument(
+        "--methods", default=None, help="drafters to compare (default: none,pld and dart,dart+pld if shipped)"
+    )
     p.add_argument("--max-new-tokens", type=_positive_int, default=128)
     p.set_defaults(func=cmd_demo)
 

@@ -48,7 +48,11 @@ class HybridDrafter:
             return tree
         # Lookup spans go first: when the budget cuts, a long exact copy is worth more than a guess.
         guesses = [tree.tokens[path[1:]].tolist() for path in tree.paths()]
-        return Tree.from_paths(tokens[-1], [*spans, *guesses], max_nodes=budget.max_nodes)
+        # With a span the tree is already long: keep only the best DART guesses (half its nodes), since
+        # on a CPU every extra node makes the verification dearer.
+        span_nodes = len(Tree.from_paths(tokens[-1], spans).tokens) - 1
+        cap = 1 + span_nodes + max(1, (self.drafter_nodes - 1) // 2)
+        return Tree.from_paths(tokens[-1], [*spans, *guesses], max_nodes=min(budget.max_nodes, cap))
 
     def report(self) -> dict:
         report = getattr(self.drafter, "report", None)
