@@ -87,6 +87,7 @@ class BeamTree:
     def __init__(self, params: BeamParams | None = None, ngram: Scorer | None = None, eos_ids: Sequence[int] = ()):
         self.params = params or BeamParams()
         self.ngram = ngram
+        self.cap_width = True  # see the beam loop; False builds with the full published width (tests)
         self.eos = np.array(sorted(eos_ids), dtype=np.int64)
 
     def __call__(
@@ -117,6 +118,12 @@ class BeamTree:
                 score = score + w * p.ngram_weight * np.log(pn + p.eps)
             flat = score.reshape(-1)
             n_keep = min(p.beam_width, flat.size)
+            if self.cap_width:
+                # A non-EOS node with R-1 non-EOS nodes above it at its level can never make the final
+                # top R-1 (scores only fall along a path; EOS nodes rank last), so a beam of R-1 plus
+                # the EOS entries builds the same tree with less n-gram work.
+                n_eos = len(beam_nodes) * int(np.isin(cand[level], self.eos).sum()) if self.eos.size else 0
+                n_keep = min(n_keep, budget.max_nodes - 1 + n_eos)
             top = np.argpartition(-flat, n_keep - 1)[:n_keep]
             top = top[np.argsort(-flat[top], kind="stable")]
             b_idx, c_idx = np.divmod(top, kk)

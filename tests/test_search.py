@@ -97,3 +97,25 @@ def test_chain_is_argmax_per_depth() -> None:
     logp = random_logp(2, 5, 30)
     tree = ChainTree()(1, logp, None, [], DraftBudget(16, 4))
     assert tree.tokens.tolist() == [1, *logp[:4].argmax(-1).tolist()]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    nodes=st.integers(2, 30),
+    use_ngram=st.booleans(),
+    eos=st.sampled_from([(), (3,), (3, 5)]),
+)
+def test_narrow_beam_builds_the_same_tree_as_the_full_width(seed: int, nodes: int, use_ngram: bool, eos) -> None:
+    rng = np.random.default_rng(seed)
+    logp = random_logp(seed, 6, 40)
+    ngram = None
+    if use_ngram:
+        ngram, _ = NgramModel.build([rng.integers(0, 40, size=300).tolist()], order=3, vocab=40)
+    history = rng.integers(0, 40, size=5).tolist()
+    budget = DraftBudget(max_nodes=nodes, max_depth=6)
+    narrow = BeamTree(ngram=ngram, eos_ids=eos)
+    full = BeamTree(ngram=ngram, eos_ids=eos)
+    full.cap_width = False
+    a, b = narrow(1, logp, None, history, budget), full(1, logp, None, history, budget)
+    assert a.tokens.tolist() == b.tokens.tolist() and a.parents.tolist() == b.parents.tolist()
