@@ -87,7 +87,7 @@ class BeamTree:
     def __init__(self, params: BeamParams | None = None, ngram: Scorer | None = None, eos_ids: Sequence[int] = ()):
         self.params = params or BeamParams()
         self.ngram = ngram
-        self.cap_width = True  # see the beam loop; False builds with the full published width (tests)
+        self.cap_width = True  # narrow beam + early stop (exact, see the loop); False: full published search
         self.eos = np.array(sorted(eos_ids), dtype=np.int64)
 
     def __call__(
@@ -108,8 +108,17 @@ class BeamTree:
         beam_nodes = np.array([-1])
         beam_scores = np.array([0.0])
         beam_ctx = history[None, :]
+        room = budget.max_nodes - 1
         for level in range(depth):
             w = (level + 1) ** -p.level_decay
+            if self.cap_width and len(all_scores) >= room:
+                # Scores never rise along a path, so once no node of this level can beat the R-1 best
+                # nodes so far (a prefix-closed set), neither this level nor any deeper one can be kept.
+                best = beam_scores.max() + w * (
+                    p.logit_decay**level * cand_lp[level].max() + p.ngram_weight * np.log1p(p.eps)
+                )
+                if best < np.partition(np.asarray(all_scores), -room)[-room]:
+                    break
             score = beam_scores[:, None] + w * p.logit_decay**level * cand_lp[level][None, :]
             kk = cand.shape[1]
             cands = np.broadcast_to(cand[level], (len(beam_nodes), kk))

@@ -108,12 +108,12 @@ def test_chain_is_argmax_per_depth() -> None:
 )
 def test_narrow_beam_builds_the_same_tree_as_the_full_width(seed: int, nodes: int, use_ngram: bool, eos) -> None:
     rng = np.random.default_rng(seed)
-    logp = random_logp(seed, 6, 40)
+    logp = random_logp(seed, 8, 60)
     ngram = None
     if use_ngram:
-        ngram, _ = NgramModel.build([rng.integers(0, 40, size=300).tolist()], order=3, vocab=40)
-    history = rng.integers(0, 40, size=5).tolist()
-    budget = DraftBudget(max_nodes=nodes, max_depth=6)
+        ngram, _ = NgramModel.build([rng.integers(0, 60, size=400).tolist()], order=3, vocab=60)
+    history = rng.integers(0, 60, size=5).tolist()
+    budget = DraftBudget(max_nodes=nodes, max_depth=8)
     narrow = BeamTree(ngram=ngram, eos_ids=eos)
     full = BeamTree(ngram=ngram, eos_ids=eos)
     full.cap_width = False
