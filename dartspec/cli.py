@@ -75,6 +75,12 @@ def add_drafter_args(p: argparse.ArgumentParser, default: str = "none") -> None:
     )
     p.add_argument("--online-ngram", action="store_true", help="also score drafts with prompt + output n-grams")
     p.add_argument(
+        "--ngram-smoothing",
+        type=float,
+        default=0.0,
+        help="0 (default): DART's longest-context rule; 0<s<1: interpolated n-gram with weight s on shorter contexts",
+    )
+    p.add_argument(
         "--tree-size",
         type=_tree_size,
         default=16,
@@ -101,6 +107,7 @@ def make_generator(args: argparse.Namespace, target):  # -> Generator
         online_ngram=args.online_ngram,
         auto_size=auto and dart_like,
         drafter_nodes=size,
+        ngram_smoothing=args.ngram_smoothing,
     )
     if args.drafter == "dart+pld":
         size += max(args.max_depth, 0)  # room for a lookup span on top of the DART tree

@@ -234,6 +234,51 @@ class NgramModel:
                 done |= use
         return out
 
+    def prob_interpolated(self, contexts: np.ndarray, candidates: np.ndarray, smoothing: float) -> np.ndarray:
+        """The smoothed variant: interpolate every order that saw the context (Jelinek-Mercer).
+
+        ``p_n = (1 - smoothing) * c(ctx_n, t) / c(ctx_n) + smoothing * p_{n-1}``, from a uniform ``p_0``
+        up to the longest context; an order whose context was never seen passes ``p_{n-1}`` through.
+        Unlike the longest-context rule, unseen tokens keep a small probability.
+        """
+        if not 0.0 < smoothing < 1.0:
+            raise DartspecError(f"n-gram smoothing must be in (0, 1), got {smoothing}")
+        contexts = np.asarray(contexts, dtype=np.int64).reshape(len(candidates), -1)
+        cand = np.asarray(candidates, dtype=np.int64)
+        out = np.full(cand.shape, 1.0 / self.vocab)
+        V = np.uint64(self.vocab)
+        for n in range(1, self.order + 1):
+            k = n - 1
+            if k > contexts.shape[1]:
+                break
+            if len(self.arrays[f"keys{n}"]) == 0:  # nothing of this order was counted
+                continue
+            ctx_tokens = contexts[:, contexts.shape[1] - k :] if k else contexts[:, :0]
+            valid = (ctx_tokens >= 0).all(axis=1) if k else np.ones(len(cand), dtype=bool)
+            ctx_key = (
+                _pack(np.where(ctx_tokens < 0, 0, ctx_tokens), self.vocab) if k else np.zeros(len(cand), np.uint64)
+            )
+            hit = self._lookup(f"keys{n}", ctx_key[:, None] * V + cand.astype(np.uint64))
+            ctx_hit = self._lookup(f"ctx{n}", ctx_key)
+            seen = valid & (ctx_hit >= 0)
+            counts = np.where(hit >= 0, self.arrays[f"counts{n}"][np.where(hit >= 0, hit, 0)], 0).astype(np.float64)
+            totals = self.arrays[f"ctxsum{n}"][np.where(ctx_hit >= 0, ctx_hit, 0)].astype(np.float64)
+            mixed = (1 - smoothing) * counts / np.maximum(totals[:, None], 1) + smoothing * out
+            out = np.where(seen[:, None], mixed, out)
+        return out
+
+
+class SmoothedNgram:
+    """A static n-gram scored with :meth:`NgramModel.prob_interpolated` (same interface as the others)."""
+
+    def __init__(self, model: NgramModel, smoothing: float) -> None:
+        if not 0.0 < smoothing < 1.0:
+            raise DartspecError(f"n-gram smoothing must be in (0, 1), got {smoothing}")
+        self.model, self.smoothing, self.order = model, smoothing, model.order
+
+    def prob(self, contexts: np.ndarray, candidates: np.ndarray) -> np.ndarray:
+        return self.model.prob_interpolated(contexts, candidates, self.smoothing)
+
 
 class OnlineNgram:
     """Counts over the current prompt and generated text, updated token by token."""
@@ -287,7 +332,7 @@ class MergedNgram:
     online counts say, without diluting what the static corpus knows elsewhere.
     """
 
-    def __init__(self, static: NgramModel | None, online: OnlineNgram | None) -> None:
+    def __init__(self, static: NgramModel | SmoothedNgram | None, online: OnlineNgram | None) -> None:
         self.static, self.online = static, online
         self.order = max(m.order for m in (static, online) if m is not None)
 

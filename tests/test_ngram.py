@@ -115,3 +115,31 @@ def test_online_updates_and_merge() -> None:
     static, _ = NgramModel.build([[5, 6, 9]], order=3, vocab=10)
     merged = MergedNgram(static, online)
     np.testing.assert_allclose(merged.prob(np.array([[5, 6]]), np.array([[7, 9, 3]]))[0], [0.5, 1.0, 0.0])
+
+
+def brute_interpolated(seqs: list[list[int]], order: int, ctx: list[int], t: int, vocab: int, s: float) -> float:
+    grams: Counter = Counter()
+    for q in seqs:
+        for n in range(1, order + 1):
+            for i in range(len(q) - n + 1):
+                grams[tuple(q[i : i + n])] += 1
+    p = 1.0 / vocab
+    for k in range(0, min(order - 1, len(ctx)) + 1):
+        c = tuple(ctx[len(ctx) - k :]) if k else ()
+        total = sum(v for g, v in grams.items() if len(g) == k + 1 and g[:k] == c)
+        if total:
+            p = (1 - s) * grams.get((*c, t), 0) / total + s * p
+    return p
+
+
+@settings(max_examples=40, deadline=None)
+@given(seqs=corpora, ctx=st.lists(st.integers(0, 6), min_size=2, max_size=2), s=st.sampled_from([0.2, 0.5, 0.9]))
+def test_interpolated_variant_matches_brute_force(seqs: list[list[int]], ctx: list[int], s: float) -> None:
+    from dartspec.ngram import SmoothedNgram
+
+    model, _ = NgramModel.build(seqs, order=3, vocab=7)
+    got = SmoothedNgram(model, s).prob(np.array([ctx]), np.arange(7)[None, :])[0]
+    np.testing.assert_allclose(got, [brute_interpolated(seqs, 3, ctx, t, 7, s) for t in range(7)])
+    assert (got > 0).all()  # unseen tokens keep some probability
+    with pytest.raises(DartspecError, match="smoothing"):
+        SmoothedNgram(model, 1.0)

@@ -21,7 +21,7 @@ from dartspec.errors import DartspecError
 
 #: Method names ``--methods`` understands; options follow a colon (``dart:tree=ddtree,size=8``).
 METHODS = ("ar", "pld", "dart", "dart+pld", "hf-ar", "hf-pld")
-_DART_OPTIONS = {"tree", "size", "depth", "ngram", "online", "path"}
+_DART_OPTIONS = {"tree", "size", "depth", "ngram", "online", "path", "smooth"}
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ class MethodSpec:
     ngram: str | None = "shipped"  # "shipped", "off" or a file
     online: bool = False
     path: str | None = None
+    smooth: float = 0.0  # interpolated n-gram weight (0 = DART's longest-context rule)
 
 
 def parse_methods(text: str, *, tree_size: int | str = 16) -> list[MethodSpec]:
@@ -84,6 +85,13 @@ def _spec(group: list[str], tree_size: int | str) -> MethodSpec:
             if not value.isdigit() or int(value) < 1:
                 raise DartspecError(f"{label}: {key} must be a positive integer")
             kw["tree_size" if key == "size" else "max_depth"] = int(value)
+        elif key == "smooth":
+            try:
+                kw["smooth"] = float(value)
+            except ValueError:
+                raise DartspecError(f"{label}: smooth must be a number in (0, 1)") from None
+            if not 0 < kw["smooth"] < 1:
+                raise DartspecError(f"{label}: smooth must be a number in (0, 1)")
         elif key == "online":
             kw["online"] = value in ("1", "on", "true", "yes")
         else:
@@ -155,6 +163,7 @@ def make_runner(spec: MethodSpec, target: Any) -> Runner:
     if dart_like:
         kw = {"tree": spec.tree, "online_ngram": spec.online, "auto_size": spec.tree_size == "auto"}
         kw["drafter_nodes"] = int(size)
+        kw["ngram_smoothing"] = spec.smooth
         if spec.ngram not in (None, "shipped"):
             kw["ngram"] = spec.ngram
     drafter = make_drafter(name, target, spec.path, **kw)

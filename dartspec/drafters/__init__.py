@@ -34,6 +34,7 @@ def make_drafter(
     online_ngram: bool = False,
     auto_size: bool = False,
     drafter_nodes: int = 4,
+    ngram_smoothing: float = 0.0,
 ) -> Drafter:
     """A drafter for ``target`` by name: ``none``, ``pld``, or ``dart`` (``checkpoint`` or the shipped one).
 
@@ -42,6 +43,7 @@ def make_drafter(
     ``auto_size`` cuts each tree to the size with the best expected tokens/s on this machine (the engine's
     ``tree_size`` is then the largest size considered; see :mod:`dartspec.tree_size`). ``dart+pld`` merges
     prompt-lookup spans into a DART tree of ``drafter_nodes`` nodes (:mod:`dartspec.drafters.hybrid`).
+    ``ngram_smoothing`` (0 < s < 1) scores with the interpolated n-gram instead of DART's longest-context rule.
     """
     if name == "none":
         return NoDrafter()
@@ -51,7 +53,14 @@ def make_drafter(
         from dartspec.drafters.hybrid import HybridDrafter
 
         dart = make_drafter(
-            "dart", target, checkpoint, tree=tree, ngram=ngram, online_ngram=online_ngram, auto_size=auto_size
+            "dart",
+            target,
+            checkpoint,
+            tree=tree,
+            ngram=ngram,
+            online_ngram=online_ngram,
+            auto_size=auto_size,
+            ngram_smoothing=ngram_smoothing,
         )
         return HybridDrafter(dart, drafter_nodes=drafter_nodes)
     if name == "dart":
@@ -63,7 +72,7 @@ def make_drafter(
                 f"no DART drafter ships for {target.name!r}: train one with `dartspec train dart` "
                 "and pass it with --drafter-path"
             )
-        from dartspec.ngram import NgramModel, tokenizer_identity
+        from dartspec.ngram import NgramModel, SmoothedNgram, tokenizer_identity
 
         if ngram == "off":
             ngram_path = None
@@ -72,6 +81,8 @@ def make_drafter(
         else:
             ngram_path = folder / "ngram.bin" if (folder / "ngram.bin").is_file() else None
         static = NgramModel.load(ngram_path, tokenizer=tokenizer_identity(target.tokenizer)) if ngram_path else None
+        if static is not None and ngram_smoothing:
+            static = SmoothedNgram(static, ngram_smoothing)
         auto = None
         if auto_size:
             from dartspec.tree_size import AutoSizer, calibrate
