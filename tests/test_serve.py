@@ -123,22 +123,36 @@ def test_twenty_concurrent_streams_match_single_requests(url: str) -> None:
     assert together == single
 
 
+HI = [{"role": "user", "content": "t5"}]
+
+
 @pytest.mark.parametrize(
-    ("body", "param", "message"),
+    ("path", "body", "param", "message"),
     [
-        ({"messages": [{"role": "user", "content": "t5"}], "max_tokens": "ten"}, "max_tokens", "integer"),
-        ({"messages": [{"role": "user", "content": "t5"}], "temperature": -1}, "temperature", "between 0 and 2"),
-        ({"messages": [{"role": "user", "content": "t5"}], "top_p": 0}, "top_p", "top_p must be in"),
-        ({"messages": [{"role": "wizard", "content": "t5"}]}, "messages.0.role", "Input should be"),
-        ({"messages": []}, "messages", "at least 1"),
-        ({"messages": [{"role": "user", "content": "t5 " * 600}]}, "messages", "context window"),
+        ("chat/completions", {"messages": HI, "max_tokens": "ten"}, "max_tokens", "valid integer"),
+        ("chat/completions", {"messages": HI, "max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
+        ("chat/completions", {"messages": HI, "temperature": "hot"}, "temperature", "valid number"),
+        ("chat/completions", {"messages": HI, "temperature": -1}, "temperature", "between 0 and 2"),
+        ("chat/completions", {"messages": HI, "top_p": 0}, "top_p", "top_p must be in (0, 1]"),
+        ("chat/completions", {"messages": HI, "top_p": 1.5}, "top_p", "top_p must be in (0, 1]"),
+        ("chat/completions", {"messages": HI, "seed": 1.5}, "seed", "valid integer"),
+        ("chat/completions", {"messages": HI, "stop": 123}, "stop", "valid string"),
+        ("chat/completions", {"messages": HI, "stream": "yes"}, "stream", "valid boolean"),
+        ("chat/completions", {"messages": HI, "n": 2}, "n", "only n=1"),
+        ("chat/completions", {"messages": [{"role": "wizard", "content": "t5"}]}, "messages.0.role", "Input should be"),
+        ("chat/completions", {"messages": []}, "messages", "at least 1"),
+        ("chat/completions", {"messages": [{"role": "user", "content": "t5 " * 600}]}, "messages", "context window"),
+        ("completions", {"prompt": "t5 " * 600}, "prompt", "context window of 512 tokens"),
+        ("completions", {"prompt": ""}, "prompt", "must not be empty"),
+        ("completions", {}, "prompt", "Field required"),
     ],
 )
-def test_bad_input_is_a_400_in_openai_shape(url: str, body: dict, param: str, message: str) -> None:
-    r = httpx.post(f"{url}/v1/chat/completions", json=body)
-    assert r.status_code == 400
+def test_bad_input_is_a_400_in_openai_shape(url: str, path: str, body: dict, param: str, message: str) -> None:
+    r = httpx.post(f"{url}/v1/{path}", json=body)
+    assert r.status_code == 400, r.text
     err = r.json()["error"]
-    assert err["param"] == param and message in err["message"] and err["type"] == "invalid_request_error"
+    assert message in err.pop("message")
+    assert err == {"type": "invalid_request_error", "param": param, "code": "invalid_request"}
 
 
 def test_malformed_json(url: str) -> None:
@@ -150,6 +164,15 @@ def test_api_key() -> None:
     with serving(api_key="sekret") as u:
         with pytest.raises(openai.AuthenticationError):
             client(u, "wrong").chat.completions.create(model="tiny", messages=prompt(0), max_tokens=4)
+        for headers in ({"Authorization": "Bearer wrong"}, {}):
+            r = httpx.get(f"{u}/v1/models", headers=headers)
+            assert r.status_code == 401
+            assert r.json()["error"] == {
+                "message": "invalid API key",
+                "type": "authentication_error",
+                "param": None,
+                "code": "invalid_api_key",
+            }
         ok = client(u, "sekret").chat.completions.create(model="tiny", messages=prompt(0), max_tokens=4)
         assert ok.choices[0].message.content
         assert httpx.get(f"{u}/health").status_code == 200  # health stays open for probes
@@ -162,8 +185,9 @@ def test_queue_overflow_is_429_and_disconnect_frees_the_engine() -> None:
             with h.stream("POST", f"{u}/v1/chat/completions", json=body) as running:
                 lines = running.iter_lines()
                 assert next(lines).startswith("data: ")  # generating now
+                short = {**body, "stream": False, "max_tokens": 20}
                 waiting = threading.Thread(
-                    target=lambda: httpx.post(f"{u}/v1/chat/completions", json={**body, "stream": False}, timeout=60)
+                    target=httpx.post, args=(f"{u}/v1/chat/completions",), kwargs={"json": short, "timeout": 60}
                 )
                 waiting.start()
                 time.sleep(0.3)  # the second request is now queued
@@ -172,15 +196,80 @@ def test_queue_overflow_is_429_and_disconnect_frees_the_engine() -> None:
             # Leaving the block closed the stream mid-generation: the queued request gets the engine.
             start = time.time()
             waiting.join(30)
-            assert not waiting.is_alive() and time.time() - start < 15
+            assert not waiting.is_alive() and time.time() - start < 5  # not the ~8 s the stream had left
         metrics = httpx.get(f"{u}/metrics").text
         assert "dartspec_rejected_requests_total 1.0" in metrics and "dartspec_in_flight 0.0" in metrics
 
 
+def test_clients_that_give_up_free_their_queue_place_and_the_engine() -> None:
+    with serving(SlowDrafter(), max_queue=1) as u:
+        long = {"messages": prompt(2), "max_tokens": 480, "temperature": 0}  # 480 steps: about 10 s here
+        chat = f"{u}/v1/chat/completions"
+        with httpx.Client(timeout=30) as h:
+            with h.stream("POST", chat, json={**long, "stream": True}) as running:
+                lines = running.iter_lines()  # kept: a discarded line iterator closes the connection
+                assert next(lines).startswith("data: ")
+                # A queued client that gives up leaves the queue: the next one is queued, not refused.
+                with pytest.raises(httpx.ReadTimeout):
+                    httpx.post(chat, json=long, timeout=0.5)
+                time.sleep(0.6)  # its disconnect is noticed within one poll (0.2 s)
+                with ThreadPoolExecutor(1) as pool:
+                    queued = pool.submit(httpx.post, chat, json={**long, "max_tokens": 3}, timeout=60)
+                    time.sleep(0.3)
+                    running.close()  # hands the engine on
+                    assert queued.result().status_code == 200
+            # A client that gives up on a non-streamed answer mid-generation stops it.
+            with pytest.raises(httpx.ReadTimeout):
+                h.post(chat, json=long, timeout=1.0)
+            start = time.time()
+            assert h.post(chat, json={**long, "max_tokens": 3}).status_code == 200
+            assert time.time() - start < 5  # not the ~9 s the abandoned generation had left
+        metrics = httpx.get(f"{u}/metrics").text
+        assert "dartspec_cancelled_requests_total 2.0" in metrics and "dartspec_in_flight 0.0" in metrics
+        assert "dartspec_rejected_requests_total 0.0" in metrics
+
+
+def test_stop_and_seed(url: str) -> None:
+    c = client(url)
+
+    def text(stream: bool = False, **kw) -> str:
+        args = {"model": "tiny", "messages": prompt(5), "max_tokens": 16, "temperature": 0.9, "seed": 7, **kw}
+        if stream:
+            return "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(stream=True, **args))
+        return c.chat.completions.create(**args).choices[0].message.content
+
+    # With a seed, sampling is reproducible: streamed or not, and drafted or not (one uniform per committed
+    # token, so the drafter changes nothing).
+    full = text()
+    plain = text(extra_body={"dartspec": {"drafter": "none"}})
+    assert full and [text(), text(stream=True), plain] == [full, full, full]
+    assert text(seed=8) != full  # (the tiny model's greedy output is one word repeated; sampled it varies)
+
+    # A stop string ends the text before its first occurrence (the same seed gives the same tokens up to it).
+    stop = next(w for w in full.split() if full.find(w) > 0)
+    cut = c.chat.completions.create(
+        model="tiny", messages=prompt(5), max_tokens=16, temperature=0.9, seed=7, stop=["t99", stop]
+    )
+    assert cut.choices[0].message.content == full[: full.find(stop)] and cut.choices[0].finish_reason == "stop"
+    assert text(stream=True, stop=stop) == full[: full.find(stop)]
+    done = c.completions.create(model="tiny", prompt="t3 t8 t4 t2", max_tokens=4, temperature=0, stop="t2")
+    assert done.choices[0].text == "" and done.choices[0].finish_reason == "stop"
+
+
 def test_timeout_is_504() -> None:
     with serving(SlowDrafter(), timeout_s=0.3) as u:
-        r = httpx.post(f"{u}/v1/chat/completions", json={"messages": prompt(3), "max_tokens": 400}, timeout=30)
+        # Greedy (prompt 3 runs 400 tokens, 8 s here): sampled, the tiny model may end before the timeout.
+        long = {"messages": prompt(3), "max_tokens": 400, "temperature": 0}
+        r = httpx.post(f"{u}/v1/chat/completions", json=long, timeout=30)
         assert r.status_code == 504 and "timeout" in r.json()["error"]["message"]
+        assert r.json()["error"]["code"] == "timeout"
+        with (
+            httpx.Client(timeout=30) as h,
+            h.stream("POST", f"{u}/v1/chat/completions", json={**long, "stream": True}) as s,
+        ):
+            events = [line for line in s.iter_lines() if line.startswith("data: ")]
+        # Mid-stream the status line is sent already: the error comes as the last event, with no [DONE].
+        assert '"timeout_error"' in events[-1] and "data: [DONE]" not in events
         ok = httpx.post(f"{u}/v1/chat/completions", json={"messages": prompt(3), "max_tokens": 3}, timeout=30)
         assert ok.status_code == 200  # the engine was released
 
@@ -227,6 +316,7 @@ def test_web_page_streams_in_headless_chromium(url: str, tmp_path: Path) -> None
     for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    driver.set_window_size(1000, 700)
     try:
         driver.get(url + "/")
         WebDriverWait(driver, 20).until(lambda d: "model tiny" in d.find_element(By.ID, "meta").text)
@@ -234,13 +324,28 @@ def test_web_page_streams_in_headless_chromium(url: str, tmp_path: Path) -> None
         box.clear()
         box.send_keys("t5 t6 t7 t5 t6 t7 t5 t6")
         driver.find_element(By.ID, "send").click()
-        WebDriverWait(driver, 30).until(lambda d: d.find_element(By.ID, "tau").text not in ("-", ""))
-        assert driver.find_element(By.ID, "out").text.strip()
+        done = lambda d: d.find_element(By.ID, "send").is_enabled() and d.find_element(By.ID, "tau").text != "-"  # noqa: E731
+        WebDriverWait(driver, 30).until(done)
+        speculative = driver.find_element(By.ID, "out").text
+        assert speculative.strip()
         assert int(driver.find_element(By.ID, "ntok").text) > 0
         assert float(driver.find_element(By.ID, "tps").text) > 0
+        # This prompt repeats itself, so prompt lookup gets drafts accepted, and the page colours them.
+        assert float(driver.find_element(By.ID, "tau").text) > 1
+        assert int(driver.find_element(By.ID, "ndraft").text) > 0
+        assert driver.find_elements(By.CSS_SELECTOR, "#out span.drafted")
         shot = tmp_path / "web-demo.png"
         driver.save_screenshot(str(shot))
         assert shot.stat().st_size > 1000
         print(f"screenshot: {shot}")
+
+        # The switch runs the same prompt with plain decoding: same text, nothing drafted.
+        driver.find_element(By.ID, "plain").click()
+        driver.find_element(By.ID, "send").click()
+        WebDriverWait(driver, 30).until(lambda d: d.find_element(By.ID, "ndraft").text == "0")
+        WebDriverWait(driver, 30).until(lambda d: done(d) and d.find_element(By.ID, "tau").text == "1.00")
+        assert driver.find_element(By.ID, "out").text == speculative
+        assert not driver.find_elements(By.CSS_SELECTOR, "#out span.drafted")
+        driver.save_screenshot(str(tmp_path / "web-demo-plain.png"))
     finally:
         driver.quit()

@@ -8,22 +8,30 @@ events ending in ``data: [DONE]``), ``GET /v1/models``, ``GET /health``, ``GET /
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from importlib import resources
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from dartspec.engine import GenerationResult
+from dartspec.engine import GenerationResult, StepEvent
 from dartspec.errors import DartspecError
 from dartspec.serve.engine import GenerationTimeout, Job, QueueFull, ServeEngine
+
+log = logging.getLogger("dartspec.serve")
+T = TypeVar("T")
+#: How often a request that waits (queued, or generating without streaming) checks for its client.
+DISCONNECT_POLL_S = 0.2
 
 
 class Message(BaseModel):
@@ -60,9 +68,72 @@ class CompletionRequest(_Common):
     prompt: StrictStr
 
 
-def error_response(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None):
-    code = {400: "invalid_request", 401: "invalid_api_key", 429: "rate_limit_exceeded", 504: "timeout"}.get(status)
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status_code=status)
+def error_body(message: str, kind: str, param: str | None, code: str | None) -> dict[str, Any]:
+    """OpenAI's error object."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def error_response(
+    status: int, message: str, kind: str = "invalid_request_error", param: str | None = None
+) -> JSONResponse:
+    """An OpenAI-shaped JSON error with its HTTP status."""
+    code = {
+        400: "invalid_request",
+        401: "invalid_api_key",
+        429: "rate_limit_exceeded",
+        500: "internal_error",
+        504: "timeout",
+    }.get(status)
+    return JSONResponse(error_body(message, kind, param, code), status_code=status)
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
+
+
+async def unless_gone(request: Request, awaitable: Awaitable[T]) -> T:
+    """Await ``awaitable``, cancelling it (and raising :class:`ClientGone`) if the client disconnects first.
+
+    A request that waits in the queue, or for a non-streamed answer, sends nothing the server could
+    notice failing; without this a client that gave up would still get its full generation, holding the
+    engine from the requests behind it. Cancelling the task releases the queue slot, or sets the job's
+    cancel flag, which stops the worker within one step (see :meth:`ServeEngine.run`).
+    """
+    task = asyncio.ensure_future(awaitable)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                raise ClientGone
+    finally:
+        if not task.done():
+            task.cancel()
+            # wait() neither raises the task's outcome nor swallows a cancellation of this handler.
+            await asyncio.wait({task})
+            if not task.cancelled():
+                task.exception()  # retrieved, so asyncio does not log it: nobody is left to tell
+
+
+class ApiKeyMiddleware:
+    """Requires ``Authorization: Bearer KEY`` on ``/v1/`` (the page, health and metrics stay open).
+
+    A plain ASGI middleware on purpose: Starlette's ``BaseHTTPMiddleware`` (``@app.middleware``) hides
+    client disconnects from the endpoints, and the server relies on seeing them to free the engine.
+    """
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+            if not secrets.compare_digest(given, self.expected):
+                await error_response(401, "invalid API key", kind="authentication_error")(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def create_app(engine: ServeEngine, *, api_key: str | None = None, default_max_tokens: int = 256) -> FastAPI:
@@ -72,19 +143,22 @@ def create_app(engine: ServeEngine, *, api_key: str | None = None, default_max_t
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         err = exc.errors()[0] if exc.errors() else {}
-        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        # Pydantic also names the union member that failed ("temperature.float", "stop.list[str].0");
+        # clients know fields and list indices only.
+        loc = [str(x) for x in err.get("loc", ()) if x != "body" and not _is_union_tag(x)]
         if err.get("type") == "json_invalid":
             return error_response(400, "the request body is not valid JSON")
         where = ".".join(loc) or None
         return error_response(400, f"{where or 'body'}: {err.get('msg', 'invalid value')}", param=where)
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next):
-        if api_key and request.url.path.startswith("/v1/"):
-            given = request.headers.get("authorization", "")
-            if not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                return error_response(401, "invalid API key", kind="authentication_error")
-        return await call_next(request)
+    @app.exception_handler(Exception)
+    async def _crash(request: Request, exc: Exception) -> JSONResponse:
+        # A bug or a failing model must still answer in the shape clients parse, not as a bare 500 page.
+        log.exception("request failed")
+        return error_response(500, f"internal error: {type(exc).__name__}: {exc}", kind="server_error")
+
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -117,8 +191,8 @@ def create_app(engine: ServeEngine, *, api_key: str | None = None, default_max_t
             return error_response(400, "prompt must not be empty", param="prompt")
         return await _serve(req, engine.target.encode(req.prompt), chat=False, request=request)
 
-    async def _serve(req: _Common, ids: list[int], *, chat: bool, request: Request):
-        problem = _check(req, ids)
+    async def _serve(req: _Common, ids: list[int], *, chat: bool, request: Request) -> Response | dict[str, Any]:
+        problem = _check(req, ids, "messages" if chat else "prompt")
         if problem:
             return error_response(400, problem[0], param=problem[1])
         job = Job(
@@ -134,20 +208,17 @@ def create_app(engine: ServeEngine, *, api_key: str | None = None, default_max_t
         if req.stream:
             events = engine.run(job)
             try:  # start the generation now, so a full queue is a 429 and not a broken stream
-                first = await anext(events)
-            except QueueFull as err:
-                return error_response(429, str(err), kind="rate_limit_error")
-            except GenerationTimeout as err:
-                return error_response(504, str(err), kind="timeout_error")
+                first = await unless_gone(request, anext(events))
             except StopAsyncIteration:
                 first = None
+            except Exception as err:
+                await events.aclose()
+                return _failure(err)
             return StreamingResponse(_sse(rid, chat, first, events, job, request), media_type="text/event-stream")
         try:
-            text, result = await engine.complete(job)
-        except QueueFull as err:
-            return error_response(429, str(err), kind="rate_limit_error")
-        except GenerationTimeout as err:
-            return error_response(504, str(err), kind="timeout_error")
+            text, result = await unless_gone(request, engine.complete(job))
+        except Exception as err:
+            return _failure(err)
         choice: dict[str, Any] = {"index": 0, "finish_reason": result.finish_reason, "logprobs": None}
         if chat:
             choice["message"] = {"role": "assistant", "content": text}
@@ -162,7 +233,19 @@ def create_app(engine: ServeEngine, *, api_key: str | None = None, default_max_t
             "usage": _usage(result),
         }
 
-    def _check(req: _Common, ids: list[int]) -> tuple[str, str] | None:
+    def _failure(err: Exception) -> Response:
+        """The HTTP answer for a request whose generation did not finish."""
+        if isinstance(err, QueueFull):
+            return error_response(429, str(err), kind="rate_limit_error")
+        if isinstance(err, GenerationTimeout):
+            return error_response(504, str(err), kind="timeout_error")
+        if isinstance(err, ClientGone):
+            return Response(status_code=499)  # nginx's "client closed request": only logs ever see it
+        if isinstance(err, DartspecError):  # what the engine rejects (e.g. settings it cannot honour)
+            return error_response(400, str(err))
+        raise err
+
+    def _check(req: _Common, ids: list[int], prompt_param: str) -> tuple[str, str] | None:
         if req.n != 1:
             return "only n=1 is supported", "n"
         if not 0 <= req.temperature <= 2:
@@ -175,14 +258,18 @@ def create_app(engine: ServeEngine, *, api_key: str | None = None, default_max_t
             return (
                 f"the prompt is {len(ids)} tokens but {engine.model_name} has a context window of "
                 f"{engine.target.max_context} tokens",
-                "messages",
+                prompt_param,
             )
         return None
 
-    async def _sse(rid: str, chat: bool, first, events: AsyncIterator, job: Job, request: Request):
+    async def _sse(
+        rid: str, chat: bool, first: StepEvent | None, events: AsyncIterator[StepEvent], job: Job, request: Request
+    ) -> AsyncIterator[str]:
         created = int(time.time())
 
-        def chunk(text: str, finish: str | None, ev=None, usage=None) -> str:
+        def chunk(
+            text: str, finish: str | None, ev: StepEvent | None = None, usage: dict[str, Any] | None = None
+        ) -> str:
             if chat:
                 choice: dict[str, Any] = {"index": 0, "delta": {"content": text} if text else {}}
             else:
@@ -217,19 +304,29 @@ def create_app(engine: ServeEngine, *, api_key: str | None = None, default_max_t
                 if await request.is_disconnected():
                     job.cancel.set()
                     break
-                if ev.text or ev.result is None:
+                # The last step may commit tokens that show no text (EOS); its chunk still counts them.
+                if ev.text or ev.token_ids or ev.result is None:
                     yield chunk(ev.text, None, ev)
                 if ev.result is not None:
                     yield chunk("", ev.result.finish_reason, usage=_usage(ev.result))
             yield "data: [DONE]\n\n"
         except GenerationTimeout as err:
-            payload = {"error": {"message": str(err), "type": "timeout_error", "param": None, "code": "timeout"}}
-            yield f"data: {json.dumps(payload)}\n\n"
+            # The status line is long gone: the error travels as an event, and the missing [DONE] tells
+            # clients the answer is incomplete.
+            yield f"data: {json.dumps(error_body(str(err), 'timeout_error', None, 'timeout'))}\n\n"
+        except Exception as err:
+            log.exception("generation failed mid-stream")
+            message = f"internal error: {type(err).__name__}: {err}"
+            yield f"data: {json.dumps(error_body(message, 'server_error', None, 'internal_error'))}\n\n"
         finally:
             job.cancel.set()
             await events.aclose()
 
     return app
+
+
+def _is_union_tag(part: object) -> bool:
+    return isinstance(part, str) and (part in ("str", "int", "float", "bool") or "[" in part)
 
 
 def _role_chunk(rid: str, created: int, model: str) -> dict[str, Any]:

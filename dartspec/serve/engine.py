@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dartspec.engine import GenerationResult, Generator, StepEvent
+from dartspec.errors import DartspecError
 from dartspec.serve.metrics import Metrics
 
 
@@ -55,6 +56,10 @@ class ServeEngine:
         timeout_s: float = 600.0,
         metrics: Metrics | None = None,
     ) -> None:
+        if max_queue < 0:
+            raise DartspecError(f"the queue limit must be >= 0, got {max_queue}")
+        if not timeout_s > 0:
+            raise DartspecError(f"the request timeout must be positive, got {timeout_s}")
         self.speculative = speculative
         self.plain = plain
         self.target = speculative.target
@@ -67,6 +72,7 @@ class ServeEngine:
 
     @property
     def drafter_name(self) -> str:
+        """The speculative generator's drafter (``none`` when serving plain decoding)."""
         return self.speculative.drafter.name
 
     def _lock(self) -> asyncio.Lock:
@@ -132,6 +138,7 @@ class ServeEngine:
         try:
             for event in stream:
                 if job.cancel.is_set():
+                    self.metrics.cancelled.inc()
                     break
                 if event.result is not None:
                     self.metrics.record(event.result, drafter="none" if job.plain else self.drafter_name)

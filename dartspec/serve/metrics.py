@@ -15,6 +15,9 @@ class Metrics:
         self.requests = Counter("dartspec_requests", "Finished generations", ["drafter"], registry=r)
         self.rejected = Counter("dartspec_rejected_requests", "Requests refused because the queue was full", registry=r)
         self.timeouts = Counter("dartspec_timeouts", "Generations stopped by the request timeout", registry=r)
+        self.cancelled = Counter(
+            "dartspec_cancelled_requests", "Generations stopped early (client gone or timeout)", registry=r
+        )
         self.prompt_tokens = Counter("dartspec_prompt_tokens", "Prompt tokens", registry=r)
         self.completion_tokens = Counter("dartspec_completion_tokens", "Generated tokens", ["drafter"], registry=r)
         self.target_forwards = Counter("dartspec_target_forwards", "Target forwards", ["drafter"], registry=r)
@@ -31,6 +34,7 @@ class Metrics:
         self.in_flight = Gauge("dartspec_in_flight", "Generations running now", registry=r)
 
     def record(self, result: GenerationResult, drafter: str) -> None:
+        """Add one finished generation (``drafter``: the drafter it ran with, ``none`` for plain decoding)."""
         s = result.stats
         self.requests.labels(drafter).inc()
         self.prompt_tokens.inc(s.prompt_tokens)
