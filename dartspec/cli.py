@@ -66,7 +66,10 @@ def add_drafter_args(p: argparse.ArgumentParser, default: str = "none") -> None:
     p.add_argument(
         "--drafter",
         default=default,
-        help="none (plain decoding), pld (prompt lookup), dart, or dart+pld (both in one tree)",
+        help="none (plain decoding), pld (prompt lookup), dart, dart+pld (both in one tree), or eagle3 (baseline)",
+    )
+    p.add_argument(
+        "--topk", type=_positive_int, default=4, help="eagle3: nodes expanded per tree level, children per node"
     )
     p.add_argument("--drafter-path", default=None, help="drafter checkpoint folder (default: the shipped one)")
     p.add_argument("--tree", default="beam", choices=["beam", "ddtree", "chain"], help="tree builder for dart")
@@ -105,9 +108,10 @@ def make_generator(args: argparse.Namespace, target):  # -> Generator
         tree=args.tree,
         ngram=args.ngram,
         online_ngram=args.online_ngram,
-        auto_size=auto and dart_like,
+        auto_size=auto,
         drafter_nodes=size,
         ngram_smoothing=args.ngram_smoothing,
+        topk=args.topk,
     )
     if args.drafter == "dart+pld":
         size += max(args.max_depth, 0)  # room for a lookup span on top of the DART tree
@@ -339,10 +343,11 @@ def cmd_ngram_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_train_dart(args: argparse.Namespace) -> int:
-    from dartspec.train.cli import train_dart
+def cmd_train(args: argparse.Namespace) -> int:
+    from dartspec.train.cli import train_dart, train_eagle3
 
-    train_dart(args, load_target(args), log=_log)
+    run = train_eagle3 if args.train_command == "eagle3" else train_dart
+    run(args, load_target(args), log=_log)
     return 0
 
 
@@ -397,19 +402,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_data_regenerate)
 
     train = sub.add_parser("train", help="train drafters").add_subparsers(dest="train_command", required=True)
-    p = train.add_parser("dart", help="train a DART drafter online against the target")
-    add_target_args(p)
-    p.add_argument(
-        "--data", required=True, action="append", help="regenerated training shards (repeatable; data regenerate)"
-    )
-    p.add_argument("--dev", default=None, help="regenerated dev shards (default: none, no dev metrics)")
-    p.add_argument("--out", required=True, help="checkpoint folder")
-    p.add_argument("--config", default=None, help="YAML file of TrainConfig fields")
-    p.add_argument("--max-steps", type=int, default=None, help="override the number of optimizer steps")
-    p.add_argument("--stop-after", type=int, default=None, help="stop after this many steps (resume later)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out exactly")
-    p.add_argument("--init", default=None, help="warm start from this drafter checkpoint (e.g. the shipped one)")
-    p.set_defaults(func=cmd_train_dart)
+    for kind, what, init_help in (
+        ("dart", "a DART drafter", "warm start from this DART checkpoint (e.g. the shipped one)"),
+        (
+            "eagle3",
+            "the EAGLE-3 baseline (training-time test)",
+            "warm start from this EAGLE-3 checkpoint, or from a DART one (same layer; its depth-1 row)",
+        ),
+    ):
+        p = train.add_parser(kind, help=f"train {what} online against the target")
+        add_target_args(p)
+        p.add_argument(
+            "--data", required=True, action="append", help="regenerated training shards (repeatable; data regenerate)"
+        )
+        p.add_argument("--dev", default=None, help="regenerated dev shards (default: none, no dev metrics)")
+        p.add_argument("--out", required=True, help="checkpoint folder")
+        p.add_argument("--config", default=None, help="YAML file of TrainConfig fields")
+        p.add_argument("--max-steps", type=int, default=None, help="override the number of optimizer steps")
+        p.add_argument("--stop-after", type=int, default=None, help="stop after this many steps (resume later)")
+        p.add_argument("--resume", action="store_true", help="continue the run in --out exactly")
+        p.add_argument("--init", default=None, help=init_help)
+        p.set_defaults(func=cmd_train)
 
     ng = sub.add_parser("ngram", help="n-gram models").add_subparsers(dest="ngram_command", required=True)
     p = ng.add_parser("build", help="count n-grams of regenerated data (and optional text files)")

@@ -19,13 +19,17 @@ def test_parse_methods_groups_options() -> None:
     assert [s.label for s in specs] == ["ar", "pld", "dart:tree=ddtree,size=8,online=1", "dart"]
     assert specs[2].tree == "ddtree" and specs[2].tree_size == 8 and specs[2].online
     assert specs[3].tree == "beam" and specs[3].tree_size == 12
+    eagle = parse_methods("eagle3:size=6,topk=2,depth=4", tree_size=12)[0]
+    assert (eagle.kind, eagle.tree_size, eagle.topk, eagle.max_depth) == ("eagle3", 6, 2, 4)
 
 
 @pytest.mark.parametrize(
     ("text", "message"),
     [
         ("ar,medusa", "unknown method 'medusa'"),
-        ("eagle3", "eagle3 baseline is not available"),
+        ("eagle3:size=auto", "implemented for dart only"),
+        ("eagle3:tree=beam", "bad option 'tree=beam'"),
+        ("eagle3:topk=0", "topk must be a positive integer"),
         ("dart:tree=wide", "tree must be beam, ddtree or chain"),
         ("dart:colour=red", "bad option 'colour=red'"),
         ("size=4", "must follow a method name"),

@@ -133,3 +133,17 @@ def test_generate_streams_same_text_as_json(tiny_model_dir: Path) -> None:
     assert streamed.returncode == 0 and as_json.returncode == 0
     assert streamed.stdout.rstrip("\n") == json.loads(as_json.stdout)["text"]
     assert "tok/s" in streamed.stderr and "tau" in streamed.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        ([], "no EAGLE-3 drafter ships for"),
+        (["--tree-size", "auto"], "implemented for dart only"),
+        (["--drafter-path", "/nonexistent/eagle"], "not found"),
+    ],
+)
+def test_eagle3_drafter_errors(tiny_model_dir: Path, flags: list[str], needle: str) -> None:
+    proc = run_cli("generate", "--model", str(tiny_model_dir), "--prompt", "Hi", "--drafter", "eagle3", *flags)
+    assert_one_line_error(proc, needle)

@@ -20,8 +20,10 @@ from typing import Any
 from dartspec.errors import DartspecError
 
 #: Method names ``--methods`` understands; options follow a colon (``dart:tree=ddtree,size=8``).
-METHODS = ("ar", "pld", "dart", "dart+pld", "hf-ar", "hf-pld")
+METHODS = ("ar", "pld", "dart", "dart+pld", "eagle3", "hf-ar", "hf-pld")
 _DART_OPTIONS = {"tree", "size", "depth", "ngram", "online", "path", "smooth"}
+#: Options each method takes after its colon.
+_OPTIONS = {"dart": _DART_OPTIONS, "dart+pld": _DART_OPTIONS, "eagle3": {"size", "depth", "path", "topk"}}
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class MethodSpec:
     online: bool = False
     path: str | None = None
     smooth: float = 0.0  # interpolated n-gram weight (0 = DART's longest-context rule)
+    topk: int = 4  # eagle3: nodes expanded per level, children per node
 
 
 def parse_methods(text: str, *, tree_size: int | str = 16) -> list[MethodSpec]:
@@ -63,28 +66,27 @@ def parse_methods(text: str, *, tree_size: int | str = 16) -> list[MethodSpec]:
 
 def _spec(group: list[str], tree_size: int | str) -> MethodSpec:
     name, options = group[0], group[1:]
-    if name == "eagle3":
-        raise DartspecError("the eagle3 baseline is not available yet (see the issue tracker); use ar, pld or dart")
     if name not in METHODS:
         raise DartspecError(f"unknown method {name!r}: choose from {', '.join(METHODS)}")
     label = name + (":" + ",".join(options) if options else "")
-    if options and name not in ("dart", "dart+pld"):
+    allowed = _OPTIONS.get(name, set())
+    if options and not allowed:
         raise DartspecError(f"method {name} takes no options (got {label})")
     kw: dict[str, Any] = {"tree_size": tree_size}
     for opt in options:
         key, _, value = opt.partition("=")
-        if key not in _DART_OPTIONS or not value:
-            raise DartspecError(f"bad option {opt!r} in {label}: use {', '.join(sorted(_DART_OPTIONS))} as key=value")
+        if key not in allowed or not value:
+            raise DartspecError(f"bad option {opt!r} in {label}: use {', '.join(sorted(allowed))} as key=value")
         if key == "tree":
             if value not in ("beam", "ddtree", "chain"):
                 raise DartspecError(f"{label}: tree must be beam, ddtree or chain")
             kw["tree"] = value
         elif key == "size" and value == "auto":
             kw["tree_size"] = "auto"
-        elif key in ("size", "depth"):
+        elif key in ("size", "depth", "topk"):
             if not value.isdigit() or int(value) < 1:
                 raise DartspecError(f"{label}: {key} must be a positive integer")
-            kw["tree_size" if key == "size" else "max_depth"] = int(value)
+            kw[{"size": "tree_size", "depth": "max_depth"}.get(key, key)] = int(value)
         elif key == "smooth":
             try:
                 kw["smooth"] = float(value)
@@ -96,6 +98,8 @@ def _spec(group: list[str], tree_size: int | str) -> MethodSpec:
             kw["online"] = value in ("1", "on", "true", "yes")
         else:
             kw[key] = value
+    if name == "eagle3" and kw["tree_size"] == "auto":
+        raise DartspecError(f"{label}: size=auto is implemented for dart only; give eagle3 size=N")
     return MethodSpec(label=label, kind=name, **kw)
 
 
@@ -166,6 +170,8 @@ def make_runner(spec: MethodSpec, target: Any) -> Runner:
         kw["ngram_smoothing"] = spec.smooth
         if spec.ngram not in (None, "shipped"):
             kw["ngram"] = spec.ngram
+    if name == "eagle3":
+        kw = {"topk": spec.topk}
     drafter = make_drafter(name, target, spec.path, **kw)
     if name == "dart+pld":
         size = int(size) + spec.max_depth  # room for a lookup span on top of the DART tree

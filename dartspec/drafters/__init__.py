@@ -11,7 +11,7 @@ from dartspec.errors import DartspecError
 #: Drafter checkpoints that ship inside the package, by target model name.
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "checkpoints"
 
-DRAFTER_NAMES = ("none", "pld", "dart", "dart+pld")
+DRAFTER_NAMES = ("none", "pld", "dart", "dart+pld", "eagle3")
 
 
 def drafter_names() -> list[str]:
@@ -35,6 +35,7 @@ def make_drafter(
     auto_size: bool = False,
     drafter_nodes: int = 4,
     ngram_smoothing: float = 0.0,
+    topk: int = 4,
 ) -> Drafter:
     """A drafter for ``target`` by name: ``none``, ``pld``, or ``dart`` (``checkpoint`` or the shipped one).
 
@@ -44,6 +45,8 @@ def make_drafter(
     ``tree_size`` is then the largest size considered; see :mod:`dartspec.tree_size`). ``dart+pld`` merges
     prompt-lookup spans into a DART tree of ``drafter_nodes`` nodes (:mod:`dartspec.drafters.hybrid`).
     ``ngram_smoothing`` (0 < s < 1) scores with the interpolated n-gram instead of DART's longest-context rule.
+    ``eagle3`` is the EAGLE-3 baseline (``checkpoint`` or the shipped one) with EAGLE-2's dynamic tree, expanding
+    ``topk`` nodes per level.
     """
     if name == "none":
         return NoDrafter()
@@ -63,6 +66,18 @@ def make_drafter(
             ngram_smoothing=ngram_smoothing,
         )
         return HybridDrafter(dart, drafter_nodes=drafter_nodes)
+    if name == "eagle3":
+        from dartspec.drafters.eagle3 import Eagle3Drafter
+
+        if auto_size:
+            raise DartspecError("--tree-size auto is implemented for dart only; give eagle3 a number of nodes")
+        folder = Path(checkpoint) if checkpoint else shipped_checkpoint("eagle3", target.name)
+        if folder is None:
+            raise DartspecError(
+                f"no EAGLE-3 drafter ships for {target.name!r}: train one with `dartspec train eagle3` "
+                "and pass it with --drafter-path"
+            )
+        return Eagle3Drafter.from_pretrained(folder, target, topk=topk)
     if name == "dart":
         from dartspec.drafters.dart import DartDrafter
 

@@ -8,6 +8,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from dartspec.errors import DartspecError
 from dartspec.tree import Tree
 
 
@@ -60,3 +61,36 @@ class NoDrafter:
 
     def propose(self, tokens: Sequence[int], budget: DraftBudget) -> Tree:
         return Tree.root_only(tokens[-1])
+
+
+class FeatureQueue:
+    """Target features of committed positions that a feature-based drafter has not yet fed to its cache.
+
+    Real position j pairs the target's features at j with token j+1, so after each verification the
+    newest committed token (the next tree's root) waits one step for its features.
+    """
+
+    def __init__(self) -> None:
+        self.pending: list[torch.Tensor] = []
+        self.committed = 0  # real positions already in the drafter's cache
+
+    def reset(self) -> None:
+        self.pending = []
+        self.committed = 0
+
+    def push(self, features: torch.Tensor | None, drafter: str) -> None:
+        if features is None:
+            raise DartspecError(f"the {drafter} drafter needs target features (Target.verify(..., features=True))")
+        self.pending.append(features)
+
+    def take(self, tokens: Sequence[int]) -> tuple[torch.Tensor, int, torch.Tensor] | None:
+        """``(features (m, F*H), start position, ids of tokens start+1..start+m)`` of the waiting positions."""
+        if not self.pending:
+            return None
+        feats = torch.cat(self.pending)
+        self.pending = []
+        start, m = self.committed, feats.shape[0]
+        if start + m + 1 != len(tokens):
+            raise RuntimeError(f"drafter out of step: {start} cached + {m} new + root != {len(tokens)} tokens")
+        self.committed = start + m
+        return feats, start, torch.tensor(tokens[start + 1 : start + m + 1], device=feats.device)

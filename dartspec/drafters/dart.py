@@ -14,9 +14,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dartspec.drafters.base import DraftBudget
+from dartspec.drafters.base import DraftBudget, FeatureQueue
 from dartspec.drafters.dart_model import DartModel, DraftKV
-from dartspec.errors import DartspecError
 from dartspec.kernels import use_rows_first_linears
 from dartspec.ngram import MergedNgram, NgramModel, OnlineNgram
 from dartspec.search import make_tree_builder
@@ -72,8 +71,7 @@ class DartDrafter:
         self._proposed = False
         self.last_tree_seconds = 0.0
         self._cache = DraftKV()
-        self._pending: list[torch.Tensor] = []
-        self._committed = 0  # real positions already in the draft cache
+        self._queue = FeatureQueue()
 
     @classmethod
     def from_pretrained(cls, folder: str | Path, target, tree: str | TreeBuilder = "chain", **kw) -> DartDrafter:
@@ -84,8 +82,7 @@ class DartDrafter:
         if self.online is not None:
             self.online.reset()
         self._cache = DraftKV()
-        self._pending = []
-        self._committed = 0
+        self._queue.reset()
         self._proposed = False
         if self.auto is not None:
             self.auto.begin()
@@ -95,36 +92,26 @@ class DartDrafter:
         return {"tree_size_auto": self.auto.report()} if self.auto is not None else {}
 
     def observe(self, token_ids: Sequence[int], features: torch.Tensor | None) -> None:
-        if features is None:
-            raise DartspecError("the DART drafter needs target features (Target.verify(..., features=True))")
+        self._queue.push(features, "DART")
         if self.auto is not None and self._proposed:
             self.auto.observe(len(token_ids) - 1)
-        self._pending.append(features)
 
     @torch.inference_mode()
     def propose(self, tokens: Sequence[int], budget: DraftBudget) -> Tree:
         root = int(tokens[-1])
-        start = self._committed
-        if self._pending:
-            feats = torch.cat(self._pending)
-            self._pending = []
-        else:
-            feats = None
-        if feats is None or budget.max_depth == 0 or budget.max_nodes <= 1:
+        t_draft = time.perf_counter()
+        waiting = self._queue.take(tokens)
+        if waiting is None or budget.max_depth == 0 or budget.max_nodes <= 1:
             # Nothing to draft (or no room): still absorb the features so the cache stays in step.
-            if feats is not None:
-                self._absorb(feats, tokens, start)
+            if waiting is not None:
+                feats, start, next_ids = waiting
+                self.model.step(feats, self.embed(next_ids), start, self._cache, depth=1)
             self.last_tree_seconds = 0.0
             return Tree.root_only(root)
-        m = feats.shape[0]
-        if start + m + 1 != len(tokens):
-            raise RuntimeError(f"DART drafter out of step: {start} cached + {m} new + root != {len(tokens)} tokens")
-        t_draft = time.perf_counter()
-        next_ids = torch.tensor(tokens[start + 1 : start + m + 1], device=feats.device)
+        feats, start, next_ids = waiting
         # A tree of R nodes reaches depth R-1 at most: rows beyond that are never used.
         depth = min(budget.max_depth, budget.max_nodes - 1)
         logp = self.model.step(feats, self.embed(next_ids), start, self._cache, depth=depth)
-        self._committed = start + m
         t0 = time.perf_counter()
         if self.online is not None:
             self.online.extend(tokens[len(self.online.history) :])
@@ -136,9 +123,3 @@ class DartDrafter:
         self._proposed = True
         self.last_tree_seconds = time.perf_counter() - t0
         return tree
-
-    def _absorb(self, feats: torch.Tensor, tokens: Sequence[int], start: int) -> None:
-        m = feats.shape[0]
-        next_ids = torch.tensor(tokens[start + 1 : start + m + 1], device=feats.device)
-        self.model.step(feats, self.embed(next_ids), start, self._cache, depth=1)
-        self._committed = start + m

@@ -90,13 +90,17 @@ class DartConfig:
         return json.dumps(data, indent=2)
 
     @classmethod
-    def from_json(cls, text: str, origin: str = "config.json") -> DartConfig:
+    def from_json(cls, text: str, origin: str = "config.json", expected_format: str = FORMAT) -> DartConfig:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as err:
             raise DartspecError(f"{origin} is not valid JSON ({err.msg}); the checkpoint is corrupted") from None
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise DartspecError(f"{origin} is not a DART drafter config (format {FORMAT!r} expected)")
+        if not isinstance(data, dict) or data.get("format") != expected_format:
+            found = data.get("format") if isinstance(data, dict) else None
+            raise DartspecError(
+                f"{origin} is not a {expected_format!r} drafter config"
+                + (f" (it is {found!r}: pass it to the matching --drafter)" if found else "")
+            )
         if data.get("format_version", 0) > FORMAT_VERSION:
             raise DartspecError(f"{origin} was written by a newer dartspec (format {data['format_version']})")
         known = {f.name for f in fields(cls)}
@@ -204,6 +208,9 @@ class DraftLayer(nn.Module):
 class DartModel(nn.Module):
     """The DART drafter network (see module docstring)."""
 
+    #: ``format`` of the checkpoints this class reads and writes.
+    FORMAT = FORMAT
+
     def __init__(self, cfg: DartConfig) -> None:
         super().__init__()
         H = cfg.hidden_size
@@ -248,21 +255,48 @@ class DartModel(nn.Module):
 
         If ``cache`` is given, the keys/values of the first ``keep`` new inputs are appended to it.
         """
+        return self.norm(self.residual(x_in, resid, positions, mask, cache, keep))
+
+    def residual(
+        self,
+        x_in: torch.Tensor,
+        resid: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        cache: DraftKV | None = None,
+        keep: int = 0,
+        tree: DraftKV | None = None,
+    ) -> torch.Tensor:
+        """Like :meth:`forward` but the residual stream before the final norm.
+
+        ``tree`` (autoregressive drafters) holds the keys/values of draft-tree nodes, attended to after
+        ``cache``; the new inputs' keys/values are appended to it, since they are tree nodes too.
+        """
         h = resid
         x = x_in
         for i, layer in enumerate(self.layers):
             if i > 0:
                 x = self.input_norms[i - 1](h)
-            past = (cache.keys[i], cache.values[i]) if cache is not None and cache.keys else None
+            past = (cache.keys[i], cache.values[i]) if cache is not None and len(cache.keys) > i else None
+            if tree is not None and len(tree.keys) > i:
+                more = (tree.keys[i], tree.values[i])
+                past = more if past is None else (torch.cat([past[0], more[0]], 1), torch.cat([past[1], more[1]], 1))
             h, k, v = layer(x, h, positions, mask, past)
             if cache is not None and keep:
-                if cache.keys and len(cache.keys) > i:
+                if len(cache.keys) > i:
                     cache.keys[i] = torch.cat([cache.keys[i], k[:, :keep]], dim=1)
                     cache.values[i] = torch.cat([cache.values[i], v[:, :keep]], dim=1)
                 else:
                     cache.keys.append(k[:, :keep].contiguous())
                     cache.values.append(v[:, :keep].contiguous())
-        return self.norm(h)
+            if tree is not None:
+                if len(tree.keys) > i:
+                    tree.keys[i] = torch.cat([tree.keys[i], k], dim=1)
+                    tree.values[i] = torch.cat([tree.values[i], v], dim=1)
+                else:
+                    tree.keys.append(k)
+                    tree.values.append(v)
+        return h
 
     @torch.inference_mode()
     def step(
@@ -306,7 +340,7 @@ class DartModel(nn.Module):
             for k, v in self.state_dict().items()
         }
         tmp_w, tmp_c = folder / ".model.safetensors.tmp", folder / ".config.json.tmp"
-        save_file(tensors, str(tmp_w), metadata={"format": FORMAT})
+        save_file(tensors, str(tmp_w), metadata={"format": self.FORMAT})
         tmp_c.write_text(self.cfg.to_json())
         tmp_w.replace(folder / "model.safetensors")
         tmp_c.replace(folder / "config.json")
@@ -322,7 +356,7 @@ class DartModel(nn.Module):
         for p in (cfg_path, w_path):
             if not p.is_file():
                 raise DartspecError(f"{p} not found: not a DART drafter checkpoint folder")
-        cfg = DartConfig.from_json(cfg_path.read_text(), str(cfg_path))
+        cfg = DartConfig.from_json(cfg_path.read_text(), str(cfg_path), cls.FORMAT)
         model = cls(cfg)
         try:
             state = load_file(str(w_path))

@@ -18,6 +18,12 @@ def samples_from(folders: str | list[str]) -> list[Sample]:
 
 
 def train_dart(args: argparse.Namespace, target: Any, log: Callable[[str], None]) -> dict[str, Any]:
+    return _train(DartTrainer, args, target, log)
+
+
+def _train(
+    trainer_cls: type[DartTrainer], args: argparse.Namespace, target: Any, log: Callable[[str], None]
+) -> dict[str, Any]:
     cfg = TrainConfig.from_file(args.config) if args.config else TrainConfig()
     if args.max_steps is not None:
         cfg = replace(cfg, max_steps=args.max_steps)
@@ -26,7 +32,13 @@ def train_dart(args: argparse.Namespace, target: Any, log: Callable[[str], None]
     train = samples_from(args.data)
     dev = samples_from(args.dev) if args.dev else []
     log(f"training on {len(train)} samples ({sum(len(s.tokens) for s in train)} tokens), dev {len(dev)}")
-    trainer = DartTrainer(target, train, dev, args.out, cfg, log=log)
+    trainer = trainer_cls(target, train, dev, args.out, cfg, log=log)
     metrics = trainer.fit(resume=args.resume, stop_after=args.stop_after)
     log(f"saved {args.out} at step {trainer.step}/{trainer.total_steps}")
     return metrics
+
+
+def train_eagle3(args: argparse.Namespace, target: Any, log: Callable[[str], None]) -> dict[str, Any]:
+    from dartspec.train.eagle3 import Eagle3Trainer
+
+    return _train(Eagle3Trainer, args, target, log)

@@ -111,7 +111,14 @@ def lr_at(step: int, cfg: TrainConfig, total: int) -> float:
 
 
 class DartTrainer:
-    """Trains a DART drafter for ``target`` on regenerated samples; resumable at step granularity."""
+    """Trains a DART drafter for ``target`` on regenerated samples; resumable at step granularity.
+
+    Subclasses train other drafters on the same data, loop and checkpoints by replacing
+    ``model_cls`` and :meth:`objective` (see :mod:`dartspec.train.eagle3`).
+    """
+
+    name = "dart"
+    model_cls: type[DartModel] = DartModel
 
     def __init__(
         self,
@@ -156,7 +163,7 @@ class DartTrainer:
             mcfg.extra["draft_vocab_dev_coverage"] = round(dev_cov, 5)
             self.log(f"draft vocabulary covers {dev_cov:.2%} of dev answer tokens")
         torch.manual_seed(self.cfg.seed)
-        model = DartModel(mcfg).to(self.target.device)
+        model = self.model_cls(mcfg).to(self.target.device)
         init_head_from_target(model, self.target, draft_ids)
         self.model = model
         self.optimizer = torch.optim.AdamW(
@@ -166,7 +173,7 @@ class DartTrainer:
 
     def _build_from(self, folder: str) -> None:
         """Warm start: the network and draft vocabulary of an existing checkpoint, a fresh optimizer."""
-        model = DartModel.load(folder, device=self.target.device, dtype=torch.float32)
+        model = self.load_init(folder)
         model.check_target(self.target)
         if model.cfg.depth != self.cfg.depth or model.cfg.num_layers != self.cfg.num_layers:
             raise DartspecError(
@@ -180,6 +187,10 @@ class DartTrainer:
         self.optimizer = torch.optim.AdamW(
             model.parameters(), lr=self.cfg.lr, betas=self.cfg.betas, weight_decay=self.cfg.weight_decay
         )
+
+    def load_init(self, folder: str) -> DartModel:
+        """The network to warm-start from (float32, on the target's device)."""
+        return self.model_cls.load(folder, device=self.target.device, dtype=torch.float32)
 
     def _permutation(self, epoch: int) -> np.ndarray:
         return np.random.default_rng(self.cfg.seed + 1000 * epoch).permutation(len(self.train))
@@ -218,7 +229,7 @@ class DartTrainer:
         changed = [k for k in now if k not in ("extra", "checkpoint_every", "eval_every") and saved.get(k) != now[k]]
         if changed:
             raise DartspecError(f"the checkpoint in {self.out} was trained with different settings: {changed}")
-        self.model = DartModel.load(self.out, device=self.target.device, dtype=torch.float32)
+        self.model = self.model_cls.load(self.out, device=self.target.device, dtype=torch.float32)
         self.model.check_target(self.target)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=self.cfg.lr, betas=self.cfg.betas, weight_decay=self.cfg.weight_decay
@@ -254,16 +265,26 @@ class DartTrainer:
         with torch.no_grad():
             next_embeds = self.embed(ids[1:]).float()
         count = self.cfg.anchors_per_seq if anchors_per_seq is None else anchors_per_seq
-        anchors = sample_anchors(len(tokens), sample.prompt_len, count, generator or self.gen)
-        layout = anchor_layout(len(tokens), sample.prompt_len, self.cfg.depth, anchors, self.target.device)
+        return self.objective(
+            out.features.float().clone(), next_embeds.clone(), out.logits, sample.prompt_len, count, generator
+        )
+
+    def objective(
+        self,
+        features: torch.Tensor,
+        next_embeds: torch.Tensor,
+        logits: torch.Tensor,
+        prompt_len: int,
+        anchors_per_seq: int,
+        generator: torch.Generator | None,
+    ):
+        """The drafter's loss on one scored sequence (DART: anchor blocks of mask slots)."""
+        assert self.model is not None
+        seq_len = logits.shape[0]
+        anchors = sample_anchors(seq_len, prompt_len, anchors_per_seq, generator or self.gen)
+        layout = anchor_layout(seq_len, prompt_len, self.cfg.depth, anchors, self.target.device)
         return dart_loss(
-            self.model,
-            out.features.float().clone(),
-            next_embeds.clone(),
-            out.logits,
-            layout,
-            decay=self.cfg.depth_decay,
-            kind=self.cfg.loss,
+            self.model, features, next_embeds, logits, layout, decay=self.cfg.depth_decay, kind=self.cfg.loss
         )
 
     def train_step(self) -> dict[str, Any]:
@@ -342,7 +363,7 @@ class DartTrainer:
         from tqdm import tqdm
 
         with (
-            tqdm(total=self.total_steps, initial=self.step, desc="train dart", unit="step") as bar,
+            tqdm(total=self.total_steps, initial=self.step, desc=f"train {self.name}", unit="step") as bar,
             open(log_path, "a") as log_file,
         ):
             while self.step < end:

@@ -86,6 +86,26 @@ class LossOutput:
     per_depth_count: list[int]
 
 
+def distill(draft_logits: torch.Tensor, target_logits: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row loss of draft logits against the target's (both over the draft vocabulary), and top-1 agreement.
+
+    ``kind``: ``"kl"`` (KL to the target's distribution restricted to the draft vocabulary and renormalised)
+    or ``"ce"`` (cross-entropy to the target's argmax token).
+    """
+    logq = torch.log_softmax(draft_logits.float(), dim=-1)
+    with torch.no_grad():
+        t_logits = target_logits.float()
+        target_top = t_logits.argmax(-1)
+        p = torch.softmax(t_logits, dim=-1)
+    if kind == "kl":
+        per_row = (p * (torch.log(p.clamp_min(1e-30)) - logq)).sum(-1)
+    elif kind == "ce":
+        per_row = F.nll_loss(logq, target_top, reduction="none")
+    else:
+        raise ValueError(f"unknown loss kind {kind!r} (kl or ce)")
+    return per_row, logq.argmax(-1) == target_top
+
+
 def dart_loss(
     model: DartModel,
     features: torch.Tensor,
@@ -117,18 +137,7 @@ def dart_loss(
     hidden = model(x_in, resid, layout.positions, layout.mask)[scored]
     depth = layout.depth[scored]
     rows = layout.target_row[scored]
-    logq = torch.log_softmax(model.lm_head(hidden).float(), dim=-1)
-    with torch.no_grad():
-        t_logits = target_logits[rows][:, model.d2t].float()
-        target_top = t_logits.argmax(-1)
-        p = torch.softmax(t_logits, dim=-1)
-    if kind == "kl":
-        per_row = (p * (torch.log(p.clamp_min(1e-30)) - logq)).sum(-1)
-    elif kind == "ce":
-        per_row = F.nll_loss(logq, target_top, reduction="none")
-    else:
-        raise ValueError(f"unknown loss kind {kind!r} (kl or ce)")
-    correct = logq.argmax(-1) == target_top
+    per_row, correct = distill(model.lm_head(hidden), target_logits[rows][:, model.d2t], kind)
 
     # Per-depth sums with index_add (no host round trip per depth: on a GPU those syncs dominated).
     d = cfg.depth

@@ -1,0 +1,142 @@
+"""The EAGLE-3 baseline drafter: autoregressive drafting with EAGLE-2's dynamic tree.
+
+Per step: one forward over the newly committed positions (features from the verification pass) gives
+the depth-1 distribution; then, level by level, the ``topk`` nodes of the newest level with the best
+path log-probability are run through the drafter together (one forward per level, tree attention
+over the committed cache and their ancestors) and each proposes its ``topk`` best children. The tree
+is the best ``max_nodes - 1`` nodes by path log-probability (prefix-closed, since a child never scores
+above its parent). Expansion stops early once no frontier node can still enter the kept set.
+
+Costs one drafter forward per depth where DART pays one in total: the comparison the paper makes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dartspec.drafters.base import DraftBudget, FeatureQueue
+from dartspec.drafters.dart_model import DraftKV
+from dartspec.drafters.eagle3_model import Eagle3Model
+from dartspec.errors import DartspecError
+from dartspec.kernels import use_rows_first_linears
+from dartspec.tree import Tree
+
+
+class Eagle3Drafter:
+    """EAGLE-3 as a :class:`~dartspec.drafters.base.Drafter`."""
+
+    name = "eagle3"
+    needs_features = True
+
+    def __init__(self, model: Eagle3Model, target, *, topk: int = 4) -> None:
+        """Args:
+        model: the trained network (its ``cfg.depth`` bounds the tree depth it drafts).
+        target: the target it was trained for (checked).
+        topk: nodes expanded per level and children proposed per expanded node (EAGLE-2's k).
+        """
+        if topk < 1:
+            raise DartspecError("eagle3 topk must be >= 1")
+        model.check_target(target)
+        self.model = model.to(target.device).eval()
+        if target.fast_linear:
+            use_rows_first_linears(self.model)
+        self.target = target
+        self.topk = topk
+        self.embed = target.model.get_input_embeddings()
+        self.d2t = model.d2t.cpu().numpy()
+        self.eos = set(int(t) for t in target.eos_token_ids)
+        self.last_tree_seconds = 0.0
+        self._cache = DraftKV()
+        self._queue = FeatureQueue()
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path, target, **kw) -> Eagle3Drafter:
+        return cls(Eagle3Model.load(folder, device=target.device, dtype=target.dtype), target, **kw)
+
+    def begin(self, prompt_ids: Sequence[int]) -> None:
+        self._cache = DraftKV()
+        self._queue.reset()
+
+    def observe(self, token_ids: Sequence[int], features: torch.Tensor | None) -> None:
+        self._queue.push(features, "EAGLE-3")
+
+    @torch.inference_mode()
+    def propose(self, tokens: Sequence[int], budget: DraftBudget) -> Tree:
+        root = int(tokens[-1])
+        self.last_tree_seconds = 0.0
+        waiting = self._queue.take(tokens)
+        if waiting is None:
+            return Tree.root_only(root)
+        feats, start, next_ids = waiting
+        logp0, h0 = self.model.context_step(feats, self.embed(next_ids), start, self._cache)
+        keep = budget.max_nodes - 1
+        max_depth = min(budget.max_depth, keep, self.model.cfg.depth)
+        if keep < 1 or max_depth < 1:
+            return Tree.root_only(root)
+        k = min(self.topk, keep)
+        base = len(tokens) - 2  # draft position of the root's row; a node at depth d sits at base + d
+
+        # Candidate nodes, in creation order (parents first): target token, parent (-1 = root), path log-prob.
+        tok: list[int] = []
+        parent: list[int] = []
+        score: list[float] = []
+        slot: dict[int, int] = {}  # candidate -> its entry in the tree KV (expanded nodes only)
+        hidden: dict[int, torch.Tensor] = {}  # candidate -> its residual output (expanded nodes only)
+        tree_kv = DraftKV()
+
+        def add_children(logp: torch.Tensor, parents: list[int], base_scores: list[float]) -> list[int]:
+            vals, ids = logp.topk(k, dim=-1)
+            vals, ids = vals.float().cpu().numpy(), ids.cpu().numpy()
+            new = []
+            for row, p in enumerate(parents):
+                for v, i in zip(vals[row], ids[row], strict=True):
+                    new.append(len(tok))
+                    tok.append(int(self.d2t[i]))
+                    parent.append(p)
+                    score.append(base_scores[row] + float(v))
+            return new
+
+        level = add_children(logp0[None], [-1], [0.0])
+        for depth in range(2, max_depth + 1):
+            # Expand the best k nodes of the newest level; EOS ends a path.
+            frontier = sorted((c for c in level if tok[c] not in self.eos), key=lambda c: -score[c])[:k]
+            if not frontier:
+                break
+            if len(score) >= keep:
+                # Children score below their parents: stop when none could displace the keep-th best node.
+                cutoff = np.partition(-np.asarray(score), keep - 1)[keep - 1]
+                if -score[frontier[0]] >= cutoff:
+                    break
+            prev = [hidden[parent[c]] if parent[c] >= 0 else h0 for c in frontier]
+            ids = torch.tensor(tok, device=h0.device)[frontier]
+            positions = torch.full((len(frontier),), base + depth - 1, device=h0.device)
+            n_old = len(slot)
+            mask = torch.zeros(len(frontier), n_old + len(frontier), dtype=torch.bool, device=h0.device)
+            for row, c in enumerate(frontier):
+                a = parent[c]
+                while a >= 0:
+                    mask[row, slot[a]] = True
+                    a = parent[a]
+                mask[row, n_old + row] = True
+            logp, out = self.model.tree_step(torch.stack(prev), self.embed(ids), positions, mask, self._cache, tree_kv)
+            for row, c in enumerate(frontier):
+                slot[c] = n_old + row
+                hidden[c] = out[row]
+            level = add_children(logp, frontier, [score[c] for c in frontier])
+
+        t0 = time.perf_counter()
+        # Best `keep` by path log-prob; ties go to the earlier node, so parents always come before children.
+        order = sorted(range(len(score)), key=lambda c: (-score[c], c))[:keep]
+        kept = sorted(order)
+        index = {c: i + 1 for i, c in enumerate(kept)}
+        tree = Tree(
+            np.array([root] + [tok[c] for c in kept]),
+            np.array([-1] + [index[parent[c]] if parent[c] >= 0 else 0 for c in kept]),
+        )
+        self.last_tree_seconds = time.perf_counter() - t0
+        return tree

@@ -1,0 +1,175 @@
+"""The EAGLE-3 baseline: network, training-time-test objective, trainer, dynamic-tree drafter."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import VOCAB, tiny_target
+from test_dart import model_for, random_samples, small_config
+
+from dartspec.drafters import DraftBudget
+from dartspec.drafters.dart_model import DartModel, DraftKV
+from dartspec.drafters.eagle3 import Eagle3Drafter
+from dartspec.drafters.eagle3_model import Eagle3Model
+from dartspec.engine import Generator
+from dartspec.errors import DartspecError
+from dartspec.target import Target
+from dartspec.train.eagle3 import Eagle3Trainer
+from dartspec.train.eagle3_loss import unroll
+
+
+@pytest.fixture(scope="module")
+def target() -> Target:
+    return tiny_target("llama")
+
+
+def eagle_for(target: Target, depth: int = 4, vocab: int = 64, seed: int = 0, noise: float = 0.0) -> Eagle3Model:
+    torch.manual_seed(seed)
+    model = Eagle3Model(Eagle3Model.config_for_target(target, draft_vocab_size=vocab, depth=depth))
+    model = model.to(torch.float64).eval()
+    if noise:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * noise)
+    return model
+
+
+def test_no_mask_slots_and_own_format(tmp_path: Path, target: Target) -> None:
+    model = eagle_for(target)
+    assert not any("mask" in k for k in model.state_dict())
+    model.d2t.copy_(torch.arange(64) + 3)
+    model.save(tmp_path, dtype=torch.float32)
+    assert json.loads((tmp_path / "config.json").read_text())["format"] == "dartspec-eagle3"
+    loaded = Eagle3Model.load(tmp_path, dtype=torch.float64)
+    for (k, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items(), strict=True):
+        torch.testing.assert_close(a, b.to(a.dtype), rtol=0, atol=1e-6, msg=k)
+    # A checkpoint of the other kind is refused with a message naming both formats.
+    with pytest.raises(DartspecError, match=r"'dartspec-dart'.*it is 'dartspec-eagle3'"):
+        DartModel.load(tmp_path)
+    model_for(target).save(tmp_path / "dart")
+    with pytest.raises(DartspecError, match=r"'dartspec-eagle3'.*it is 'dartspec-dart'"):
+        Eagle3Model.load(tmp_path / "dart")
+
+
+def test_first_step_equals_dart_depth_one(tmp_path: Path, target: Target) -> None:
+    """Warm start: EAGLE-3's depth-1 distribution is exactly the DART checkpoint's first row."""
+    dart = model_for(target, depth=4)
+    with torch.no_grad():
+        for p in dart.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    dart.save(tmp_path, dtype=torch.float64)
+    eagle = Eagle3Model.from_dart(tmp_path, depth=3).to(torch.float64).eval()
+    ids = list(np.random.default_rng(2).integers(2, VOCAB, size=20))
+    feats = target.score_sequence(ids).features[:19].clone()
+    embeds = target.model.get_input_embeddings()(torch.tensor(ids[1:])).detach()
+    want = dart.eval().step(feats, embeds, 0, DraftKV(), depth=1)[0]
+    got, _ = eagle.context_step(feats, embeds, 0, DraftKV())
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)  # from_dart loads in float32
+
+
+def test_training_unroll_equals_incremental_drafting(target: Target) -> None:
+    """Step k of row i in training is what drafting the true path from anchor i computes at depth k."""
+    model = eagle_for(target, depth=4, noise=0.1)
+    ids = list(np.random.default_rng(1).integers(2, VOCAB, size=30))
+    feats = target.score_sequence(ids).features.clone()
+    embed = target.model.get_input_embeddings()
+    embeds = embed(torch.tensor(ids[1:])).detach()
+    with torch.no_grad():
+        pieces = unroll(model, feats, embeds, len(ids), prompt_len=6)
+    for anchor in (5, 12, 24):
+        cache = DraftKV()
+        model.context_step(feats[:4], embeds[:4], 0, cache)  # an earlier step's real positions
+        _, h = model.context_step(feats[4 : anchor + 1], embeds[4 : anchor + 1], 4, cache)
+        torch.testing.assert_close(h, pieces[0][2][anchor], rtol=0, atol=1e-9)
+        tree = DraftKV()
+        for k in range(2, 5):
+            node = torch.tensor([ids[anchor + k]])
+            mask = torch.ones(1, k - 1, dtype=torch.bool)  # the path so far, then itself
+            _, out = model.tree_step(h[None], embed(node), torch.tensor([anchor + k - 1]), mask, cache, tree)
+            h = out[0]
+            step_rows = pieces[k - 1][1]
+            row = int((step_rows == anchor).nonzero())
+            torch.testing.assert_close(h, pieces[k - 1][2][row], rtol=0, atol=1e-9)
+
+
+def test_dynamic_tree_budget_and_order(target: Target) -> None:
+    model = eagle_for(target, depth=5, noise=0.05)
+    drafter = Eagle3Drafter(model, target, topk=3)
+    prompt = list(range(2, 14))
+    out = target.prefill(prompt, features=True)
+    committed = [*prompt, 40]  # the root: the token the prefill produced
+    for nodes, depth in ((1, 4), (2, 4), (6, 4), (12, 2), (16, 5)):
+        drafter.begin(prompt)
+        drafter.observe(prompt, out.features)
+        tree = drafter.propose(committed, DraftBudget(nodes, depth))
+        assert tree.size <= nodes and tree.max_depth <= depth and int(tree.tokens[0]) == 40
+        if depth > 2:  # enough candidates (3 children per expanded node, EOS nodes not expanded)
+            assert tree.size == nodes
+        eos = [i for i in range(1, tree.size) if int(tree.tokens[i]) in target.eos_token_ids]
+        assert not any(int(tree.parents[i]) in eos for i in range(1, tree.size)), "a path continues after EOS"
+        # Every non-root token is a draft-vocabulary token.
+        assert set(tree.tokens[1:].tolist()) <= set(model.d2t.tolist())
+
+
+def test_drafter_is_lossless_greedy_and_sampled(target: Target) -> None:
+    model = eagle_for(target, depth=4, noise=0.05)
+    prompt = list(range(2, 12))
+    plain = Generator(target).generate(prompt, max_new_tokens=40)
+    gen = Generator(target, Eagle3Drafter(model, target, topk=2), tree_size=6, max_depth=4)
+    spec = gen.generate(prompt, max_new_tokens=40)
+    assert spec.token_ids == plain.token_ids
+    # Sampling: one uniform per committed token, so a seed gives plain sampling's tokens exactly.
+    plain_s = Generator(target).generate(prompt, max_new_tokens=30, temperature=0.9, seed=3)
+    spec_s = gen.generate(prompt, max_new_tokens=30, temperature=0.9, seed=3)
+    assert spec_s.token_ids == plain_s.token_ids
+
+
+def test_training_lowers_the_loss_at_every_step(tmp_path: Path, target: Target) -> None:
+    train, dev = random_samples(16, 0), random_samples(4, 1)
+    trainer = Eagle3Trainer(target, train, dev, tmp_path, small_config(max_steps=40), log=lambda m: None)
+    trainer.fit(stop_after=1)
+    first = trainer.evaluate()
+    trainer.fit(resume=True)
+    last = trainer.evaluate()
+    assert last["dev_loss"] < 0.7 * first["dev_loss"], (first, last)
+    assert len(last["dev_top1"]) == 4
+    # The unrolled steps learn too (they see the drafter's own hidden states, not the target's).
+    assert sum(last["dev_top1"][1:]) > sum(first["dev_top1"][1:])
+
+
+def test_resume_continues_exactly(tmp_path: Path, target: Target) -> None:
+    cfg = small_config(max_steps=6, checkpoint_every=2)
+    train, dev = random_samples(8, 0), random_samples(2, 1)
+    Eagle3Trainer(target, train, dev, tmp_path / "full", cfg, log=lambda m: None).fit()
+    ref = [json.loads(x)["loss"] for x in (tmp_path / "full" / "train_log.jsonl").read_text().splitlines()]
+    Eagle3Trainer(target, train, dev, tmp_path / "part", cfg, log=lambda m: None).fit(stop_after=2)
+    Eagle3Trainer(target, train, dev, tmp_path / "part", cfg, log=lambda m: None).fit(resume=True)
+    got = [json.loads(x)["loss"] for x in (tmp_path / "part" / "train_log.jsonl").read_text().splitlines()]
+    np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-12)
+
+
+def test_warm_start_from_dart(tmp_path: Path, target: Target) -> None:
+    from dartspec.train.dart import DartTrainer
+
+    train, dev = random_samples(16, 0), random_samples(4, 1)
+    DartTrainer(target, train, dev, tmp_path / "dart", small_config(max_steps=30), log=lambda m: None).fit()
+    warm = Eagle3Trainer(
+        target, train, dev, tmp_path / "e", small_config(max_steps=1, init=str(tmp_path / "dart")), log=lambda m: None
+    )
+    warm.fit()
+    fresh = Eagle3Trainer(target, train, dev, tmp_path / "f", small_config(max_steps=1), log=lambda m: None)
+    fresh.fit()
+    assert warm.evaluate()["dev_top1"][0] > fresh.evaluate()["dev_top1"][0]
+    with pytest.raises(DartspecError, match="layer"):
+        Eagle3Trainer(
+            target,
+            train,
+            dev,
+            tmp_path / "g",
+            small_config(num_layers=2, init=str(tmp_path / "dart")),
+            log=lambda m: None,
+        ).fit()
