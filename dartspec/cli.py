@@ -447,8 +447,8 @@ def build_parser() -> argparse.ArgumentParser:
     bp.add_argument(
         "--methods",
         default="ar,pld,dart",
-        help="comma-separated: ar, pld, dart, hf-ar, hf-pld; dart options after a colon, e.g. "
-        "dart:tree=ddtree,size=8,online=1,ngram=off (default ar,pld,dart)",
+        help="comma-separated: ar, pld, dart, dart+pld, eagle3, hf-ar, hf-pld; options after a colon, e.g. "
+        "dart:tree=ddtree,size=8,online=1,ngram=off or eagle3:size=8,topk=4 (default ar,pld,dart)",
     )
     bp.add_argument("--dataset", default="mtbench", help="mtbench, humaneval or a .jsonl file of prompts")
     bp.add_argument("--turn", type=int, default=1, choices=[1])
