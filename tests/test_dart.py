@@ -66,9 +66,9 @@ def random_samples(n: int, seed: int, length: tuple[int, int] = (24, 48)) -> lis
     return out
 
 
-def model_for(target: Target, depth: int = 4, vocab: int = 64, seed: int = 0) -> DartModel:
+def model_for(target: Target, depth: int = 4, vocab: int = 64, seed: int = 0, num_layers: int = 1) -> DartModel:
     torch.manual_seed(seed)
-    cfg = DartConfig.for_target(target, draft_vocab_size=vocab, depth=depth)
+    cfg = DartConfig.for_target(target, draft_vocab_size=vocab, depth=depth, num_layers=num_layers)
     return DartModel(cfg).to(torch.float64)
 
 
@@ -99,9 +99,10 @@ def test_anchor_layout_masks() -> None:
     assert lay.target_row[:n_real].tolist() == list(range(1, 10))
 
 
-def test_training_layout_equals_incremental_drafting(target: Target) -> None:
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_training_layout_equals_incremental_drafting(target: Target, num_layers: int) -> None:
     """Every anchor block sees exactly what a drafting step at that position sees."""
-    model = model_for(target, depth=4).eval()
+    model = model_for(target, depth=4, num_layers=num_layers).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.1)
