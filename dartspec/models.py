@@ -271,6 +271,17 @@ def _resolve_hub(repo_id: str) -> Path:
     return folder
 
 
+def gguf_file(name: str, *, cache: Path | None = None, log: Callable[[str], None] = _log_stderr) -> Path:
+    """The GGUF file behind a known model name or a ``.gguf`` path (for peers such as llama.cpp)."""
+    spec = get_model_spec(name)
+    if spec is not None:
+        return _fetch_gguf(spec, cache_dir() if cache is None else cache, log)
+    path = Path(name).expanduser()
+    if path.suffix == ".gguf" and path.is_file():
+        return path
+    raise DartspecError(f"{name!r} is not a known model or a .gguf file: llama.cpp needs the model as GGUF")
+
+
 def _fetch_gguf(spec: ModelSpec, cache: Path, log: Callable[[str], None]) -> Path:
     """Return the spec's GGUF file in the cache, downloading (and assembling) it if needed."""
     if len(spec.parts) == 1:

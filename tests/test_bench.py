@@ -7,7 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from dartspec.bench.suite import MethodSpec, Run, load_prompts, parse_methods, run_suite, summarize, write_results
+from dartspec.bench.suite import (
+    MethodSpec,
+    Run,
+    load_prompts,
+    markdown,
+    parse_methods,
+    run_suite,
+    summarize,
+    write_results,
+)
 from dartspec.errors import DartspecError
 from dartspec.target import Target
 
@@ -96,3 +105,34 @@ def test_search_speed_report(tmp_path: Path) -> None:
     text = report([4, 8], tmp_path / "ng.bin")
     assert "| beam+ngram+online |" in text and "| ddtree |" in text and "R=8" in text
     assert "candidate probabilities per second" in text
+
+
+def test_peer_with_other_numerics_differs_without_a_mismatch(llama_target: Target) -> None:
+    """A quantized peer (llamacpp-ar) may produce other tokens: reported as 'differ', not as a mismatch."""
+    from dartspec.bench.suite import make_runner
+
+    plain = make_runner(MethodSpec("ar", "ar"), llama_target)
+
+    def other_numerics(ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> Run:
+        run = plain(ids, max_new_tokens, temperature, seed)
+        run.token_ids = [(t + 1) % 96 for t in run.token_ids]
+        run.exact = False
+        return run
+
+    specs = [MethodSpec("ar", "ar"), MethodSpec("llamacpp-ar", "llamacpp-ar")]
+    runs = run_suite(llama_target, specs, PROMPTS, max_new_tokens=6, runners={"llamacpp-ar": other_numerics})
+    rows = {r["method"]: r for r in summarize(runs)}
+    assert rows["llamacpp-ar"]["mismatches"] == 0 and rows["llamacpp-ar"]["differs"] == 2
+    assert "2/2 differ (other numerics)" in markdown(list(rows.values()), "t")
+
+
+def test_llamacpp_row_without_the_package_says_how_to_install(
+    llama_target: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    from dartspec.bench.suite import make_runner
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)
+    with pytest.raises(DartspecError, match=r"pip install 'dartspec\[llamacpp\]'"):
+        make_runner(MethodSpec("llamacpp-ar", "llamacpp-ar"), llama_target)
