@@ -113,7 +113,7 @@ class Eagle3Drafter:
                 if -score[frontier[0]] >= cutoff:
                     break
             prev = [hidden[parent[c]] if parent[c] >= 0 else h0 for c in frontier]
-            ids = torch.tensor(tok, device=h0.device)[frontier]
+            ids = torch.tensor([tok[c] for c in frontier], device=h0.device)
             positions = torch.full((len(frontier),), base + depth - 1, device=h0.device)
             n_old = len(slot)
             mask = torch.zeros(len(frontier), n_old + len(frontier), dtype=torch.bool, device=h0.device)

@@ -166,9 +166,7 @@ class DartTrainer:
         model = self.model_cls(mcfg).to(self.target.device)
         init_head_from_target(model, self.target, draft_ids)
         self.model = model
-        self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=self.cfg.lr, betas=self.cfg.betas, weight_decay=self.cfg.weight_decay
-        )
+        self.optimizer = self._optimizer(model)
         self.log(f"draft vocabulary: {len(draft_ids)} tokens covering {coverage:.2%} of answer tokens")
 
     def _build_from(self, folder: str) -> None:
@@ -184,7 +182,10 @@ class DartTrainer:
             dev_cov = held_out_coverage(self.dev, model.d2t.cpu())
             self.log(f"draft vocabulary (from {folder}) covers {dev_cov:.2%} of dev answer tokens")
         self.model = model
-        self.optimizer = torch.optim.AdamW(
+        self.optimizer = self._optimizer(model)
+
+    def _optimizer(self, model: DartModel) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(
             model.parameters(), lr=self.cfg.lr, betas=self.cfg.betas, weight_decay=self.cfg.weight_decay
         )
 
@@ -231,9 +232,7 @@ class DartTrainer:
             raise DartspecError(f"the checkpoint in {self.out} was trained with different settings: {changed}")
         self.model = self.model_cls.load(self.out, device=self.target.device, dtype=torch.float32)
         self.model.check_target(self.target)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=self.cfg.lr, betas=self.cfg.betas, weight_decay=self.cfg.weight_decay
-        )
+        self.optimizer = self._optimizer(self.model)
         self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
         self.total_steps = state["total_steps"]

@@ -29,35 +29,38 @@ def eagle3_loss(
 ) -> LossOutput:
     """Weighted per-step loss of the unrolled drafter (arguments as in :func:`dartspec.train.dart_loss.dart_loss`)."""
     seq_len = target_logits.shape[0]
-    device = features.device
     pieces = unroll(model, features, next_embeds, seq_len, prompt_len)
+    zero = features.new_zeros((), dtype=torch.float32)
+    total = zero
     per_loss, per_correct, per_count = [], [], []
-    total = features.new_zeros((), dtype=torch.float32)
-    for k, idx, hk in pieces:
-        target_pos = idx + k
-        scored = ((target_pos <= seq_len - 1) & (target_pos + 1 >= prompt_len)).nonzero().squeeze(1)
-        if scored.numel() == 0:
-            per_loss.append(0.0)
-            per_correct.append(0)
+    for k, first, hk in pieces:
+        # Row i scores target position i+k, inside the sequence and in the answer: a contiguous range of rows.
+        lo, hi = max(prompt_len - k - 1, first), seq_len - 1 - k
+        if hi < lo:
+            per_loss.append(zero)
+            per_correct.append(zero)
             per_count.append(0)
             continue
-        draft_logits = model.lm_head(model.norm(hk[scored]))
-        per_row, correct = distill(draft_logits, target_logits[target_pos[scored]][:, model.d2t], kind)
+        draft_logits = model.lm_head(model.norm(hk[lo - first : hi - first + 1]))
+        per_row, correct = distill(draft_logits, target_logits[lo + k : hi + k + 1][:, model.d2t], kind)
         mean = per_row.mean()
         total = total + decay ** (k - 1) * mean
         per_loss.append(mean.detach())
-        per_correct.append(correct.sum())
-        per_count.append(scored.numel())
+        per_correct.append(correct.sum().float())
+        per_count.append(hi - lo + 1)
     # One host sync for all the per-step figures.
-    loss_vals = [float(x) for x in torch.stack([torch.as_tensor(v, device=device).float() for v in per_loss]).tolist()]
-    hits = [int(x) for x in torch.stack([torch.as_tensor(v, device=device) for v in per_correct]).tolist()]
+    loss_vals, hits = torch.stack([torch.stack(per_loss), torch.stack(per_correct)]).tolist()
+    hits = [int(h) for h in hits]
     return LossOutput(total, loss_vals, hits, per_count)
 
 
 def unroll(
     model: Eagle3Model, features: torch.Tensor, next_embeds: torch.Tensor, seq_len: int, prompt_len: int
-) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
-    """``(step k, rows i, residual outputs)`` for k = 1..cfg.depth; step 1 covers every real row."""
+) -> list[tuple[int, int, torch.Tensor]]:
+    """``(step k, first row, residual outputs of rows first..T-2)`` for k = 1..cfg.depth.
+
+    Step 1 covers every real row; later steps start where a row can still score an answer token.
+    """
     steps = model.cfg.depth
     n_real = seq_len - 1
     device = features.device
@@ -72,8 +75,7 @@ def unroll(
     sub = rows[lo:]
     n_sub = sub.numel()
     tree = DraftKV()
-    pieces: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (step, rows, hidden)
-    pieces.append((1, rows, hidden))
+    pieces: list[tuple[int, int, torch.Tensor]] = [(1, 0, hidden)]
     h = hidden[lo:]
     eye = torch.eye(n_sub, dtype=torch.bool, device=device)
     pad = torch.zeros(1, next_embeds.shape[1], dtype=next_embeds.dtype, device=device)
@@ -83,5 +85,5 @@ def unroll(
         x_in, resid = model.node_inputs(h, tok)
         mask = torch.cat([causal[lo:], eye.repeat(1, k - 1)], dim=1)
         h = model.residual(x_in, resid, sub + k - 1, mask, cache=cache, tree=tree)
-        pieces.append((k, sub, h))
+        pieces.append((k, lo, h))
     return pieces
