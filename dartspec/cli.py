@@ -51,6 +51,15 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
+def _drafter_kinds(text: str) -> list[str]:
+    """``bench accuracy --drafter``: comma-separated dart / eagle3."""
+    kinds = [k.strip() for k in text.split(",") if k.strip()]
+    bad = [k for k in kinds if k not in ("dart", "eagle3")]
+    if not kinds or bad:
+        raise argparse.ArgumentTypeError(f"expected dart, eagle3 or dart,eagle3, got {text!r}")
+    return list(dict.fromkeys(kinds))
+
+
 def add_target_args(p: argparse.ArgumentParser) -> None:
     """Options shared by every command that loads a target model."""
     p.add_argument(
@@ -295,6 +304,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_accuracy(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from dartspec.bench.accuracy import run_accuracy_bench
+
+    target = load_target(args)
+    run_accuracy_bench(
+        args, target, log=_log, progress=lambda items, n, label: tqdm(items, total=n, desc=label, unit="seq")
+    )
+    return 0
+
+
 def cmd_bench_search(args: argparse.Namespace) -> int:
     import torch
 
@@ -465,6 +486,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ngram", default=None, help="n-gram file (default: the shipped SmolLM2 drafter's)")
     p.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's)")
     p.set_defaults(func=cmd_bench_search)
+
+    p = bench.add_parser(
+        "accuracy",
+        help="a drafter's teacher-forced top-1 agreement with the target per depth (no timing)",
+        description="The target answers the prompts greedily (or a regenerated data folder's answers are "
+        "used); the drafter predicts every answer position at every depth from the true prefix.",
+    )
+    add_target_args(p)
+    p.add_argument(
+        "--drafter",
+        dest="drafters",
+        type=_drafter_kinds,
+        default=["dart"],
+        help="dart, eagle3 or both (dart,eagle3: one set of answers, a table each)",
+    )
+    p.add_argument("--drafter-path", default=None, help="drafter checkpoint folder (default: the shipped one)")
+    p.add_argument(
+        "--dataset",
+        default="mtbench",
+        help="mtbench, humaneval, a .jsonl file of prompts, or a regenerated data folder (e.g. the dev split)",
+    )
+    p.add_argument("--limit", type=_positive_int, default=None, help="first N prompts or samples only")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=128)
+    p.add_argument(
+        "--anchors",
+        type=_positive_int,
+        default=256,
+        help="DART anchor blocks per answer (default 256: all of 256 tokens)",
+    )
+    p.add_argument("--out", default=None, help="folder for accuracy.md and accuracy.json")
+    p.set_defaults(func=cmd_bench_accuracy)
 
     p = bench.add_parser("latency", help="verify cost curve T(q)/T(1) and plain decoding vs transformers generate")
     add_target_args(p)

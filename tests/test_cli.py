@@ -147,3 +147,24 @@ def test_generate_streams_same_text_as_json(tiny_model_dir: Path) -> None:
 def test_eagle3_drafter_errors(tiny_model_dir: Path, flags: list[str], needle: str) -> None:
     proc = run_cli("generate", "--model", str(tiny_model_dir), "--prompt", "Hi", "--drafter", "eagle3", *flags)
     assert_one_line_error(proc, needle)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--drafter", "dart"], "no dart drafter ships for"),
+        (["--drafter", "dart,eagle3", "--drafter-path", "/x"], "needs a single --drafter"),
+        (["--drafter-path", "/nonexistent/dart"], "not found"),
+        (["--dataset", "nosuch"], "unknown --dataset"),
+    ],
+)
+def test_bench_accuracy_errors(tiny_model_dir: Path, flags: list[str], needle: str) -> None:
+    proc = run_cli("bench", "accuracy", "--model", str(tiny_model_dir), *flags)
+    assert_one_line_error(proc, needle)
+
+
+def test_bench_accuracy_rejects_unknown_drafter_kinds() -> None:
+    proc = run_cli("bench", "accuracy", "--drafter", "dart,pld")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "expected dart, eagle3 or dart,eagle3" in proc.stderr

@@ -60,3 +60,27 @@ def test_shipped_drafters_are_lossless_and_get_accepted(smollm2: Target, name: s
     assert spec.token_ids == ref.token_ids, f"the shipped {name} drafter changed the greedy output"
     # A trained drafter: well over a token per target forward (both measure ~1.4-1.6 on MT-Bench).
     assert spec.stats.tau > 1.2, spec.stats.tau
+
+
+def test_bench_accuracy_of_the_shipped_drafters_on_the_dev_split(tmp_path) -> None:
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    dev = Path(__file__).resolve().parents[1] / "data" / "smollm2-135m-sharegpt-dev"
+    flags = ["--drafter", "dart,eagle3", "--dataset", str(dev), "--limit", "4", "--out", str(tmp_path)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "dartspec.cli", "bench", "accuracy", *flags],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    results = {r["drafter"]: r for r in json.loads((tmp_path / "accuracy.json").read_text())}
+    assert [len(results["dart"]["top1"]), len(results["eagle3"]["top1"])] == [8, 6]
+    for r in results.values():
+        # Trained drafters: about half of the first guesses are right (random would be ~0), fewer deeper.
+        assert r["top1"][0] > 0.3 and r["top1"][-1] < r["top1"][0], r
+        assert r["sequences"] == 4 and r["scored"][0] > 150
+    assert "| top-1 |" in proc.stdout and (tmp_path / "accuracy.md").is_file()

@@ -127,6 +127,15 @@ def load_prompts(dataset: str, *, turn: int = 1, limit: int | None = None) -> li
     return items[:limit] if limit else items
 
 
+def encode_prompts(target: Any, prompts: Sequence[tuple[str, str]]) -> list[tuple[str, list[int]]]:
+    """``(label, token ids)``: one user turn in the chat template (base models get the raw text)."""
+    chat = bool(getattr(target.tokenizer, "chat_template", None))
+    return [
+        (label, target.encode_chat([{"role": "user", "content": text}]) if chat else target.encode(text))
+        for label, text in prompts
+    ]
+
+
 # --- running -------------------------------------------------------------------------------------
 
 
@@ -280,12 +289,7 @@ def run_suite(
     for s in specs:
         if s.label not in runners:  # not setdefault: building a runner loads a drafter or a peer
             runners[s.label] = make_runner(s, target)
-    # Base models (no chat template) get the raw prompt.
-    chat = bool(getattr(target.tokenizer, "chat_template", None))
-    encoded = [
-        (label, target.encode_chat([{"role": "user", "content": text}]) if chat else target.encode(text))
-        for label, text in prompts
-    ]
+    encoded = encode_prompts(target, prompts)
     for s in specs:  # warm-up: first-call allocations and lazy initialisation stay out of the timings
         runners[s.label](encoded[0][1], 8, temperature, seed)
     runs: list[Run] = []

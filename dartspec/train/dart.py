@@ -23,7 +23,7 @@ import torch
 
 from dartspec.drafters.dart_model import DartConfig, DartModel, init_head_from_target
 from dartspec.errors import DartspecError
-from dartspec.train.dart_loss import anchor_layout, dart_loss, sample_anchors
+from dartspec.train.evaluate import Objective, depth_accuracy, model_objective, sequence_loss
 
 STATE_FILE = "train_state.pt"
 LOG_FILE = "train_log.jsonl"
@@ -113,8 +113,9 @@ def lr_at(step: int, cfg: TrainConfig, total: int) -> float:
 class DartTrainer:
     """Trains a DART drafter for ``target`` on regenerated samples; resumable at step granularity.
 
-    Subclasses train other drafters on the same data, loop and checkpoints by replacing
-    ``model_cls`` and :meth:`objective` (see :mod:`dartspec.train.eagle3`).
+    Subclasses train other drafters on the same data, loop and checkpoints by replacing ``model_cls``
+    (the objective follows the model's kind, :func:`~dartspec.train.evaluate.model_objective`; see
+    :mod:`dartspec.train.eagle3`).
     """
 
     name = "dart"
@@ -254,37 +255,10 @@ class DartTrainer:
             self.position += 1
         return batch
 
-    def _sequence_loss(self, sample: Sample, anchors_per_seq: int | None = None, generator=None):
+    def objective(self, anchors: int) -> Objective:
+        """The loss of one scored sequence: the model kind's objective (DART: ``anchors`` anchor blocks)."""
         assert self.model is not None
-        tokens = sample.tokens[: self.cfg.max_seq_len].astype(np.int64)
-        if len(tokens) < 4 or sample.prompt_len >= len(tokens):
-            return None
-        out = self.target.score_sequence(tokens.tolist())
-        ids = torch.from_numpy(tokens).to(self.target.device)
-        with torch.no_grad():
-            next_embeds = self.embed(ids[1:]).float()
-        count = self.cfg.anchors_per_seq if anchors_per_seq is None else anchors_per_seq
-        return self.objective(
-            out.features.float().clone(), next_embeds.clone(), out.logits, sample.prompt_len, count, generator
-        )
-
-    def objective(
-        self,
-        features: torch.Tensor,
-        next_embeds: torch.Tensor,
-        logits: torch.Tensor,
-        prompt_len: int,
-        anchors_per_seq: int,
-        generator: torch.Generator | None,
-    ):
-        """The drafter's loss on one scored sequence (DART: anchor blocks of mask slots)."""
-        assert self.model is not None
-        seq_len = logits.shape[0]
-        anchors = sample_anchors(seq_len, prompt_len, anchors_per_seq, generator or self.gen)
-        layout = anchor_layout(seq_len, prompt_len, self.cfg.depth, anchors, self.target.device)
-        return dart_loss(
-            self.model, features, next_embeds, logits, layout, decay=self.cfg.depth_decay, kind=self.cfg.loss
-        )
+        return model_objective(self.model, anchors=anchors, decay=self.cfg.depth_decay, kind=self.cfg.loss)
 
     def train_step(self) -> dict[str, Any]:
         """One optimizer step over ``seqs_per_step`` sequences; returns the logged metrics."""
@@ -297,8 +271,11 @@ class DartTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         losses, tokens = [], 0
         batch = self._batch()
+        objective = self.objective(self.cfg.anchors_per_seq)
         for sample in batch:
-            res = self._sequence_loss(sample)
+            res = sequence_loss(
+                self.target, sample.tokens[: self.cfg.max_seq_len], sample.prompt_len, objective, self.gen
+            )
             if res is None:
                 continue
             (res.loss / len(batch)).backward()
@@ -318,31 +295,18 @@ class DartTrainer:
             "epoch": self.epoch + self.position / len(self.train),
         }
 
-    @torch.no_grad()
     def evaluate(self) -> dict[str, Any]:
-        """Per-depth top-1 agreement with the target on the dev split (fixed anchors), and chain tau."""
+        """Per-depth top-1 agreement with the target on the dev split (64 fixed anchors each), and chain tau."""
         assert self.model is not None
         self.model.eval()
-        gen = torch.Generator().manual_seed(12345)
-        correct = np.zeros(self.cfg.depth)
-        count = np.zeros(self.cfg.depth)
-        loss = []
-        for sample in self.dev:
-            res = self._sequence_loss(sample, anchors_per_seq=64, generator=gen)
-            if res is None:
-                continue
-            correct += res.per_depth_correct
-            count += res.per_depth_count
-            loss.append(float(res.loss))
-        acc = np.divide(correct, count, out=np.zeros_like(correct), where=count > 0)
-        # DART's mask rows are marginals given the true context, so a chain of d drafts survives to depth t
-        # with about prod(acc[:t]) (an estimate: errors at different depths are not independent).
-        survive = np.cumprod(acc)
-        return {
-            "dev_loss": float(np.mean(loss)) if loss else float("nan"),
-            "dev_top1": [round(float(a), 4) for a in acc],
-            "dev_chain_tau_est": round(float(1 + survive.sum()), 3),
-        }
+        acc = depth_accuracy(
+            self.target,
+            ((s.tokens, s.prompt_len) for s in self.dev),
+            self.objective(64),
+            depth=self.cfg.depth,
+            max_seq_len=self.cfg.max_seq_len,
+        )
+        return acc.as_dict("dev_")
 
     # --- loop ------------------------------------------------------------------------------------
 

@@ -86,15 +86,20 @@ class LossOutput:
     per_depth_count: list[int]
 
 
-def distill(draft_logits: torch.Tensor, target_logits: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row loss of draft logits against the target's (both over the draft vocabulary), and top-1 agreement.
+def distill(
+    draft_logits: torch.Tensor, target_logits: torch.Tensor, d2t: torch.Tensor, kind: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row loss of draft logits (draft vocabulary) against the target's (full vocabulary), and top-1 hits.
 
-    ``kind``: ``"kl"`` (KL to the target's distribution restricted to the draft vocabulary and renormalised)
-    or ``"ce"`` (cross-entropy to the target's argmax token).
+    ``kind``: ``"kl"`` (KL to the target's distribution restricted to the draft vocabulary ``d2t`` and
+    renormalised) or ``"ce"`` (cross-entropy to the target's best draft-vocabulary token). A hit means the
+    draft's top-1, mapped to a target id, is the target's top-1 over its *whole* vocabulary: what greedy
+    verification accepts (a target choice outside the draft vocabulary is always a miss).
     """
     logq = torch.log_softmax(draft_logits.float(), dim=-1)
     with torch.no_grad():
-        t_logits = target_logits.float()
+        full_top = target_logits.argmax(-1)
+        t_logits = target_logits[:, d2t].float()
         target_top = t_logits.argmax(-1)
         p = torch.softmax(t_logits, dim=-1)
     if kind == "kl":
@@ -103,7 +108,7 @@ def distill(draft_logits: torch.Tensor, target_logits: torch.Tensor, kind: str) 
         per_row = F.nll_loss(logq, target_top, reduction="none")
     else:
         raise ValueError(f"unknown loss kind {kind!r} (kl or ce)")
-    return per_row, logq.argmax(-1) == target_top
+    return per_row, d2t[logq.argmax(-1)] == full_top
 
 
 def dart_loss(
@@ -137,7 +142,7 @@ def dart_loss(
     hidden = model(x_in, resid, layout.positions, layout.mask)[scored]
     depth = layout.depth[scored]
     rows = layout.target_row[scored]
-    per_row, correct = distill(model.lm_head(hidden), target_logits[rows][:, model.d2t], kind)
+    per_row, correct = distill(model.lm_head(hidden), target_logits[rows], model.d2t, kind)
 
     # Per-depth sums with index_add (no host round trip per depth: on a GPU those syncs dominated).
     d = cfg.depth
@@ -152,3 +157,22 @@ def dart_loss(
     per_correct = [int(x) for x in per_correct]
     per_count = [int(x) for x in per_count]
     return LossOutput(total, per_loss, per_correct, per_count)
+
+
+def dart_anchor_loss(
+    model: DartModel,
+    features: torch.Tensor,
+    next_embeds: torch.Tensor,
+    target_logits: torch.Tensor,
+    prompt_len: int,
+    *,
+    anchors: int,
+    generator: torch.Generator,
+    decay: float = 0.6,
+    kind: str = "kl",
+) -> LossOutput:
+    """:func:`dart_loss` over up to ``anchors`` anchor blocks drawn with ``generator`` (the training objective)."""
+    seq_len = target_logits.shape[0]
+    picked = sample_anchors(seq_len, prompt_len, anchors, generator)
+    layout = anchor_layout(seq_len, prompt_len, model.cfg.depth, picked, target_logits.device)
+    return dart_loss(model, features, next_embeds, target_logits, layout, decay=decay, kind=kind)

@@ -15,7 +15,6 @@ import torch
 from dartspec.drafters.dart_model import FORMAT as DART_FORMAT
 from dartspec.drafters.eagle3_model import Eagle3Model
 from dartspec.train.dart import DartTrainer
-from dartspec.train.eagle3_loss import eagle3_loss
 
 
 class Eagle3Trainer(DartTrainer):
@@ -33,10 +32,3 @@ class Eagle3Trainer(DartTrainer):
         if fmt == DART_FORMAT:
             return Eagle3Model.from_dart(folder, depth=self.cfg.depth, device=self.target.device)
         return Eagle3Model.load(folder, device=self.target.device, dtype=torch.float32)
-
-    def objective(self, features, next_embeds, logits, prompt_len, anchors_per_seq, generator):
-        """Training-time test over every position (no anchors to sample)."""
-        assert isinstance(self.model, Eagle3Model)
-        return eagle3_loss(
-            self.model, features, next_embeds, logits, prompt_len, decay=self.cfg.depth_decay, kind=self.cfg.loss
-        )

@@ -42,7 +42,7 @@ def eagle3_loss(
             per_count.append(0)
             continue
         draft_logits = model.lm_head(model.norm(hk[lo - first : hi - first + 1]))
-        per_row, correct = distill(draft_logits, target_logits[lo + k : hi + k + 1][:, model.d2t], kind)
+        per_row, correct = distill(draft_logits, target_logits[lo + k : hi + k + 1], model.d2t, kind)
         mean = per_row.mean()
         total = total + decay ** (k - 1) * mean
         per_loss.append(mean.detach())
