@@ -183,19 +183,14 @@ class Target:
         self.sliding_window: int | None = (
             int(self.config.sliding_window) if "sliding_attention" in layer_types else None
         )
-        self.feature_layers = tuple(
-            feature_layers if feature_layers is not None else default_feature_layers(self.num_layers)
-        )
-        for i in self.feature_layers:
-            if not 0 <= i < self.num_layers:
-                raise DartspecError(f"feature layer {i} is out of range for a {self.num_layers}-layer target")
         self.fast_linear = False
         self.set_fast_linear(fast_linear)
         self.eos_token_ids = self._find_eos_ids()
         self.cache = TreeKVCache(self.num_layers)
         self._capture: dict[int, list[torch.Tensor]] | None = None
-        for i in sorted(set(self.feature_layers)):
-            self.decoder.layers[i].register_forward_pre_hook(self._make_hook(i), with_kwargs=True)
+        self._hooks: list[Any] = []
+        self.feature_layers: tuple[int, ...] = ()
+        self.set_feature_layers(feature_layers)
 
     # --- construction ------------------------------------------------------------------------
 
@@ -245,6 +240,26 @@ class Target:
                 self._capture[layer].append(hidden[0])
 
         return hook
+
+    def set_feature_layers(self, layers: Sequence[int] | None) -> None:
+        """Return features from these decoder layers' inputs from now on (None: 2, N//2, N-3).
+
+        Drafters call this with their checkpoint's layers before each generation, so drafters trained on
+        other layers can share one target.
+        """
+        wanted = tuple(int(i) for i in layers) if layers is not None else default_feature_layers(self.num_layers)
+        if wanted == self.feature_layers:
+            return
+        for i in wanted:
+            if not 0 <= i < self.num_layers:
+                raise DartspecError(f"feature layer {i} is out of range for a {self.num_layers}-layer target")
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = [
+            self.decoder.layers[i].register_forward_pre_hook(self._make_hook(i), with_kwargs=True)
+            for i in sorted(set(wanted))
+        ]
+        self.feature_layers = wanted
 
     def set_fast_linear(self, enable: bool) -> None:
         """Switch the small-row CPU matmul dispatch on or off (see :mod:`dartspec.kernels`)."""

@@ -135,6 +135,8 @@ def test_save_load_round_trip(tmp_path: Path, target: Target) -> None:
     for (k, a), (_, b) in zip(model.state_dict().items(), loaded.state_dict().items(), strict=True):
         torch.testing.assert_close(a, b.to(a.dtype), rtol=0, atol=1e-6, msg=k)
     assert loaded.d2t.tolist() == list(range(7, 71))
+    assert {p.dtype for p in loaded.parameters()} == {torch.float64}
+    assert DartModel.load(tmp_path, dtype=torch.float16).fc.weight.dtype == torch.float16
 
 
 def test_corrupted_and_mismatched_checkpoints(tmp_path: Path, target: Target) -> None:
@@ -279,3 +281,63 @@ def test_hybrid_merges_lookup_spans_and_stays_lossless(target: Target) -> None:
     tree = hybrid.propose(tokens, DraftBudget(max_nodes=10, max_depth=5))
     assert tree.tokens[1:6].tolist() == [8, 9, 5, 6, 7] and tree.size <= 10
     target.reset()
+
+
+def test_drafters_on_other_feature_layers_share_one_target(tmp_path: Path, target: Target) -> None:
+    """Training on chosen layers stores them; each drafter switches the target to its own before drafting."""
+    cfg = small_config(max_steps=2, feature_layers=[1, 4, 5])
+    DartTrainer(target, random_samples(4, 0), [], tmp_path / "b", cfg, log=lambda m: None).fit()
+    assert target.feature_layers == (1, 4, 5)
+    other = DartModel.load(tmp_path / "b", dtype=torch.float64)
+    assert other.cfg.feature_layers == (1, 4, 5)
+    target.set_feature_layers(None)
+    with pytest.raises(DartspecError, match="reads target layers"):
+        small = tiny_target(layers=3)  # same tokenizer and sizes, too few layers
+        DartDrafter(other, small)
+
+    mine = DartDrafter(model_for(target, depth=4), target, "beam")
+    trees: list = []
+    propose = mine.propose
+    mine.propose = lambda tokens, budget: trees.append(propose(tokens, budget)) or trees[-1]
+    prompt = list(range(2, 12))
+    plain = Generator(target).generate(prompt, max_new_tokens=16).token_ids
+    mine_gen = Generator(target, mine, tree_size=6, max_depth=4)
+    assert mine_gen.generate(prompt, max_new_tokens=16).token_ids == plain
+    first = [t.tokens.tolist() for t in trees]
+    spec = Generator(target, DartDrafter(other, target, "beam"), tree_size=6, max_depth=4).generate(
+        prompt, max_new_tokens=16
+    )
+    assert spec.token_ids == plain and target.feature_layers == (1, 4, 5)
+    trees.clear()
+    assert mine_gen.generate(prompt, max_new_tokens=16).token_ids == plain
+    assert [t.tokens.tolist() for t in trees] == first  # fed its own layers again, so the same drafts
+    assert target.feature_layers == (2, 3, 3)
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "needle"),
+    [
+        ("loss: mse", "loss must be kl or ce"),
+        ("depth: 0", "depth must be a positive integer"),
+        ("lr: -1e-4", "lr must be positive"),
+        ("lr: fast", "lr must be a number"),
+        ("seqs_per_step: many", "seqs_per_step must be a positive integer"),
+        ("feature_layers: []", "feature_layers must list layer numbers"),
+        ("max_steps: -5", "max_steps"),
+        ("epochs: 0", "epochs > 0"),
+        ("learning_rate: 0.1", "unknown training options ['learning_rate']"),
+    ],
+)
+def test_bad_training_options_are_named(tmp_path: Path, yaml_text: str, needle: str) -> None:
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml_text + "\n")
+    with pytest.raises(DartspecError) as err:
+        TrainConfig.from_file(path)
+    assert needle in str(err.value)
+
+
+def test_yaml_exponents_without_a_dot_are_numbers(tmp_path: Path) -> None:
+    path = tmp_path / "train.yaml"
+    path.write_text("lr: 2e-5\ndepth_decay: 0.8\n")
+    cfg = TrainConfig.from_file(path)
+    assert cfg.lr == 2e-5 and cfg.depth_decay == 0.8

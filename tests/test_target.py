@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dartspec.target as target_mod
-from dartspec.errors import ContextLengthError
+from dartspec.errors import ContextLengthError, DartspecError
 from dartspec.kernels import rows_first_linear
 from dartspec.target import Target
 from dartspec.tree import Tree
@@ -148,3 +148,20 @@ def test_fast_linear_does_not_change_outputs() -> None:
         t.prefill(prompt)
     tree = Tree.chain(4, [5, 6, 7])
     torch.testing.assert_close(fast.verify(tree).logits, slow.verify(tree).logits, rtol=0, atol=ATOL)
+
+
+def test_feature_layers_can_be_switched() -> None:
+    t = tiny_target("llama")
+    prompt = list(range(5, 15))
+    with torch.no_grad():
+        hs = t.model(torch.tensor([prompt]), output_hidden_states=True).hidden_states
+    t.set_feature_layers([1, 4, 5])
+    t.reset()
+    feats = t.prefill(prompt, features=True).features
+    torch.testing.assert_close(feats, torch.cat([hs[i][0] for i in (1, 4, 5)], dim=-1), rtol=0, atol=ATOL)
+    t.set_feature_layers(None)  # back to the default 2, N//2, N-3
+    t.reset()
+    feats = t.prefill(prompt, features=True).features
+    torch.testing.assert_close(feats, torch.cat([hs[i][0] for i in (2, 3, 3)], dim=-1), rtol=0, atol=ATOL)
+    with pytest.raises(DartspecError, match="feature layer 6 is out of range for a 6-layer target"):
+        t.set_feature_layers([1, 6])

@@ -91,6 +91,7 @@ def run_accuracy_bench(
     results, reports = [], []
     for kind, model in models.items():
         scored = progress(samples, len(samples), f"scoring {kind}") if progress else samples
+        target.set_feature_layers(model.cfg.feature_layers)
         acc = depth_accuracy(target, scored, model_objective(model, anchors=args.anchors), depth=model.cfg.depth)
         meta = {
             "model": target.name,

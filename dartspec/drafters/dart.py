@@ -79,6 +79,8 @@ class DartDrafter:
         return cls(model, target, tree, **kw)
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
+        # The target may serve drafters trained on other layers: expose ours before the prefill.
+        self.target.set_feature_layers(self.model.cfg.feature_layers)
         if self.online is not None:
             self.online.reset()
         self._cache = DraftKV()

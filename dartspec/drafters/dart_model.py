@@ -377,8 +377,9 @@ class DartModel(nn.Module):
                 if s
             )
             raise DartspecError(f"{w_path} does not match its config.json ({detail})")
-        model.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()})
-        return model.to(device)
+        model.load_state_dict(state)
+        # load_state_dict copies into the existing float32 parameters: the dtype is set afterwards.
+        return model.to(device=device, dtype=dtype)
 
     def check_target(self, target: Any) -> None:
         """Refuse a drafter trained for another target (vocabulary or shapes differ)."""
@@ -389,13 +390,16 @@ class DartModel(nn.Module):
                 f"vocab {cfg.target_vocab_size}), not {target.name} (hidden {target.hidden_size}, "
                 f"vocab {target.vocab_size})"
             )
-        if tuple(cfg.feature_layers) != tuple(target.feature_layers):
+        if max(cfg.feature_layers) >= target.num_layers:
             raise DartspecError(
-                f"the drafter reads target layers {list(cfg.feature_layers)} but the target exposes "
-                f"{list(target.feature_layers)}: load the target with feature_layers={list(cfg.feature_layers)}"
+                f"the drafter reads target layers {list(cfg.feature_layers)} but {target.name} has "
+                f"{target.num_layers} layers"
             )
         if cfg.target_fingerprint and cfg.target_fingerprint != target_fingerprint(target):
-            raise DartspecError(f"this drafter was trained for a different tokenizer than {target.name}'s")
+            raise DartspecError(
+                f"this drafter was trained for {cfg.target_name or 'another target'}, not {target.name} "
+                "(their tokenizers or numbers of layers differ)"
+            )
 
 
 def init_head_from_target(model: DartModel, target: Any, draft_ids: torch.Tensor) -> None:

@@ -59,6 +59,7 @@ class Eagle3Drafter:
         return cls(Eagle3Model.load(folder, device=target.device, dtype=target.dtype), target, **kw)
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
+        self.target.set_feature_layers(self.model.cfg.feature_layers)  # ours, before the prefill
         self._cache = DraftKV()
         self._queue.reset()
 

@@ -44,6 +44,7 @@ class TrainConfig:
 
     depth: int = 8
     num_layers: int = 1
+    feature_layers: list[int] | None = None  # target layers whose inputs are fused (None: 2, N//2, N-3)
     draft_vocab_size: int = 8192
     lr: float = 5e-4
     min_lr_ratio: float = 0.05
@@ -65,6 +66,23 @@ class TrainConfig:
     init: str | None = None  # start from this drafter checkpoint (warm start) instead of a fresh network
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if self.loss not in ("kl", "ce"):
+            raise DartspecError(f"training option loss must be kl or ce, got {self.loss!r}")
+        positive = ("depth", "num_layers", "draft_vocab_size", "seqs_per_step", "anchors_per_seq", "max_seq_len")
+        for name in (*positive, "checkpoint_every", "eval_every"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise DartspecError(f"training option {name} must be a positive integer, got {getattr(self, name)!r}")
+        for name in ("lr", "grad_clip", "depth_decay"):
+            if not getattr(self, name) > 0:
+                raise DartspecError(f"training option {name} must be positive, got {getattr(self, name)!r}")
+        if self.max_steps < 0 or self.epochs <= 0 or self.warmup_steps < 0 or self.eval_samples < 0:
+            raise DartspecError("training options max_steps, warmup_steps and eval_samples must be >= 0, epochs > 0")
+        if self.feature_layers is not None and (
+            not self.feature_layers or not all(isinstance(i, int) and i >= 0 for i in self.feature_layers)
+        ):
+            raise DartspecError(f"training option feature_layers must list layer numbers, got {self.feature_layers!r}")
+
     @classmethod
     def from_file(cls, path: str | Path) -> TrainConfig:
         import yaml
@@ -79,7 +97,17 @@ class TrainConfig:
             raise DartspecError(f"{path}: unknown training options {unknown}; known: {sorted(known)}")
         if "betas" in data:
             data["betas"] = tuple(data["betas"])
-        return cls(**data)
+        for f in fields(cls):
+            # YAML 1.1 reads 2e-5 (no dot) as a string.
+            if f.type == "float" and isinstance(data.get(f.name), str):
+                try:
+                    data[f.name] = float(data[f.name])
+                except ValueError:
+                    raise DartspecError(f"{path}: {f.name} must be a number, got {data[f.name]!r}") from None
+        try:
+            return cls(**data)
+        except TypeError as err:  # e.g. a string where a number belongs
+            raise DartspecError(f"{path}: a training option has the wrong type ({err})") from None
 
 
 def choose_draft_vocab(samples: Sequence[Sample], size: int, vocab_size: int) -> tuple[torch.Tensor, float]:
@@ -147,6 +175,7 @@ class DartTrainer:
         self.gen = torch.Generator().manual_seed(cfg.seed)
         self.model: DartModel | None = None
         self.optimizer: torch.optim.Optimizer | None = None
+        target.set_feature_layers(cfg.feature_layers)
 
     # --- setup -----------------------------------------------------------------------------------
 
@@ -174,6 +203,12 @@ class DartTrainer:
         """Warm start: the network and draft vocabulary of an existing checkpoint, a fresh optimizer."""
         model = self.load_init(folder)
         model.check_target(self.target)
+        if self.cfg.feature_layers is not None and list(model.cfg.feature_layers) != list(self.cfg.feature_layers):
+            raise DartspecError(
+                f"--init {folder} reads target layers {list(model.cfg.feature_layers)}; the training config asks "
+                f"for {list(self.cfg.feature_layers)}"
+            )
+        self.target.set_feature_layers(model.cfg.feature_layers)
         if model.cfg.depth != self.cfg.depth or model.cfg.num_layers != self.cfg.num_layers:
             raise DartspecError(
                 f"--init {folder} has depth {model.cfg.depth} and {model.cfg.num_layers} layer(s); the training "
@@ -233,6 +268,7 @@ class DartTrainer:
             raise DartspecError(f"the checkpoint in {self.out} was trained with different settings: {changed}")
         self.model = self.model_cls.load(self.out, device=self.target.device, dtype=torch.float32)
         self.model.check_target(self.target)
+        self.target.set_feature_layers(self.model.cfg.feature_layers)
         self.optimizer = self._optimizer(self.model)
         self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
