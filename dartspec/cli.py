@@ -96,7 +96,7 @@ def add_drafter_args(p: argparse.ArgumentParser, default: str = "none") -> None:
         "--tree-size",
         type=_tree_size,
         default=16,
-        help="max draft tree nodes, root included, or auto (dart: chosen per step from this machine's verify costs)",
+        help="max draft tree nodes, root included, or auto (dart, eagle3: sized per step from measured verify costs)",
     )
     p.add_argument("--max-depth", type=int, default=8, help="max draft depth below the root")
 
@@ -108,8 +108,8 @@ def make_generator(args: argparse.Namespace, target):  # -> Generator
     from dartspec.tree_size import AUTO_MAX_SIZE
 
     auto = args.tree_size == "auto"
-    dart_like = args.drafter in ("dart", "dart+pld")
-    size = (AUTO_MAX_SIZE if dart_like else 16) if auto else args.tree_size
+    sized = args.drafter in ("dart", "dart+pld", "eagle3")  # the drafters --tree-size auto applies to
+    size = (AUTO_MAX_SIZE if sized else 16) if auto else args.tree_size
     drafter = make_drafter(
         args.drafter,
         target,

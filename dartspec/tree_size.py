@@ -127,6 +127,12 @@ class AutoSizer:
         self.predicted += float(gain[best] - 1.0)
         return subtree(tree, np.array(order[:best], dtype=np.int64)), float(gain[best])
 
+    def cut(self, tree: Tree, estimates: np.ndarray, drafting_s: float) -> Tree:
+        """:meth:`choose`, then fold this step's drafting time into the overhead (a running average)."""
+        tree, _ = self.choose(tree, estimates)
+        self.overhead_s = drafting_s if not self.overhead_s else 0.9 * self.overhead_s + 0.1 * drafting_s
+        return tree
+
     def observe(self, accepted_drafts: int) -> None:
         self.accepted += accepted_drafts
         # Shrink towards 1 until there is evidence; clamp so one odd prompt cannot run away.

@@ -30,13 +30,13 @@ def test_parse_methods_groups_options() -> None:
     assert specs[3].tree == "beam" and specs[3].tree_size == 12
     eagle = parse_methods("eagle3:size=6,topk=2,depth=4", tree_size=12)[0]
     assert (eagle.kind, eagle.tree_size, eagle.topk, eagle.max_depth) == ("eagle3", 6, 2, 4)
+    assert parse_methods("eagle3:size=auto")[0].tree_size == "auto"
 
 
 @pytest.mark.parametrize(
     ("text", "message"),
     [
         ("ar,medusa", "unknown method 'medusa'"),
-        ("eagle3:size=auto", "implemented for dart only"),
         ("eagle3:tree=beam", "bad option 'tree=beam'"),
         ("eagle3:topk=0", "topk must be a positive integer"),
         ("dart:tree=wide", "tree must be beam, ddtree or chain"),

@@ -140,7 +140,6 @@ def test_generate_streams_same_text_as_json(tiny_model_dir: Path) -> None:
     ("flags", "needle"),
     [
         ([], "no EAGLE-3 drafter ships for"),
-        (["--tree-size", "auto"], "implemented for dart only"),
         (["--drafter-path", "/nonexistent/eagle"], "not found"),
     ],
 )

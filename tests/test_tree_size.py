@@ -87,6 +87,24 @@ def test_auto_sized_drafter_is_lossless_and_reports(tmp_path: Path) -> None:
     assert report["cost_ms"]["4"] == pytest.approx(11.0)
 
 
+def test_auto_sized_eagle3_is_lossless_and_follows_the_cost_curve() -> None:
+    from test_eagle3 import eagle_for
+
+    from dartspec.drafters.eagle3 import Eagle3Drafter
+
+    target = tiny_target()
+    prompt = list(range(2, 12))
+    plain = Generator(target).generate(prompt, max_new_tokens=24)
+    sizes = {}
+    for name, curve in (("flat", FLAT), ("steep", STEEP)):
+        drafter = Eagle3Drafter(eagle_for(target), target, topk=3, auto_size=AutoSizer(curve))
+        out = Generator(target, drafter, tree_size=16, max_depth=4).generate(prompt, max_new_tokens=24)
+        assert out.token_ids == plain.token_ids
+        sizes[name] = out.stats.as_dict()["tree_size_auto"]["mean_size"]
+    # Free verification keeps the whole dynamic tree; verification that doubles per node keeps the root.
+    assert sizes["steep"] == 1 and sizes["flat"] > 4
+
+
 def test_calibration_is_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import dartspec.bench.latency as latency
 

@@ -98,8 +98,6 @@ def _spec(group: list[str], tree_size: int | str) -> MethodSpec:
             kw["online"] = value in ("1", "on", "true", "yes")
         else:
             kw[key] = value
-    if name == "eagle3" and kw["tree_size"] == "auto":
-        raise DartspecError(f"{label}: size=auto is implemented for dart only; give eagle3 size=N")
     return MethodSpec(label=label, kind=name, **kw)
 
 
@@ -177,7 +175,7 @@ def make_runner(spec: MethodSpec, target: Any) -> Runner:
     dart_like = name in ("dart", "dart+pld")
     size = spec.tree_size
     if size == "auto":
-        size = AUTO_MAX_SIZE if dart_like else 16
+        size = AUTO_MAX_SIZE if dart_like or name == "eagle3" else 16
     if dart_like:
         kw = {"tree": spec.tree, "online_ngram": spec.online, "auto_size": spec.tree_size == "auto"}
         kw["drafter_nodes"] = int(size)
@@ -185,7 +183,7 @@ def make_runner(spec: MethodSpec, target: Any) -> Runner:
         if spec.ngram not in (None, "shipped"):
             kw["ngram"] = spec.ngram
     if name == "eagle3":
-        kw = {"topk": spec.topk}
+        kw = {"topk": spec.topk, "auto_size": spec.tree_size == "auto"}
     drafter = make_drafter(name, target, spec.path, **kw)
     if name == "dart+pld":
         size = int(size) + spec.max_depth  # room for a lookup span on top of the DART tree

@@ -46,7 +46,7 @@ def make_drafter(
     prompt-lookup spans into a DART tree of ``drafter_nodes`` nodes (:mod:`dartspec.drafters.hybrid`).
     ``ngram_smoothing`` (0 < s < 1) scores with the interpolated n-gram instead of DART's longest-context rule.
     ``eagle3`` is the EAGLE-3 baseline (``checkpoint`` or the shipped one) with EAGLE-2's dynamic tree, expanding
-    ``topk`` nodes per level.
+    ``topk`` nodes per level (``auto_size`` cuts it by path probability, as for ``dart``).
     """
     if name == "none":
         return NoDrafter()
@@ -69,15 +69,13 @@ def make_drafter(
     if name == "eagle3":
         from dartspec.drafters.eagle3 import Eagle3Drafter
 
-        if auto_size:
-            raise DartspecError("--tree-size auto is implemented for dart only; give eagle3 a number of nodes")
         folder = Path(checkpoint) if checkpoint else shipped_checkpoint("eagle3", target.name)
         if folder is None:
             raise DartspecError(
                 f"no EAGLE-3 drafter ships for {target.name!r}: train one with `dartspec train eagle3` "
                 "and pass it with --drafter-path"
             )
-        return Eagle3Drafter.from_pretrained(folder, target, topk=topk)
+        return Eagle3Drafter.from_pretrained(folder, target, topk=topk, auto_size=_auto_sizer(target, auto_size))
     if name == "dart":
         from dartspec.drafters.dart import DartDrafter
 
@@ -98,15 +96,19 @@ def make_drafter(
         static = NgramModel.load(ngram_path, tokenizer=tokenizer_identity(target.tokenizer)) if ngram_path else None
         if static is not None and ngram_smoothing:
             static = SmoothedNgram(static, ngram_smoothing)
-        auto = None
-        if auto_size:
-            from dartspec.tree_size import AutoSizer, calibrate
-
-            auto = AutoSizer(calibrate(target))
         return DartDrafter.from_pretrained(
-            folder, target, tree, ngram=static, online_ngram=online_ngram, auto_size=auto
+            folder, target, tree, ngram=static, online_ngram=online_ngram, auto_size=_auto_sizer(target, auto_size)
         )
     raise DartspecError(f"unknown drafter {name!r}: choose one of {', '.join(DRAFTER_NAMES)}")
+
+
+def _auto_sizer(target, wanted: bool):  # -> AutoSizer | None
+    """The ``--tree-size auto`` policy on this machine's verify cost curve (measured once, cached)."""
+    if not wanted:
+        return None
+    from dartspec.tree_size import AutoSizer, calibrate
+
+    return AutoSizer(calibrate(target))
 
 
 __all__ = ["DraftBudget", "Drafter", "NoDrafter", "PromptLookupDrafter", "drafter_names", "make_drafter"]

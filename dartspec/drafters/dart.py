@@ -119,9 +119,7 @@ class DartDrafter:
             self.online.extend(tokens[len(self.online.history) :])
         tree = self.tree_builder(root, logp, self.d2t, tokens, budget)
         if self.auto is not None:
-            tree, _ = self.auto.choose(tree, node_estimates(tree, logp, self.t2d))
-            spent = time.perf_counter() - t_draft
-            self.auto.overhead_s = spent if not self.auto.overhead_s else 0.9 * self.auto.overhead_s + 0.1 * spent
+            tree = self.auto.cut(tree, node_estimates(tree, logp, self.t2d), time.perf_counter() - t_draft)
         self._proposed = True
         self.last_tree_seconds = time.perf_counter() - t0
         return tree

@@ -25,6 +25,7 @@ from dartspec.drafters.eagle3_model import Eagle3Model
 from dartspec.errors import DartspecError
 from dartspec.kernels import use_rows_first_linears
 from dartspec.tree import Tree
+from dartspec.tree_size import AutoSizer
 
 
 class Eagle3Drafter:
@@ -33,11 +34,13 @@ class Eagle3Drafter:
     name = "eagle3"
     needs_features = True
 
-    def __init__(self, model: Eagle3Model, target, *, topk: int = 4) -> None:
+    def __init__(self, model: Eagle3Model, target, *, topk: int = 4, auto_size: AutoSizer | None = None) -> None:
         """Args:
         model: the trained network (its ``cfg.depth`` bounds the tree depth it drafts).
         target: the target it was trained for (checked).
         topk: nodes expanded per level and children proposed per expanded node (EAGLE-2's k).
+        auto_size: cut each tree to the size with the best expected tokens per second, estimating a
+            node's acceptance by its path probability (:mod:`dartspec.tree_size`).
         """
         if topk < 1:
             raise DartspecError("eagle3 topk must be >= 1")
@@ -51,6 +54,8 @@ class Eagle3Drafter:
         self.d2t = model.d2t.cpu().numpy()
         self.eos = set(int(t) for t in target.eos_token_ids)
         self.last_tree_seconds = 0.0
+        self.auto = auto_size
+        self._proposed = False
         self._cache = DraftKV()
         self._queue = FeatureQueue()
 
@@ -62,14 +67,25 @@ class Eagle3Drafter:
         self.target.set_feature_layers(self.model.cfg.feature_layers)  # ours, before the prefill
         self._cache = DraftKV()
         self._queue.reset()
+        self._proposed = False
+        if self.auto is not None:
+            self.auto.begin()
+
+    def report(self) -> dict:
+        """Extra ``--json`` figures: the automatic tree size's choices and why."""
+        return {"tree_size_auto": self.auto.report()} if self.auto is not None else {}
 
     def observe(self, token_ids: Sequence[int], features: torch.Tensor | None) -> None:
         self._queue.push(features, "EAGLE-3")
+        if self.auto is not None and self._proposed:
+            self.auto.observe(len(token_ids) - 1)
 
     @torch.inference_mode()
     def propose(self, tokens: Sequence[int], budget: DraftBudget) -> Tree:
         root = int(tokens[-1])
+        t_draft = time.perf_counter()
         self.last_tree_seconds = 0.0
+        self._proposed = False
         waiting = self._queue.take(tokens)
         if waiting is None:
             return Tree.root_only(root)
@@ -139,5 +155,10 @@ class Eagle3Drafter:
             np.array([root] + [tok[c] for c in kept]),
             np.array([-1] + [index[parent[c]] if parent[c] >= 0 else 0 for c in kept]),
         )
+        if self.auto is not None:
+            # Path probabilities are EAGLE's own acceptance estimates; the sizer rescales them as it learns.
+            estimates = np.exp(np.array([0.0] + [score[c] for c in kept]))
+            tree = self.auto.cut(tree, estimates, time.perf_counter() - t_draft)
+            self._proposed = True
         self.last_tree_seconds = time.perf_counter() - t0
         return tree
