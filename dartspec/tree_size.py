@@ -127,6 +127,20 @@ class AutoSizer:
         self.predicted += float(gain[best] - 1.0)
         return subtree(tree, np.array(order[:best], dtype=np.int64)), float(gain[best])
 
+    def worth_growing(self, estimates: np.ndarray, bound: float, new_nodes: int, extra_s: float) -> bool:
+        """Could up to ``new_nodes`` more nodes, none estimated above ``bound``, beat the best rate of the
+        tree so far (``estimates``, root first) after ``extra_s`` more drafting? An upper bound: a drafter
+        that grows its tree level by level stops once the answer is no."""
+        p = np.sort(np.minimum(1.0, np.asarray(estimates[1:]) * self.scale))[::-1]
+        gain = 1.0 + np.concatenate([[0.0], np.cumsum(p)])
+        rate = gain / (self.curve.cost(np.arange(1, len(gain) + 1)) + self.overhead_s)
+        best = int(np.argmax(rate))
+        more = np.arange(1, new_nodes + 1)
+        grown = (gain[best] + more * min(1.0, bound * self.scale)) / (
+            self.curve.cost(best + 1 + more) + self.overhead_s + extra_s
+        )
+        return bool(new_nodes > 0 and grown.max() > rate[best])
+
     def cut(self, tree: Tree, estimates: np.ndarray, drafting_s: float) -> Tree:
         """:meth:`choose`, then fold this step's drafting time into the overhead (a running average)."""
         tree, _ = self.choose(tree, estimates)

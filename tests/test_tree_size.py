@@ -95,14 +95,29 @@ def test_auto_sized_eagle3_is_lossless_and_follows_the_cost_curve() -> None:
     target = tiny_target()
     prompt = list(range(2, 12))
     plain = Generator(target).generate(prompt, max_new_tokens=24)
-    sizes = {}
+    sizes, levels = {}, {}
     for name, curve in (("flat", FLAT), ("steep", STEEP)):
         drafter = Eagle3Drafter(eagle_for(target), target, topk=3, auto_size=AutoSizer(curve))
+        step = drafter.model.tree_step
+        calls = []
+        drafter.model.tree_step = lambda *a, calls=calls, step=step, **kw: calls.append(1) or step(*a, **kw)
         out = Generator(target, drafter, tree_size=16, max_depth=4).generate(prompt, max_new_tokens=24)
         assert out.token_ids == plain.token_ids
         sizes[name] = out.stats.as_dict()["tree_size_auto"]["mean_size"]
-    # Free verification keeps the whole dynamic tree; verification that doubles per node keeps the root.
+        levels[name] = len(calls)
+    # Free verification keeps the whole dynamic tree; verification that doubles per node keeps the root,
+    # and the drafter does not even expand a second level for it.
     assert sizes["steep"] == 1 and sizes["flat"] > 4
+    assert levels["steep"] == 0 and levels["flat"] > 0
+
+
+def test_growing_is_worth_it_only_if_a_new_node_can_raise_the_rate() -> None:
+    est = np.array([1.0, 0.5, 0.2])
+    assert AutoSizer(FLAT).worth_growing(est, bound=0.1, new_nodes=3, extra_s=0.0)
+    assert not AutoSizer(FLAT).worth_growing(est, bound=0.1, new_nodes=0, extra_s=0.0)
+    assert not AutoSizer(STEEP).worth_growing(est, bound=0.2, new_nodes=3, extra_s=0.0)
+    # On a flat curve a node must pay for the extra drafting: 0.1 more tokens cannot pay 10 ms on 10 ms.
+    assert not AutoSizer(FLAT).worth_growing(est, bound=0.1, new_nodes=1, extra_s=0.01)
 
 
 def test_calibration_is_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

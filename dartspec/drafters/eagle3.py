@@ -55,6 +55,7 @@ class Eagle3Drafter:
         self.eos = set(int(t) for t in target.eos_token_ids)
         self.last_tree_seconds = 0.0
         self.auto = auto_size
+        self._level_s = 0.0  # running time of one tree level's drafter forward (for auto_size)
         self._proposed = False
         self._cache = DraftKV()
         self._queue = FeatureQueue()
@@ -129,6 +130,11 @@ class Eagle3Drafter:
                 cutoff = np.partition(-np.asarray(score), keep - 1)[keep - 1]
                 if -score[frontier[0]] >= cutoff:
                     break
+            if self.auto is not None and not self.auto.worth_growing(
+                np.exp([0.0, *score]), float(np.exp(score[frontier[0]])), len(frontier) * k, self._level_s
+            ):
+                break  # no child could pay for another drafter forward plus its verification
+            t_level = time.perf_counter()
             prev = [hidden[parent[c]] if parent[c] >= 0 else h0 for c in frontier]
             ids = torch.tensor([tok[c] for c in frontier], device=h0.device)
             positions = torch.full((len(frontier),), base + depth - 1, device=h0.device)
@@ -145,6 +151,8 @@ class Eagle3Drafter:
                 slot[c] = n_old + row
                 hidden[c] = out[row]
             level = add_children(logp, frontier, [score[c] for c in frontier])
+            spent = time.perf_counter() - t_level
+            self._level_s = spent if not self._level_s else 0.9 * self._level_s + 0.1 * spent
 
         t0 = time.perf_counter()
         # Best `keep` by path log-prob; ties go to the earlier node, so parents always come before children.
