@@ -47,12 +47,12 @@ class CostCurve:
 def _calibration_file(target: Any, cache: Path) -> Path:
     cpu = platform.processor() or platform.machine()
     key = f"{target.name}-{target.device}-{str(target.dtype).replace('torch.', '')}-t{torch.get_num_threads()}"
-    key += f"-{'rows' if target.fast_linear else 'stock'}-{cpu}-{os.cpu_count()}"
+    key += f"-{'rows' if target.fast_linear else 'stock'}-{cpu}-{os.cpu_count()}-v2"  # v2: shuffled, 9 rounds
     safe = "".join(c if c.isalnum() or c in "-._" else "_" for c in key)
     return cache / "calibration" / f"{safe}.json"
 
 
-def calibrate(target: Any, *, cache: Path | None = None, repeats: int = 5, ctx: int = 256, log=None) -> CostCurve:
+def calibrate(target: Any, *, cache: Path | None = None, repeats: int = 9, ctx: int = 256, log=None) -> CostCurve:
     """The target's verify cost curve on this machine, measured once and cached."""
     from dartspec.assets import cache_dir
     from dartspec.bench.latency import verify_cost_curve
@@ -68,9 +68,9 @@ def calibrate(target: Any, *, cache: Path | None = None, repeats: int = 5, ctx: 
         log(f"calibrating the verify cost curve of {target.name} on this machine (once)...")
     mode = "rows-first" if target.fast_linear else "stock"
     curve = verify_cost_curve(target, list(CALIBRATION_QS), ctx, repeats, modes=[mode])[mode]
-    # A monotone curve keeps the choice stable against timing noise.
-    seconds = np.maximum.accumulate(np.array([curve[q] for q in CALIBRATION_QS]))
-    result = CostCurve(CALIBRATION_QS, tuple(float(s) for s in seconds))
+    # Not forced monotone: on some CPUs 4 rows really are cheaper than 3 (GEMM kernel shapes), and
+    # clamping them up made the sizer avoid the best small trees.
+    result = CostCurve(CALIBRATION_QS, tuple(float(curve[q]) for q in CALIBRATION_QS))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps({"qs": list(result.qs), "seconds": list(result.seconds)}))

@@ -58,7 +58,8 @@ def verify_cost_curve(
             order = list(modes) if round_ % 2 == 0 else list(modes)[::-1]
             for mode in order:
                 target.set_fast_linear(modes[mode])
-                for q in qs:
+                # A fresh order each round: slow drift of the host would otherwise bias the later sizes.
+                for q in (int(x) for x in rng.permutation(qs)):
                     t = once(q)
                     if round_ > 0:  # round 0 warms caches and allocators
                         samples[mode][q].append(t)
