@@ -25,17 +25,14 @@ Progress = Callable[[Iterable[Any], int, str], Iterable[Any]]
 
 def load_drafter_model(kind: str, target: Any, path: str | None) -> Any:
     """The network of a ``dart`` or ``eagle3`` checkpoint (``path`` or the shipped one), float32."""
-    from dartspec.drafters import shipped_checkpoint
+    from dartspec.drafters import checkpoint_folder
     from dartspec.drafters.dart_model import DartModel
     from dartspec.drafters.eagle3_model import Eagle3Model
 
     if kind not in KINDS:
         raise DartspecError(f"--drafter {kind!r}: accuracy is measured for {' or '.join(KINDS)}")
-    folder = Path(path) if path else shipped_checkpoint(kind, target.name)
-    if folder is None:
-        raise DartspecError(f"no {kind} drafter ships for {target.name!r}: pass one with --drafter-path")
     cls = Eagle3Model if kind == "eagle3" else DartModel
-    model = cls.load(folder, device=target.device, dtype=torch.float32)
+    model = cls.load(checkpoint_folder(kind, target, path), device=target.device, dtype=torch.float32)
     model.check_target(target)
     return model.eval()
 

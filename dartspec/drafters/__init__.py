@@ -24,6 +24,21 @@ def shipped_checkpoint(kind: str, model_name: str) -> Path | None:
     return folder if (folder / "config.json").is_file() else None
 
 
+def checkpoint_folder(kind: str, target, checkpoint: str | Path | None, label: str = "") -> Path:
+    """``checkpoint``, or the ``kind`` drafter shipped for ``target``; a clear error (naming ``label``) when
+    neither exists."""
+    if checkpoint:
+        return Path(checkpoint)
+    folder = shipped_checkpoint(kind, target.name)
+    if folder is None:
+        label = label or kind
+        raise DartspecError(
+            f"no {label} drafter ships for {target.name!r}: train one with `dartspec train {kind}` "
+            "and pass it with --drafter-path"
+        )
+    return folder
+
+
 def make_drafter(
     name: str,
     target,
@@ -69,22 +84,12 @@ def make_drafter(
     if name == "eagle3":
         from dartspec.drafters.eagle3 import Eagle3Drafter
 
-        folder = Path(checkpoint) if checkpoint else shipped_checkpoint("eagle3", target.name)
-        if folder is None:
-            raise DartspecError(
-                f"no EAGLE-3 drafter ships for {target.name!r}: train one with `dartspec train eagle3` "
-                "and pass it with --drafter-path"
-            )
+        folder = checkpoint_folder("eagle3", target, checkpoint, "EAGLE-3")
         return Eagle3Drafter.from_pretrained(folder, target, topk=topk, auto_size=_auto_sizer(target, auto_size))
     if name == "dart":
         from dartspec.drafters.dart import DartDrafter
 
-        folder = Path(checkpoint) if checkpoint else shipped_checkpoint("dart", target.name)
-        if folder is None:
-            raise DartspecError(
-                f"no DART drafter ships for {target.name!r}: train one with `dartspec train dart` "
-                "and pass it with --drafter-path"
-            )
+        folder = checkpoint_folder("dart", target, checkpoint, "DART")
         from dartspec.ngram import NgramModel, SmoothedNgram, tokenizer_identity
 
         if ngram == "off":

@@ -69,8 +69,16 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.loss not in ("kl", "ce"):
             raise DartspecError(f"training option loss must be kl or ce, got {self.loss!r}")
-        positive = ("depth", "num_layers", "draft_vocab_size", "seqs_per_step", "anchors_per_seq", "max_seq_len")
-        for name in (*positive, "checkpoint_every", "eval_every"):
+        for name in (
+            "depth",
+            "num_layers",
+            "draft_vocab_size",
+            "seqs_per_step",
+            "anchors_per_seq",
+            "max_seq_len",
+            "checkpoint_every",
+            "eval_every",
+        ):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise DartspecError(f"training option {name} must be a positive integer, got {getattr(self, name)!r}")
         for name in ("lr", "grad_clip", "depth_decay"):
@@ -166,7 +174,6 @@ class DartTrainer:
         self.out = Path(out)
         self.cfg = cfg
         self.log = log
-        self.embed = target.model.get_input_embeddings()
         self.steps_per_epoch = math.ceil(len(train) / cfg.seqs_per_step)
         self.total_steps = cfg.max_steps or max(1, int(cfg.epochs * self.steps_per_epoch))
         self.step = 0
