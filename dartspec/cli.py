@@ -60,14 +60,29 @@ def _drafter_kinds(text: str) -> list[str]:
     return list(dict.fromkeys(kinds))
 
 
-def add_target_args(p: argparse.ArgumentParser) -> None:
-    """Options shared by every command that loads a target model."""
+def add_target_args(p: argparse.ArgumentParser, runtime: str = "auto") -> None:
+    """Options shared by every command that loads a target model (training and data default to the exact
+    transformers runtime: drafters learn the fp32 model's features)."""
     p.add_argument(
         "--model", default=DEFAULT_MODEL, help=f"known name, local folder or .gguf (default {DEFAULT_MODEL})"
     )
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument(
+        "--runtime",
+        default=runtime,
+        choices=["auto", "lean", "hf"],
+        help="lean: dartspec's fast forward (Llama/Qwen2/Qwen3); hf: transformers' modules (any model); "
+        "auto: lean on CPU where supported",
+    )
+    p.add_argument(
+        "--quant",
+        default="auto",
+        choices=["auto", "none", "fp16", "int8"],
+        help="weight format of the lean runtime on CPU: fp16 (auto: half the bytes, answers kept), "
+        "int8 (faster, changes answers: see README), none (as loaded)",
+    )
 
 
 def add_drafter_args(p: argparse.ArgumentParser, default: str = "none") -> None:
@@ -127,10 +142,11 @@ def make_generator(args: argparse.Namespace, target):  # -> Generator
     return Generator(target, drafter, tree_size=size, max_depth=args.max_depth)
 
 
-def load_target(args: argparse.Namespace):  # -> Target (imported lazily: torch import is slow)
+def load_target(args: argparse.Namespace):  # -> TargetRuntime (imported lazily: torch import is slow)
     import torch
 
-    from dartspec.target import Target
+    from dartspec.targets import describe
+    from dartspec.targets import load_target as load
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -147,7 +163,16 @@ def load_target(args: argparse.Namespace):  # -> Target (imported lazily: torch 
     if dtype_name == "auto":
         # CPUs here have no fast bf16 math for batched verification; GPUs do.
         dtype_name = "float32" if dev.type == "cpu" else "bfloat16"
-    return Target.from_pretrained(args.model, device=dev, dtype=getattr(torch, dtype_name), log=_log)
+    target = load(
+        args.model,
+        runtime=getattr(args, "runtime", "auto"),
+        quant=getattr(args, "quant", "auto"),
+        device=dev,
+        dtype=getattr(torch, dtype_name),
+        log=_log,
+    )
+    _log(f"{target.name}: {describe(target)} runtime on {dev}")
+    return target
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -215,13 +240,15 @@ def cmd_bench_latency(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from dartspec.bench.demo import run_demo
+    from dartspec.bench.demo import demo_peers, run_demo
     from dartspec.drafters import shipped_checkpoint
 
     target = load_target(args)
     methods = args.methods.split(",") if args.methods else ["none", "pld"]
     if not args.methods and shipped_checkpoint("dart", target.name) is not None:
         methods += ["dart", "dart+pld"]
+    if not args.methods:
+        methods += demo_peers(target)
     print(run_demo(target, methods, args.max_new_tokens, log=_log))
     return 0
 
@@ -312,6 +339,25 @@ def cmd_bench_accuracy(args: argparse.Namespace) -> int:
     target = load_target(args)
     run_accuracy_bench(
         args, target, log=_log, progress=lambda items, n, label: tqdm(items, total=n, desc=label, unit="seq")
+    )
+    return 0
+
+
+def cmd_bench_fidelity(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from dartspec.bench.fidelity import run_fidelity_bench
+
+    if not Path(args.dev).is_dir():
+        raise DartspecError(f"--dev {args.dev!r} is not a folder of regenerated shards")
+    run_fidelity_bench(
+        load_target(args),
+        args.formats,
+        dev=args.dev,
+        sequences=args.sequences,
+        questions=args.questions,
+        log=_log,
+        out=args.out,
     )
     return 0
 
@@ -410,7 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     data = sub.add_parser("data", help="training data").add_subparsers(dest="data_command", required=True)
     p = data.add_parser("regenerate", help="let the target write its own answers to ShareGPT prompts")
-    add_target_args(p)
+    add_target_args(p, runtime="hf")
     p.add_argument("--source", default="sharegpt", choices=["sharegpt"])
     p.add_argument("--range", required=True, help="source indices START:STOP (train < 14000, dev 14000:15000)")
     p.add_argument("--out", required=True, help="output folder of token-id shards")
@@ -439,7 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     ):
         p = train.add_parser(kind, help=f"train {what} online against the target")
-        add_target_args(p)
+        add_target_args(p, runtime="hf")
         p.add_argument(
             "--data", required=True, action="append", help="regenerated training shards (repeatable; data regenerate)"
         )
@@ -525,6 +571,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="folder for accuracy.md and accuracy.json")
     p.set_defaults(func=cmd_bench_accuracy)
 
+    p = bench.add_parser("fidelity", help="the fidelity gate of weight formats: perplexity and greedy answers vs fp32")
+    add_target_args(p)
+    p.add_argument(
+        "--formats",
+        type=lambda text: [s.strip() for s in text.split(",") if s.strip()],
+        default=["lean:none", "lean:fp16", "lean:int8"],
+        help="runtimes to judge against transformers fp32, as RUNTIME[:QUANT] (default lean:none,lean:fp16,lean:int8)",
+    )
+    p.add_argument("--dev", default="data/smollm2-135m-sharegpt-dev", help="regenerated dev shards")
+    p.add_argument("--sequences", type=_positive_int, default=100, help="dev answers scored for perplexity")
+    p.add_argument("--questions", type=_positive_int, default=10, help="MT-Bench questions answered greedily")
+    p.add_argument("--out", default=None, help="folder for fidelity.md and fidelity.json")
+    p.set_defaults(func=cmd_bench_fidelity)
+
     p = bench.add_parser("latency", help="verify cost curve T(q)/T(1) and plain decoding vs transformers generate")
     add_target_args(p)
     p.add_argument(
@@ -535,6 +595,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--ctx", type=_positive_int, default=256, help="cached context length for the curve")
     p.add_argument("--repeats", type=_positive_int, default=9, help="interleaved rounds per q")
+    p.add_argument(
+        "--formats",
+        type=lambda text: [s.strip() for s in text.split(",") if s.strip()],
+        default=["hf", "lean:none", "lean:fp16", "lean:int8"],
+        help="other runtimes to time beside --runtime/--quant, as RUNTIME[:QUANT] (default hf,lean:none,lean:fp16,"
+        "lean:int8; empty for none)",
+    )
     p.add_argument(
         "--prompts",
         type=_positive_int,

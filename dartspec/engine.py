@@ -1,6 +1,6 @@
 """The generation loop: prefill, then draft -> verify -> commit until EOS, a stop string or the limit.
 
-The engine owns no model code: the :class:`~dartspec.target.Target` runs forwards and keeps the KV
+The engine owns no model code: a :class:`~dartspec.runtime.TargetRuntime` runs forwards and keeps the KV
 cache, a :class:`~dartspec.drafters.base.Drafter` proposes a :class:`~dartspec.tree.Tree`, and the
 :class:`~dartspec.verify.Verifier` decides what is accepted. Plain decoding is the same loop with a
 drafter that proposes the root alone.
@@ -13,12 +13,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from dartspec.drafters.base import DraftBudget, Drafter, NoDrafter
 from dartspec.errors import ContextLengthError, DartspecError
-from dartspec.target import Target
+from dartspec.runtime import TargetRuntime, sync
 from dartspec.verify import SamplingParams, Verifier
+
+__all__ = ["GenerationResult", "GenerationStats", "Generator", "StepEvent", "sync"]
 
 Prompt = str | Sequence[dict[str, str]] | Sequence[int]
 
@@ -124,7 +124,7 @@ class StepEvent:
 class _TextStream:
     """Incremental detokenization that never shows text it may have to take back."""
 
-    def __init__(self, target: Target, stop: Sequence[str]) -> None:
+    def __init__(self, target: TargetRuntime, stop: Sequence[str]) -> None:
         self.target = target
         self.stop = [s for s in stop if s]
         self.hold = max((len(s) - 1 for s in self.stop), default=0)
@@ -155,13 +155,15 @@ class Generator:
 
     Example::
 
-        target = Target.from_pretrained("smollm2-135m")
+        target = load_target("smollm2-135m")  # dartspec.targets
         gen = Generator(target, PromptLookupDrafter())
         result = gen.generate([{"role": "user", "content": "Hi!"}], max_new_tokens=64)
         print(result.text, result.stats.tau)
     """
 
-    def __init__(self, target: Target, drafter: Drafter | None = None, *, tree_size: int = 16, max_depth: int = 8):
+    def __init__(
+        self, target: TargetRuntime, drafter: Drafter | None = None, *, tree_size: int = 16, max_depth: int = 8
+    ):
         if tree_size < 1 or max_depth < 0:
             raise DartspecError(f"tree size must be >= 1 and depth >= 0 (got {tree_size}, {max_depth})")
         self.target = target
@@ -315,9 +317,3 @@ class Generator:
             new = new[:keep]
             full = full[:at]
         return new, full
-
-
-def sync(device: torch.device) -> None:
-    """Wait for queued GPU work so wall-clock timings are honest."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dartspec.runtime import sync
 from dartspec.tree import Tree
 
 #: The largest tree ``--tree-size auto`` considers (the engine's budget in auto mode).
@@ -44,10 +47,46 @@ class CostCurve:
         return {str(q): round(s * 1000, 2) for q, s in zip(self.qs, self.seconds, strict=True)}
 
 
+def verify_cost_curve(
+    targets: dict[str, Any], qs: list[int], ctx: int, repeats: int, seed: int = 0
+) -> dict[str, dict[int, float]]:
+    """Median seconds of one ``verify`` of a q-node chain after ``ctx`` cached tokens, per named runtime.
+
+    The runtimes take turns round by round (timings on shared CPUs drift), each in a fresh random order of
+    q (slow drift would otherwise bias the later sizes); round 0 only warms caches and allocators.
+    """
+    rng = np.random.default_rng(seed)
+    samples: dict[str, dict[int, list[float]]] = {name: {q: [] for q in qs} for name in targets}
+    for target in targets.values():
+        target.reset()
+        target.prefill(rng.integers(10, target.vocab_size - 1, size=ctx).tolist())
+    try:
+        for round_ in range(repeats + 1):
+            names = list(targets) if round_ % 2 == 0 else list(targets)[::-1]
+            for name in names:
+                target = targets[name]
+                base = target.cached
+                for q in (int(x) for x in rng.permutation(qs)):
+                    tree = Tree.chain(7, rng.integers(10, target.vocab_size - 1, size=q - 1).tolist())
+                    sync(target.device)
+                    start = time.perf_counter()
+                    target.verify(tree)
+                    sync(target.device)
+                    if round_ > 0:
+                        samples[name][q].append(time.perf_counter() - start)
+                    target.truncate(base)
+    finally:
+        for target in targets.values():
+            target.reset()
+    return {name: {q: statistics.median(v) for q, v in per_q.items()} for name, per_q in samples.items()}
+
+
 def _calibration_file(target: Any, cache: Path) -> Path:
+    from dartspec.targets import describe
+
     cpu = platform.processor() or platform.machine()
-    key = f"{target.name}-{target.device}-{str(target.dtype).replace('torch.', '')}-t{torch.get_num_threads()}"
-    key += f"-{'rows' if target.fast_linear else 'stock'}-{cpu}-{os.cpu_count()}-v2"  # v2: shuffled, 9 rounds
+    key = f"{target.name}-{target.device}-{describe(target).replace('/', '-')}-t{torch.get_num_threads()}"
+    key += f"-{cpu}-{os.cpu_count()}-v3"  # v3: keyed by runtime and weight format
     safe = "".join(c if c.isalnum() or c in "-._" else "_" for c in key)
     return cache / "calibration" / f"{safe}.json"
 
@@ -55,7 +94,6 @@ def _calibration_file(target: Any, cache: Path) -> Path:
 def calibrate(target: Any, *, cache: Path | None = None, repeats: int = 9, ctx: int = 256, log=None) -> CostCurve:
     """The target's verify cost curve on this machine, measured once and cached."""
     from dartspec.assets import cache_dir
-    from dartspec.bench.latency import verify_cost_curve
 
     path = _calibration_file(target, cache or cache_dir())
     if path.is_file():
@@ -66,8 +104,7 @@ def calibrate(target: Any, *, cache: Path | None = None, repeats: int = 9, ctx: 
             path.unlink(missing_ok=True)  # a damaged cache entry is simply measured again
     if log:
         log(f"calibrating the verify cost curve of {target.name} on this machine (once)...")
-    mode = "rows-first" if target.fast_linear else "stock"
-    curve = verify_cost_curve(target, list(CALIBRATION_QS), ctx, repeats, modes=[mode])[mode]
+    curve = verify_cost_curve({"target": target}, list(CALIBRATION_QS), ctx, repeats)["target"]
     # Not forced monotone: on some CPUs 4 rows really are cheaper than 3 (GEMM kernel shapes), and
     # clamping them up made the sizer avoid the best small trees.
     result = CostCurve(CALIBRATION_QS, tuple(float(curve[q]) for q in CALIBRATION_QS))

@@ -42,7 +42,7 @@ def test_parse_methods_groups_options() -> None:
         ("dart:tree=wide", "tree must be beam, ddtree or chain"),
         ("dart:colour=red", "bad option 'colour=red'"),
         ("size=4", "must follow a method name"),
-        ("pld:size=4", "takes no options"),
+        ("hf-pld:size=4", "takes no options"),
         ("ar,ar", "same method twice"),
         ("", "empty"),
     ],

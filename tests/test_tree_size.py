@@ -121,17 +121,17 @@ def test_growing_is_worth_it_only_if_a_new_node_can_raise_the_rate() -> None:
 
 
 def test_calibration_is_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import dartspec.bench.latency as latency
+    import dartspec.tree_size as tree_size
 
     target = tiny_target()
     calls = []
-    real = latency.verify_cost_curve
+    real = tree_size.verify_cost_curve
 
     def counting(*args, **kw):
         calls.append(1)
         return real(*args, **kw)
 
-    monkeypatch.setattr(latency, "verify_cost_curve", counting)
+    monkeypatch.setattr(tree_size, "verify_cost_curve", counting)
     first = calibrate(target, cache=tmp_path, repeats=1, ctx=16)
     second = calibrate(target, cache=tmp_path, repeats=1, ctx=16)
     assert calls == [1] and first == second

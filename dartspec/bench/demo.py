@@ -8,9 +8,9 @@ and the table shows tau, tokens/s and speedup per method.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from dartspec.bench.suite import markdown, parse_methods, run_suite, summarize
-from dartspec.target import Target
 
 # On a 2-core CPU verifying 4 nodes costs ~1.3x one token and 8 nodes ~1.8x: the demo uses 4 (see BENCHMARKS.md).
 DEMO_TREE_SIZE = 4
@@ -29,17 +29,35 @@ def demo_prompts() -> list[tuple[str, str]]:
     ]
 
 
-def run_demo(target: Target, methods: list[str], max_new_tokens: int, log: Callable[[str], None]) -> str:
+def demo_peers(target: Any) -> list[str]:
+    """Rows beside the target's own: plain decoding in exact fp32 (transformers) when the target runs another
+    format, and llama.cpp on the same weight precision when llama-cpp-python is installed."""
+    import importlib.util
+
+    from dartspec.targets import describe
+
+    peers = [] if describe(target).startswith("hf/") else ["ar:runtime=hf,quant=none"]
+    if importlib.util.find_spec("llama_cpp") is not None and target.name == "smollm2-135m":
+        quant = getattr(target, "quant", "none")
+        peers.append(f"llamacpp-ar:gguf={'f16' if quant in ('fp16', 'none') else 'q8_0'}")
+    return peers
+
+
+def run_demo(target: Any, methods: list[str], max_new_tokens: int, log: Callable[[str], None]) -> str:
     """Run ``methods`` (``none`` is plain decoding) on the demo prompts; returns a Markdown report."""
     names = ["ar" if m == "none" else m for m in methods]
     specs = parse_methods(",".join(names), tree_size=DEMO_TREE_SIZE)
     log(f"running {', '.join(s.label for s in specs)} on {len(demo_prompts())} prompts ({max_new_tokens} new tokens)")
     runs = run_suite(target, specs, demo_prompts(), max_new_tokens=max_new_tokens)
     rows = summarize(runs)
-    title = f"dartspec demo: {target.name}, greedy, {max_new_tokens} new tokens, {target.device}"
+    from dartspec.targets import describe
+
+    title = f"dartspec demo: {target.name} ({describe(target)}), greedy, {max_new_tokens} new tokens, {target.device}"
     lines = [markdown(rows, title), ""]
     for r in rows:
         if r["method"] != "ar":
             same = "identical to plain decoding" if not r["mismatches"] else "OUTPUT DIFFERS FROM PLAIN DECODING"
+            if not r["exact"]:
+                same = f"other numerics: {r['differs']}/{r['prompts']} answers differ from plain decoding's"
             lines.append(f"{r['method']}: tau {r['tau']:.2f}, median speedup {r['speedup']:.2f}x, {same}")
     return "\n".join(lines)

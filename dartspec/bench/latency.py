@@ -3,8 +3,8 @@
 Two measurements, both interleaved in one process (timings on shared CPUs drift up to 2x, so only
 ratios taken side by side mean anything):
 
-1. The verify cost curve T(q)/T(1): one forward of a q-node tree over a cached context, for the
-   stock ``F.linear`` and for dartspec's rows-first matmul dispatch, alternating rounds.
+1. The verify cost curve T(q)/T(1): one forward of a q-node tree over a cached context, for every
+   runtime and weight format (transformers fp32, lean fp32 / fp16 / int8), alternating rounds.
 2. Plain greedy decoding (``--drafter none``) against ``transformers`` ``generate`` on MT-Bench
    prompts: same prompts back to back, alternating order, tokens compared.
 """
@@ -19,58 +19,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from dartspec.engine import Generator, sync
 from dartspec.errors import require
-from dartspec.target import Target
-from dartspec.tree import Tree
-
-
-def verify_cost_curve(
-    target: Target, qs: list[int], ctx: int, repeats: int, modes: list[str] | None = None
-) -> dict[str, dict[int, float]]:
-    """Median seconds of one ``verify`` of a q-node chain after ``ctx`` cached tokens, per dispatch.
-
-    ``modes`` picks among ``stock`` and ``rows-first`` (default: both, interleaved).
-    """
-    rng = np.random.default_rng(0)
-    target.reset()
-    target.prefill(rng.integers(10, target.vocab_size - 1, size=ctx).tolist())
-    base = target.cached
-    modes = {m: v for m, v in {"stock": False, "rows-first": True}.items() if modes is None or m in modes}
-    samples: dict[str, dict[int, list[float]]] = {m: {q: [] for q in qs} for m in modes}
-    original = target.fast_linear
-
-    def once(q: int) -> float:
-        tree = Tree.chain(7, rng.integers(10, target.vocab_size - 1, size=q - 1).tolist())
-        sync(target.device)
-        start = time.perf_counter()
-        target.verify(tree)
-        sync(target.device)
-        elapsed = time.perf_counter() - start
-        target.cache.truncate(base)
-        return elapsed
-
-    try:
-        for round_ in range(repeats + 1):
-            order = list(modes) if round_ % 2 == 0 else list(modes)[::-1]
-            for mode in order:
-                target.set_fast_linear(modes[mode])
-                # A fresh order each round: slow drift of the host would otherwise bias the later sizes.
-                for q in (int(x) for x in rng.permutation(qs)):
-                    t = once(q)
-                    if round_ > 0:  # round 0 warms caches and allocators
-                        samples[mode][q].append(t)
-    finally:
-        target.set_fast_linear(original)
-        target.reset()
-    return {m: {q: statistics.median(v) for q, v in per_q.items()} for m, per_q in samples.items()}
+from dartspec.targets import describe, wrap_model
+from dartspec.tree_size import verify_cost_curve
 
 
 def plain_vs_transformers(
-    target: Target, prompts: list[str], max_new_tokens: int, log: Callable[[str], None]
+    target: Any, prompts: list[str], max_new_tokens: int, log: Callable[[str], None]
 ) -> list[dict[str, Any]]:
     """Per prompt: seconds and tokens of dartspec plain decoding and of transformers ``generate``."""
     from transformers import AutoModelForCausalLM
@@ -133,21 +91,22 @@ def plain_vs_transformers(
 
 
 def plot_cost_curve(curve: dict[str, dict[int, float]], path: str | Path) -> None:
-    """PNG of T(q) per dispatch, both relative to stock T(1)."""
+    """PNG of T(q) per runtime, relative to the first runtime's T(1)."""
     require("matplotlib", extra="bench", purpose="plotting (--plot)")
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    stock1 = curve["stock"][min(curve["stock"])]
+    first = next(iter(curve.values()))
+    ref1 = first[min(first)]
     fig, ax = plt.subplots(figsize=(6, 4))
     for mode, per_q in curve.items():
         qs = sorted(per_q)
-        ax.plot(qs, [per_q[q] / stock1 for q in qs], marker="o", label=mode)
+        ax.plot(qs, [per_q[q] / ref1 for q in qs], marker="o", label=mode)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("tree nodes verified in one forward (q)")
-    ax.set_ylabel("forward time / stock T(1)")
+    ax.set_ylabel(f"forward time / {next(iter(curve))} T(1)")
     ax.set_title("Verify cost curve")
     ax.grid(alpha=0.3)
     ax.legend()
@@ -158,23 +117,21 @@ def plot_cost_curve(curve: dict[str, dict[int, float]], path: str | Path) -> Non
 
 def format_report(curve: dict[str, dict[int, float]], plain: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     qs = sorted(next(iter(curve.values())))
-    stock1 = curve["stock"][qs[0]]
+    ref = next(iter(curve))
     lines = [
-        f"## Verify cost curve: {meta['model']}, {meta['dtype']}, {meta['device']}, {meta['threads']} threads, "
-        f"context {meta['ctx']}",
+        f"## Verify cost curve: {meta['model']}, {meta['device']}, {meta['threads']} threads, context {meta['ctx']}",
         "",
-        "| dispatch | " + " | ".join(f"q={q}" for q in qs) + " |",
+        "| runtime | " + " | ".join(f"q={q}" for q in qs) + " |",
         "|---|" + "---|" * len(qs),
     ]
     for mode, per_q in curve.items():
         t1 = per_q[qs[0]]
         cells = [f"{per_q[q] * 1e3:.1f} ms ({per_q[q] / t1:.2f}x)" for q in qs]
         lines.append(f"| {mode} | " + " | ".join(cells) + " |")
-    fast = curve["rows-first"]
     lines += [
         "",
-        "Ratios in parentheses are T(q)/T(1) within a row. Against stock T(1): "
-        + ", ".join(f"q={q} {fast[q] / stock1:.2f}x" for q in qs),
+        f"Ratios in parentheses are T(q)/T(1) within a row. T(1) against {ref}'s: "
+        + ", ".join(f"{name} {per_q[qs[0]] / curve[ref][qs[0]]:.2f}x" for name, per_q in curve.items()),
     ]
     if plain:
         ratios = [r["speed_ratio"] for r in plain]
@@ -195,19 +152,23 @@ def format_report(curve: dict[str, dict[int, float]], plain: list[dict[str, Any]
     return "\n".join(lines) + "\n"
 
 
-def run_latency_bench(args: argparse.Namespace, target: Target, log: Callable[[str], None]) -> dict[str, Any]:
+def run_latency_bench(args: argparse.Namespace, target: Any, log: Callable[[str], None]) -> dict[str, Any]:
     """The ``bench latency`` command: measure, print a Markdown report, optionally save it."""
     meta = {
         "model": args.model,
         "device": str(target.device),
-        "dtype": str(target.dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),
         "ctx": args.ctx,
         "max_new_tokens": args.max_new_tokens,
         "date": time.strftime("%Y-%m-%d %H:%M"),
     }
-    log(f"timing verify forwards for q in {args.qs} ({args.repeats} interleaved rounds)...")
-    curve = verify_cost_curve(target, args.qs, args.ctx, args.repeats)
+    runtimes = {describe(target): target}
+    for item in args.formats or []:
+        runtime, _, quant = item.partition(":")
+        other = wrap_model(target.model, target.tokenizer, runtime=runtime, quant=quant or "none", name=target.name)
+        runtimes.setdefault(describe(other), other)
+    log(f"timing verify forwards of {', '.join(runtimes)} for q in {args.qs} ({args.repeats} interleaved rounds)...")
+    curve = verify_cost_curve(runtimes, args.qs, args.ctx, args.repeats)
     plain: list[dict[str, Any]] = []
     if args.prompts and not args.skip_hf:
         from dartspec.data.sources import load_mtbench

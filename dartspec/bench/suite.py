@@ -21,9 +21,20 @@ from dartspec.errors import DartspecError
 
 #: Method names ``--methods`` understands; options follow a colon (``dart:tree=ddtree,size=8``).
 METHODS = ("ar", "pld", "dart", "dart+pld", "eagle3", "hf-ar", "hf-pld", "llamacpp-ar")
-_DART_OPTIONS = {"tree", "size", "depth", "ngram", "online", "path", "smooth"}
+#: Every method of dartspec's own engine may run on another runtime / weight format than the main target.
+_RUNTIME_OPTIONS = {"runtime", "quant"}
+_DART_OPTIONS = {"tree", "size", "depth", "ngram", "online", "path", "smooth", *_RUNTIME_OPTIONS}
 #: Options each method takes after its colon.
-_OPTIONS = {"dart": _DART_OPTIONS, "dart+pld": _DART_OPTIONS, "eagle3": {"size", "depth", "path", "topk"}}
+_OPTIONS = {
+    "ar": _RUNTIME_OPTIONS,
+    "pld": _RUNTIME_OPTIONS,
+    "dart": _DART_OPTIONS,
+    "dart+pld": _DART_OPTIONS,
+    "eagle3": {"size", "depth", "path", "topk", *_RUNTIME_OPTIONS},
+    "llamacpp-ar": {"gguf"},
+}
+#: llama.cpp weight types the ``llamacpp-ar`` row can requantize the model's GGUF to (llama.cpp's own quantizer).
+LLAMACPP_TYPES = ("f16", "q8_0", "q4_1")
 
 
 @dataclass(frozen=True)
@@ -40,6 +51,14 @@ class MethodSpec:
     path: str | None = None
     smooth: float = 0.0  # interpolated n-gram weight (0 = DART's longest-context rule)
     topk: int = 4  # eagle3: nodes expanded per level, children per node
+    runtime: str | None = None  # None: the main target's; else lean / hf (see dartspec.targets)
+    quant: str | None = None  # None: the main target's; else none / fp16 / int8
+    gguf: str | None = None  # llamacpp-ar: None = the model's own file, else a type of LLAMACPP_TYPES
+
+    @property
+    def own_target(self) -> bool:
+        """Whether this row runs on another runtime or weight format than the main target."""
+        return self.runtime is not None or self.quant is not None
 
 
 def parse_methods(text: str, *, tree_size: int | str = 16) -> list[MethodSpec]:
@@ -96,6 +115,14 @@ def _spec(group: list[str], tree_size: int | str) -> MethodSpec:
                 raise DartspecError(f"{label}: smooth must be a number in (0, 1)")
         elif key == "online":
             kw["online"] = value in ("1", "on", "true", "yes")
+        elif key == "runtime" and value not in ("auto", "lean", "hf"):
+            raise DartspecError(f"{label}: runtime must be auto, lean or hf")
+        elif key == "quant" and value not in ("auto", "none", "fp16", "int8"):
+            raise DartspecError(f"{label}: quant must be auto, none, fp16 or int8")
+        elif key == "gguf":
+            if value.lower() not in LLAMACPP_TYPES:
+                raise DartspecError(f"{label}: gguf must be one of {', '.join(LLAMACPP_TYPES)}")
+            kw["gguf"] = value.lower()
         else:
             kw[key] = value
     return MethodSpec(label=label, kind=name, **kw)
@@ -154,6 +181,7 @@ class Run:
     #: False for peers that run other numerics (quantized kernels): a difference from ``ar`` is then
     #: reported as "differs", not as a mismatch, since they never promised ``ar``'s tokens.
     exact: bool = True
+    runtime: str = ""  # the runtime and weight format it ran on (dartspec.targets.describe), "" for peers
 
 
 Runner = Callable[[list[int], int, float, int], Run]
@@ -164,7 +192,7 @@ def make_runner(spec: MethodSpec, target: Any) -> Runner:
     if spec.kind in ("hf-ar", "hf-pld"):
         return _hf_runner(spec, target)
     if spec.kind == "llamacpp-ar":
-        return _llamacpp_runner(target)
+        return _llamacpp_runner(target, spec)
     from dartspec.drafters import make_drafter
     from dartspec.engine import Generator
 
@@ -189,11 +217,23 @@ def make_runner(spec: MethodSpec, target: Any) -> Runner:
         size = int(size) + spec.max_depth  # room for a lookup span on top of the DART tree
     gen = Generator(target, drafter, tree_size=int(size), max_depth=spec.max_depth)
 
+    from dartspec.targets import describe
+
+    runtime = describe(target)
+
     def run(ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> Run:
         res = gen.generate(ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
         s = res.stats
         return Run(
-            "", spec.label, len(res.token_ids), s.seconds, s.tau, s.accept_per_depth, dict(s.times), res.token_ids
+            "",
+            spec.label,
+            len(res.token_ids),
+            s.seconds,
+            s.tau,
+            s.accept_per_depth,
+            dict(s.times),
+            res.token_ids,
+            runtime=runtime,
         )
 
     return run
@@ -231,8 +271,8 @@ def _hf_runner(spec: MethodSpec, target: Any) -> Runner:
     return run
 
 
-def _llamacpp_runner(target: Any) -> Runner:
-    """llama.cpp (llama-cpp-python) decoding the model's own GGUF file with its quantized kernels."""
+def _llamacpp_runner(target: Any, spec: MethodSpec) -> Runner:
+    """llama.cpp (llama-cpp-python) decoding the model's GGUF file (or a requantized copy) with its kernels."""
     try:
         import llama_cpp
     except ImportError:
@@ -244,8 +284,11 @@ def _llamacpp_runner(target: Any) -> Runner:
 
     from dartspec.models import gguf_file
 
+    path = gguf_file(target.name)
+    if spec.gguf:
+        path = _llamacpp_requantized(llama_cpp, path, spec.gguf)
     llm = llama_cpp.Llama(
-        model_path=str(gguf_file(target.name)),
+        model_path=str(path),
         n_ctx=target.max_context,
         n_threads=torch.get_num_threads(),
         verbose=False,
@@ -261,9 +304,42 @@ def _llamacpp_runner(target: Any) -> Runner:
             if tok in target.eos_token_ids or len(new) >= max_new_tokens:
                 break
         seconds = time.perf_counter() - start
-        return Run("", "llamacpp-ar", len(new), seconds, float("nan"), [], {}, new, exact=False)
+        return Run("", spec.label, len(new), seconds, float("nan"), [], {}, new, exact=False)
 
     return run
+
+
+def _llamacpp_requantized(llama_cpp: Any, source: Path, kind: str) -> Path:
+    """``source`` converted by llama.cpp's own quantizer to ``kind`` (f16, q8_0, ...), made once next to it."""
+    import ctypes
+    import os
+
+    dest = source.with_name(f"{source.stem}.{kind.upper()}.gguf")
+    if source.name.lower().endswith(f".{kind}.gguf"):
+        return source
+    if dest.is_file():
+        return dest
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{kind.upper()}")
+    params.allow_requantize = True
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    if llama_cpp.llama_model_quantize(str(source).encode(), str(tmp).encode(), ctypes.byref(params)) != 0:
+        tmp.unlink(missing_ok=True)
+        raise DartspecError(f"llama.cpp could not requantize {source.name} to {kind}")
+    tmp.replace(dest)
+    return dest
+
+
+def _target_for(spec: MethodSpec, target: Any, others: dict[tuple[str, str], Any]) -> Any:
+    """The main target, or (made once, sharing its loaded model) the runtime / format the row asks for."""
+    if not spec.own_target:
+        return target
+    from dartspec.targets import wrap_model
+
+    key = (spec.runtime or "auto", spec.quant or "auto")
+    if key not in others:
+        others[key] = wrap_model(target.model, target.tokenizer, runtime=key[0], quant=key[1], name=target.name)
+    return others[key]
 
 
 def run_suite(
@@ -281,12 +357,13 @@ def run_suite(
     if not prompts:
         raise DartspecError("no prompts to benchmark")
     specs = list(specs)
-    if not any(s.kind == "ar" for s in specs):
+    if not any(s.kind == "ar" and not s.own_target for s in specs):
         specs.insert(0, MethodSpec("ar", "ar"))
     runners = dict(runners or {})
+    others: dict[tuple[str, str], Any] = {}
     for s in specs:
         if s.label not in runners:  # not setdefault: building a runner loads a drafter or a peer
-            runners[s.label] = make_runner(s, target)
+            runners[s.label] = make_runner(s, _target_for(s, target, others))
     encoded = encode_prompts(target, prompts)
     for s in specs:  # warm-up: first-call allocations and lazy initialisation stay out of the timings
         runners[s.label](encoded[0][1], 8, temperature, seed)
@@ -299,9 +376,15 @@ def run_suite(
             run = runners[s.label](ids, max_new_tokens, temperature, seed + i)
             run.prompt, run.method = label, s.label
             got[s.label] = run
-        ref = next(got[s.label] for s in specs if s.kind == "ar")
+        main = next(got[s.label] for s in specs if s.kind == "ar" and not s.own_target)
+        # Lossless means identical to plain decoding on the same runtime and weight format: each row is held to
+        # the ar row of its runtime when there is one, else compared with the main one as "other numerics".
+        same = {got[s.label].runtime: got[s.label] for s in specs if s.kind == "ar"}
         for s in specs:
             run = got[s.label]
+            ref = same.get(run.runtime, main)
+            if run.runtime and run.runtime not in same:
+                run.exact = False
             if temperature == 0:
                 run.matches_ar = run.token_ids == ref.token_ids
                 if not run.matches_ar:

@@ -56,7 +56,7 @@ class DartDrafter:
         if target.fast_linear:
             use_rows_first_linears(self.model)
         self.target = target
-        self.embed = target.model.get_input_embeddings()
+        self.embed = target.embed
         self.online = OnlineNgram(ngram.order if ngram is not None else 3) if online_ngram else None
         scorer = MergedNgram(ngram, self.online) if (ngram is not None or self.online is not None) else None
         self.tree_builder = (

@@ -406,7 +406,7 @@ def init_head_from_target(model: DartModel, target: Any, draft_ids: torch.Tensor
     """Start the draft LM head from the target's head rows for the draft vocabulary (faster training)."""
     with torch.no_grad():
         model.d2t.copy_(draft_ids.to(model.d2t.device))
-        model.lm_head.weight.copy_(target.lm_head.weight[draft_ids.to(target.device)].to(model.lm_head.weight))
+        model.lm_head.weight.copy_(target.lm_head_weight()[draft_ids.to(target.device)].to(model.lm_head.weight))
 
 
 def param_count(model: nn.Module) -> int:

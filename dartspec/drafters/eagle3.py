@@ -50,7 +50,7 @@ class Eagle3Drafter:
             use_rows_first_linears(self.model)
         self.target = target
         self.topk = topk
-        self.embed = target.model.get_input_embeddings()
+        self.embed = target.embed
         self.d2t = model.d2t.cpu().numpy()
         self.eos = set(int(t) for t in target.eos_token_ids)
         self.last_tree_seconds = 0.0

@@ -72,7 +72,7 @@ def sequence_loss(
     out = target.score_sequence(tokens.astype(np.int64).tolist())
     ids = torch.from_numpy(tokens.astype(np.int64)).to(target.device)
     with torch.no_grad():
-        next_embeds = target.model.get_input_embeddings()(ids[1:]).float()
+        next_embeds = target.embed(ids[1:]).float()
     # clone(): score_sequence may hand out views of inference-mode buffers, which autograd refuses.
     return objective(out.features.float().clone(), next_embeds.clone(), out.logits, prompt_len, generator)
 

@@ -1,0 +1,247 @@
+"""The lean runtime: a hand-written forward for the Llama / Qwen2 / Qwen3 families, in the spirit of gpt-fast.
+
+After quantizing the weights (:mod:`dartspec.quant`), a CPU decode step is no longer bound by matrix
+products but by the ~200 small operations and the Python around them that transformers' modules run per
+forward. This forward does the same arithmetic with fewer, larger operations:
+
+- Q, K and V are one fused projection, and so are the MLP's gate and up projections;
+- rotary embedding is one complex multiply: the q/k rows of each head are permuted at load time from the
+  half-split layout to interleaved pairs (dot products between queries and keys are unchanged by a shared
+  permutation), and the rotation table is computed once for the whole context;
+- one ``scaled_dot_product_attention`` per layer over the tree KV cache (GQA inside the kernel), with no
+  mask at all for a single token or a causal prefill;
+- fused ``F.rms_norm``.
+
+Transformers still loads the model, tokenizes and is the reference this forward is tested against
+(``tests/test_lean.py``: logits equal transformers' forward on tiny random configs and on SmolLM2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dartspec.errors import ContextLengthError, DartspecError
+from dartspec.kv_cache import TreeKVCache
+from dartspec.quant import PackedLinear, check_format, fuse
+from dartspec.runtime import CausalRuntime, TargetOutput
+
+#: ``config.model_type`` values the lean forward implements (same block; Qwen3 adds per-head q/k norms).
+LEAN_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+
+
+@dataclass
+class _Layer:
+    ln1: torch.Tensor
+    ln2: torch.Tensor
+    qkv: PackedLinear
+    o: PackedLinear
+    gate_up: PackedLinear
+    down: PackedLinear
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+
+
+def _interleave(rows: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
+    """Reorder each head's rows from the half-split rotary layout (j, j + D/2) to adjacent pairs."""
+    perm = torch.arange(dim).reshape(2, dim // 2).T.reshape(-1)
+    return rows.reshape(heads, dim, *rows.shape[1:])[:, perm].reshape(rows.shape)
+
+
+def lean_supported(model_type: str) -> bool:
+    return model_type in LEAN_ARCHITECTURES
+
+
+class LeanTarget(CausalRuntime):
+    """A Llama / Qwen2 / Qwen3 target with a lean forward and a weight format (``none``, ``fp16``, ``int8``)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer: Any,
+        *,
+        quant: str = "none",
+        feature_layers: Sequence[int] | None = None,
+        name: str = "",
+    ) -> None:
+        """Build the lean weights from a loaded transformers ``*ForCausalLM`` (kept for reference uses such as
+        the ``hf-ar`` benchmark row; its decoder layers are not run)."""
+        config = model.config.get_text_config()
+        name = name or getattr(model.config, "_name_or_path", "") or type(model).__name__
+        if not lean_supported(config.model_type):
+            raise DartspecError(
+                f"the lean runtime supports {', '.join(LEAN_ARCHITECTURES)} models; {name} is "
+                f"{config.model_type!r}: use --runtime hf"
+            )
+        if "sliding_attention" in (getattr(config, "layer_types", None) or []):
+            raise DartspecError(f"{name} uses sliding-window attention, which the lean runtime lacks: use --runtime hf")
+        decoder = model.get_decoder()
+        rotary = decoder.rotary_emb
+        if getattr(rotary, "rope_type", "default") not in ("default", "linear", "llama3", "yarn", "longrope"):
+            raise DartspecError(f"{name}'s rope type {rotary.rope_type!r} is not supported by the lean runtime")
+        self.model = model.eval()
+        self.quant = quant
+        embed = model.get_input_embeddings().weight
+        check_format(quant, embed.device)
+        self.fast_linear = embed.device.type == "cpu"
+        self._embed = embed
+        head = model.get_output_embeddings()
+        self.vocab_size = int(head.weight.shape[0])
+        self._head = PackedLinear(head.weight.detach(), head.bias, quant)
+        self._norm = decoder.norm.weight.detach()
+        self.eps = float(config.rms_norm_eps)
+        attn0 = decoder.layers[0].self_attn
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(config.num_key_value_heads)
+        self.head_dim = int(attn0.head_dim)
+        self.scaling = float(attn0.scaling)
+        self.layers = [self._convert(layer, quant) for layer in decoder.layers]
+        super().__init__(
+            config=config,
+            tokenizer=tokenizer,
+            name=name,
+            generation_config=getattr(model, "generation_config", None),
+            feature_layers=feature_layers,
+        )
+        # Rotation of every position, once: x_pair * (cos + i sin) * attention_scaling.
+        real = torch.float64 if embed.dtype == torch.float64 else torch.float32
+        t = torch.arange(self.max_context, device=embed.device, dtype=real)
+        angles = torch.outer(t, rotary.inv_freq.to(device=embed.device, dtype=real))
+        self._rot = torch.polar(torch.full_like(angles, float(rotary.attention_scaling)), angles)
+
+    def _convert(self, layer: nn.Module, quant: str) -> _Layer:
+        a, m = layer.self_attn, layer.mlp
+        H, K, D = self.heads, self.kv_heads, self.head_dim
+
+        def detach(p: torch.Tensor | None) -> torch.Tensor | None:
+            return None if p is None else p.detach()
+
+        q_w, k_w = _interleave(a.q_proj.weight.detach(), H, D), _interleave(a.k_proj.weight.detach(), K, D)
+        q_b, k_b = detach(a.q_proj.bias), detach(a.k_proj.bias)
+        if q_b is not None and k_b is not None:
+            q_b, k_b = _interleave(q_b, H, D), _interleave(k_b, K, D)
+        qkv_b = fuse(q_b, k_b, detach(a.v_proj.bias))
+        q_norm = getattr(a, "q_norm", None)
+        k_norm = getattr(a, "k_norm", None)
+        return _Layer(
+            ln1=layer.input_layernorm.weight.detach(),
+            ln2=layer.post_attention_layernorm.weight.detach(),
+            qkv=PackedLinear(torch.cat([q_w, k_w, a.v_proj.weight.detach()]), qkv_b, quant),
+            o=PackedLinear(a.o_proj.weight.detach(), detach(a.o_proj.bias), quant),
+            gate_up=PackedLinear(
+                torch.cat([m.gate_proj.weight.detach(), m.up_proj.weight.detach()]),
+                fuse(detach(m.gate_proj.bias), detach(m.up_proj.bias)),
+                quant,
+            ),
+            down=PackedLinear(m.down_proj.weight.detach(), detach(m.down_proj.bias), quant),
+            q_norm=None if q_norm is None else _interleave(q_norm.weight.detach(), 1, D),
+            k_norm=None if k_norm is None else _interleave(k_norm.weight.detach(), 1, D),
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return self._embed.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._embed.dtype
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of linear weights one decode step streams (LM head included)."""
+        layers = sum(lin.nbytes for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
+        return layers + self._head.nbytes
+
+    # --- forwards ----------------------------------------------------------------------------
+
+    def _run(
+        self, ids: torch.Tensor, positions: torch.Tensor, local_mask: torch.Tensor | None, features: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        q, base = ids.shape[0], self.cached
+        mask = None if local_mask is None else self._allowed(base, q, local_mask)
+        # Without a tree mask the new tokens are causal among themselves: nothing to mask for one token,
+        # SDPA's own causal path for a prefill into an empty cache, an explicit mask otherwise.
+        if local_mask is None and q > 1 and base > 0:
+            mask = self._allowed(base, q, None)
+        return self._layers(F.embedding(ids, self._embed), positions, mask, q > 1 and base == 0, self.cache, features)
+
+    def _layers(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor | None,
+        causal: bool,
+        cache: TreeKVCache,
+        features: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        q = x.shape[0]
+        H, K, D, eps = self.heads, self.kv_heads, self.head_dim, self.eps
+        rot = self._rot[positions][:, None]  # (q, 1, D/2) complex
+        captured = []
+        for i, layer in enumerate(self.layers):
+            if features and i in self.feature_layers:
+                captured.append(x)
+            qkv = layer.qkv(F.rms_norm(x, (x.shape[-1],), layer.ln1, eps))
+            qk = qkv[:, : (H + K) * D].view(q, H + K, D)
+            if layer.q_norm is not None:
+                qk = torch.cat(
+                    [F.rms_norm(qk[:, :H], (D,), layer.q_norm, eps), F.rms_norm(qk[:, H:], (D,), layer.k_norm, eps)], 1
+                )
+            qk = self._rotate(qk, rot)
+            v = qkv[:, (H + K) * D :].view(q, K, D)
+            keys, values = cache.layers[i].update(qk[None, :, H:].transpose(1, 2), v[None].transpose(1, 2))
+            attn = F.scaled_dot_product_attention(
+                qk[None, :, :H].transpose(1, 2),
+                keys,
+                values,
+                attn_mask=mask,
+                is_causal=causal and mask is None,
+                scale=self.scaling,
+                enable_gqa=H != K,
+            )
+            x = x + layer.o(attn[0].transpose(0, 1).reshape(q, H * D))
+            gu = layer.gate_up(F.rms_norm(x, (x.shape[-1],), layer.ln2, eps))
+            half = gu.shape[-1] // 2
+            x = x + layer.down(F.silu(gu[:, :half]) * gu[:, half:])
+        feats = None
+        if features:
+            by_layer = dict(zip(sorted(set(self.feature_layers)), captured, strict=True))
+            feats = torch.cat([by_layer[i] for i in self.feature_layers], dim=-1)
+        return F.rms_norm(x, (x.shape[-1],), self._norm, eps), feats
+
+    def _rotate(self, qk: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
+        """Rotary embedding as a complex multiply of adjacent pairs (half precisions go through float32)."""
+        pairs = qk.unflatten(-1, (qk.shape[-1] // 2, 2))
+        if pairs.dtype in (torch.float16, torch.bfloat16):
+            turned = torch.view_as_complex(pairs.float().contiguous()) * rot
+            return torch.view_as_real(turned).flatten(2).to(qk.dtype)
+        return torch.view_as_real(torch.view_as_complex(pairs) * rot).flatten(2)
+
+    @torch.inference_mode()
+    def score_sequence(self, token_ids: Sequence[int] | torch.Tensor) -> TargetOutput:
+        """Features and logits for every position of a whole sequence (the cache is untouched)."""
+        ids = torch.as_tensor(token_ids, dtype=torch.long, device=self.device).reshape(-1)
+        if ids.shape[0] > self.max_context:
+            raise ContextLengthError(f"a {ids.shape[0]}-token sequence exceeds {self.name}'s context window")
+        positions = torch.arange(ids.shape[0], device=self.device)
+        hidden, feats = self._layers(
+            F.embedding(ids, self._embed), positions, None, True, TreeKVCache(self.num_layers), True
+        )
+        return TargetOutput(self.logits(hidden), feats)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if hidden.shape[0] == 0:
+            return hidden.new_zeros((0, self.vocab_size), dtype=torch.float32)
+        logits = self._head(hidden)
+        return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(token_ids, self._embed)
+
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.model.get_output_embeddings().weight

@@ -1,0 +1,99 @@
+"""Weight formats for the lean runtime's linear layers: ``y = x W^T + b`` with W stored compactly.
+
+On a CPU, decoding one token streams every weight from memory once, so the bytes per weight set the
+speed of plain decoding and of small-tree verification. The formats:
+
+- ``none``: float weights as loaded (fp32 on CPU); small row counts use the rows-first GEMM order of
+  :mod:`dartspec.kernels`.
+- ``fp16``: weights stored in half precision, arithmetic in fp32 (fbgemm's packed fp16 GEMM: it widens
+  the weights in registers). Half the bytes; the only change to the model is rounding each weight to
+  fp16 (11 significant bits), which keeps greedy answers identical to fp32 in our fidelity gate.
+- ``int8``: int8 weights with one scale per output channel, activations quantized to 8 bits per *row*.
+  fbgemm's dynamic int8 GEMM quantizes the whole input with one range; each row is divided by its own
+  largest magnitude and two constant columns +1 and -1 (with zero weights) are appended, so that range is
+  always exactly [-1, 1]: every row is quantized the same way whatever else is in the batch, and a tree
+  verification computes what one-token decoding computes. A quarter of the bytes and the flattest cost
+  curve, but it changes the model's answers: it fails the fidelity gate (README), so it is never a default.
+
+Why these kernels: measured on the 2-core CPUs this project runs on (README "CPU runtime"), fbgemm's fp16
+and int8 GEMMs stream weights at 20-30 GB/s for 1-8 rows, while the alternatives in torch 2.13
+(``_weight_int8pack_mm``, ``_weight_int4pack_mm_for_cpu``, ``torch._int_mm`` that torchao's CPU int8
+configs lower to) were 2-20x slower than fp32 on the same shapes.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from dartspec.errors import DartspecError
+from dartspec.kernels import rows_first_linear
+
+QUANT_FORMATS = ("none", "fp16", "int8")
+_PIN = torch.tensor([[1.0, -1.0]])
+
+
+def check_format(fmt: str, device: torch.device) -> None:
+    """A one-line error for an unknown format or one this device cannot run."""
+    if fmt not in QUANT_FORMATS:
+        raise DartspecError(f"unknown --quant {fmt!r}: choose one of {', '.join(QUANT_FORMATS)}")
+    if fmt != "none" and device.type != "cpu":
+        raise DartspecError(
+            f"--quant {fmt} is a CPU format (fbgemm kernels); on {device.type} use --quant none with --dtype bfloat16"
+        )
+
+
+class PackedLinear:
+    """One linear layer in a weight format; call it like ``F.linear`` on ``(rows, in)`` inputs."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, fmt: str) -> None:
+        check_format(fmt, weight.device)
+        self.fmt = fmt
+        self.out_features, self.in_features = weight.shape
+        self.bias = bias
+        self.weight: torch.Tensor | None = None
+        if fmt == "none":
+            self.weight = weight
+            return
+        w = weight.detach().float()
+        with warnings.catch_warnings():
+            # torch 2.13 marks the quantized-tensor constructors deprecated; we pin 2.13.
+            warnings.simplefilter("ignore")
+            if fmt == "fp16":
+                self._packed = torch.ops.quantized.linear_prepack_fp16(w.half().float(), bias)
+            else:
+                w = F.pad(w, (0, 2))  # zero weights for the two range-pinning columns
+                scale = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12).double()
+                qw = torch.quantize_per_channel(w, scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
+                self._packed = torch.ops.quantized.linear_prepack(qw, None)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of weight streamed per call."""
+        if self.weight is not None:
+            return self.weight.nbytes
+        return self.out_features * self.in_features * (2 if self.fmt == "fp16" else 1)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fmt == "none":
+            assert self.weight is not None
+            # rows_first_linear hands back a transposed view; the rotary pairs need unit stride.
+            return rows_first_linear(x, self.weight, self.bias).contiguous()
+        if self.fmt == "fp16":
+            return torch.ops.quantized.linear_dynamic_fp16(x.contiguous(), self._packed)
+        scale = x.abs().amax(dim=-1, keepdim=True).clamp_min_(1e-12)
+        pinned = torch.cat([x / scale, _PIN.to(x.dtype).expand(x.shape[0], 2)], dim=-1)
+        y = torch.ops.quantized.linear_dynamic(pinned, self._packed, True) * scale
+        return y if self.bias is None else y + self.bias
+
+
+def fuse(*weights: torch.Tensor | None) -> torch.Tensor | None:
+    """Rows of several projections stacked into one matrix (or None when all are None)."""
+    present = [w for w in weights if w is not None]
+    if not present:
+        return None
+    if len(present) != len(weights):
+        raise DartspecError("cannot fuse projections where only some have a bias")
+    return torch.cat(present, dim=0)

@@ -1,0 +1,319 @@
+"""The seam between the engine and whatever runs the target model.
+
+Two protocols say what the rest of dartspec may use:
+
+- :class:`TargetRuntime`: what the engine loop needs (prefill, verify a tree, commit the accepted path,
+  cache length, context size, EOS ids, the tokenizer face);
+- :class:`FeatureSource`: what feature-based drafters (DART, EAGLE-3) read (hidden features of chosen
+  layers, the input embedding, the LM head).
+
+:class:`CausalRuntime` implements everything both protocols share over one abstract forward, so a runtime
+only writes how it runs q new tokens against its KV cache. Two exist: :class:`dartspec.target.Target`
+(transformers' modules, any architecture) and :class:`dartspec.lean.LeanTarget` (a hand-written forward
+for the Llama / Qwen2 / Qwen3 families with quantized weight formats).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+from dartspec.errors import ContextLengthError, DartspecError
+from dartspec.kv_cache import TreeKVCache
+from dartspec.tree import Tree
+
+# Decoding ends at any of these when the tokenizer knows them: chat models close a turn with an
+# end-of-turn token that is not always the config's eos_token_id (e.g. Qwen2.5's <|im_end|>).
+_END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|endoftext|>")
+
+PREFILL_CHUNK = 512
+
+
+def default_feature_layers(num_layers: int) -> tuple[int, ...]:
+    """The layers whose *input* hidden states feed the drafters: low, middle, high (DART, EAGLE-3)."""
+    return (min(2, num_layers - 1), num_layers // 2, max(num_layers - 3, 0))
+
+
+@dataclass(frozen=True)
+class TargetOutput:
+    """What one target forward returns.
+
+    Attributes:
+        logits: ``(rows, vocab)`` float32 logits for the requested rows.
+        features: ``(q, len(feature_layers) * hidden)`` hidden states entering the feature layers for
+            every input position, or None when features were not requested.
+    """
+
+    logits: torch.Tensor
+    features: torch.Tensor | None
+
+
+@runtime_checkable
+class TargetRuntime(Protocol):
+    """What the engine needs from a target: one sequence's KV cache driven by prefill / verify / commit."""
+
+    name: str
+    vocab_size: int
+    max_context: int
+    eos_token_ids: frozenset[int]
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def cached(self) -> int: ...
+
+    def reset(self) -> None: ...
+
+    def prefill(self, token_ids: Sequence[int], *, features: bool = False) -> TargetOutput: ...
+
+    def verify(self, tree: Tree, *, features: bool = False) -> TargetOutput: ...
+
+    def commit(self, base: int, nodes: Sequence[int]) -> None: ...
+
+    def truncate(self, length: int) -> None: ...
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]: ...
+
+    def decode(self, token_ids: Sequence[int]) -> str: ...
+
+
+@runtime_checkable
+class FeatureSource(Protocol):
+    """What feature-based drafters read from a target (and the trainers, which also score whole sequences)."""
+
+    name: str
+    config: Any
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    feature_layers: tuple[int, ...]
+    fast_linear: bool
+    tokenizer: Any
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    def set_feature_layers(self, layers: Sequence[int] | None) -> None: ...
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor: ...
+
+    def lm_head_weight(self) -> torch.Tensor: ...
+
+    def score_sequence(self, token_ids: Sequence[int] | torch.Tensor) -> TargetOutput: ...
+
+
+def sync(device: torch.device) -> None:
+    """Wait for queued GPU work so wall-clock timings are honest."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class CausalRuntime(ABC):
+    """Shared body of the runtimes: cache bookkeeping, context checks, chunked prefill, text.
+
+    Subclasses implement :meth:`_run` (q new tokens at given positions against the cache), :meth:`logits`,
+    :meth:`embed`, :meth:`lm_head_weight` and :meth:`score_sequence`.
+    """
+
+    def __init__(
+        self,
+        *,
+        config: Any,
+        tokenizer: Any,
+        name: str,
+        generation_config: Any = None,
+        feature_layers: Sequence[int] | None = None,
+    ) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.name = name
+        self.num_layers = int(config.num_hidden_layers)
+        self.hidden_size = int(config.hidden_size)
+        self.max_context = int(getattr(config, "max_position_embeddings", 2048))
+        self.softcap = getattr(config, "final_logit_softcapping", None)
+        self.eos_token_ids = self._find_eos_ids(generation_config)
+        self.cache = TreeKVCache(self.num_layers)
+        self.feature_layers: tuple[int, ...] = ()
+        self.set_feature_layers(feature_layers)
+
+    def _find_eos_ids(self, generation_config: Any) -> frozenset[int]:
+        ids: set[int] = set()
+        for source in (self.config, generation_config, self.tokenizer):
+            value = getattr(source, "eos_token_id", None)
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, (list, tuple)):
+                ids.update(int(v) for v in value)
+        vocab = self.tokenizer.get_vocab() if self.tokenizer is not None else {}
+        ids.update(vocab[t] for t in _END_OF_TURN_TOKENS if t in vocab)
+        return frozenset(ids)
+
+    # --- features ----------------------------------------------------------------------------
+
+    def set_feature_layers(self, layers: Sequence[int] | None) -> None:
+        """Return features from these decoder layers' inputs from now on (None: 2, N//2, N-3).
+
+        Drafters call this with their checkpoint's layers before each generation, so drafters trained on
+        other layers can share one target.
+        """
+        wanted = tuple(int(i) for i in layers) if layers is not None else default_feature_layers(self.num_layers)
+        if wanted == self.feature_layers:
+            return
+        for i in wanted:
+            if not 0 <= i < self.num_layers:
+                raise DartspecError(f"feature layer {i} is out of range for a {self.num_layers}-layer target")
+        self._use_feature_layers(wanted)
+        self.feature_layers = wanted
+
+    def _use_feature_layers(self, layers: tuple[int, ...]) -> None:  # noqa: B027 (an optional hook)
+        """Hook for runtimes that must rewire something when the feature layers change."""
+
+    # --- state -------------------------------------------------------------------------------
+
+    @property
+    @abstractmethod
+    def device(self) -> torch.device: ...
+
+    @property
+    @abstractmethod
+    def dtype(self) -> torch.dtype: ...
+
+    @property
+    def cached(self) -> int:
+        """Number of positions whose keys and values are in the cache."""
+        return self.cache.length
+
+    def reset(self) -> None:
+        """Forget the cached sequence (the buffers are kept for reuse)."""
+        self.cache.truncate(0)
+
+    def truncate(self, length: int) -> None:
+        """Drop cached positions from ``length`` on."""
+        self.cache.truncate(length)
+
+    # --- forwards ----------------------------------------------------------------------------
+
+    def prefill(self, token_ids: Sequence[int], *, features: bool = False) -> TargetOutput:
+        """Append ``token_ids`` to the cache (chunked causal forwards); logits of the last position only."""
+        if len(token_ids) == 0:
+            raise DartspecError("the prompt is empty")
+        if self.cached + len(token_ids) > self.max_context:
+            raise ContextLengthError(
+                f"the prompt is {len(token_ids)} tokens but {self.name} has a context window of "
+                f"{self.max_context} tokens"
+            )
+        outs = []
+        for start in range(0, len(token_ids), PREFILL_CHUNK):
+            chunk = list(token_ids[start : start + PREFILL_CHUNK])
+            n = len(chunk)
+            last = start + n == len(token_ids)
+            outs.append(
+                self._forward(chunk, torch.arange(n), None, logit_rows=[n - 1] if last else [], features=features)
+            )
+        feats = torch.cat([o.features for o in outs]) if features else None
+        return TargetOutput(outs[-1].logits, feats)
+
+    def verify(self, tree: Tree, *, features: bool = False) -> TargetOutput:
+        """Score every node of ``tree`` in one forward; logits row i predicts the token after node i."""
+        if self.cached + tree.size > self.max_context:
+            raise ContextLengthError(f"the sequence reached {self.name}'s context window of {self.max_context} tokens")
+        chain = bool(np.array_equal(tree.depth, np.arange(tree.size)))  # a chain's mask is plain causal
+        return self._forward(
+            tree.tokens.tolist(),
+            torch.from_numpy(tree.depth),
+            None if chain else torch.from_numpy(tree.ancestors),
+            logit_rows=None,
+            features=features,
+        )
+
+    @torch.inference_mode()
+    def commit(self, base: int, nodes: Sequence[int]) -> None:
+        """After a verify at cache length ``base``, keep the entries of ``nodes`` (the accepted path)."""
+        n = len(nodes)
+        if list(nodes) == list(range(n)):
+            self.cache.truncate(base + n)
+        else:
+            self.cache.keep(base, torch.as_tensor(nodes, dtype=torch.long, device=self.device))
+
+    @torch.inference_mode()
+    def _forward(
+        self,
+        token_ids: list[int],
+        offsets: torch.Tensor,
+        local_mask: torch.Tensor | None,
+        *,
+        logit_rows: list[int] | None,
+        features: bool,
+    ) -> TargetOutput:
+        """q new tokens at positions ``cached + offsets`` that see the whole cache plus ``local_mask``
+        (None: causal among themselves)."""
+        base = self.cached
+        device = self.device
+        ids = torch.tensor(token_ids, dtype=torch.long, device=device)
+        positions = offsets.to(device=device, dtype=torch.long) + base
+        try:
+            hidden, feats = self._run(ids, positions, local_mask, features)
+        except BaseException:
+            # A failed forward must not leave half-written entries that later steps would attend to.
+            self.cache.truncate(base)
+            raise
+        rows = hidden if logit_rows is None else hidden[logit_rows]
+        return TargetOutput(self.logits(rows), feats)
+
+    def _allowed(self, base: int, q: int, local_mask: torch.Tensor | None) -> torch.Tensor:
+        """``(q, base + q)`` boolean: which cached and new positions each new token may attend to."""
+        allowed = torch.ones(q, base + q, dtype=torch.bool, device=self.device)
+        local = torch.ones(q, q, dtype=torch.bool).tril_() if local_mask is None else local_mask
+        allowed[:, base:] = local.to(self.device)
+        return allowed
+
+    @abstractmethod
+    def _run(
+        self, ids: torch.Tensor, positions: torch.Tensor, local_mask: torch.Tensor | None, features: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run ``ids`` at ``positions``, appending their keys/values to the cache; ``(final hidden (q, H),
+        features (q, F*H) or None)``."""
+
+    @abstractmethod
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """LM head on final-norm hidden states ``(rows, H)``; ``(rows, vocab)`` in float32 or wider."""
+
+    @abstractmethod
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """The target's input embeddings of ``token_ids`` (what drafters pair with features)."""
+
+    @abstractmethod
+    def lm_head_weight(self) -> torch.Tensor:
+        """The LM head's weight ``(vocab, H)`` (drafters initialise theirs from it)."""
+
+    @abstractmethod
+    def score_sequence(self, token_ids: Sequence[int] | torch.Tensor) -> TargetOutput:
+        """Features and logits for every position of a whole sequence (training; the cache is untouched)."""
+
+    # --- text --------------------------------------------------------------------------------
+
+    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
+        """Apply the model's chat template (with the assistant turn opened) and tokenize."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise DartspecError(f"{self.name} has no chat template; pass a plain prompt without --chat")
+        ids = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return [int(t) for t in ids]
+
+    def encode(self, text: str) -> list[int]:
+        return [int(t) for t in self.tokenizer(text, add_special_tokens=True)["input_ids"]]
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)

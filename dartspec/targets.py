@@ -1,0 +1,101 @@
+"""Choosing and loading a target runtime: ``--runtime auto|lean|hf`` and ``--quant auto|none|fp16|int8``.
+
+``auto`` picks the fastest choice that passed the fidelity gate (README "CPU runtime"): on a CPU the lean
+forward with fp16 weights for the Llama / Qwen2 / Qwen3 families; transformers' modules in the model's
+dtype elsewhere (other architectures, and GPUs, where the lean path has not been measured yet).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from dartspec.errors import DartspecError
+from dartspec.quant import QUANT_FORMATS, check_format
+
+RUNTIMES = ("auto", "lean", "hf")
+QUANT_CHOICES = ("auto", *QUANT_FORMATS)
+#: The CPU weight format ``--quant auto`` picks: the fastest one that passes the fidelity gate.
+CPU_DEFAULT_QUANT = "fp16"
+
+
+def resolve_runtime(runtime: str, quant: str, model_type: str, device: torch.device) -> tuple[str, str]:
+    """``(runtime, quant)`` with ``auto`` replaced; a one-line error for impossible combinations."""
+    from dartspec.lean import LEAN_ARCHITECTURES, lean_supported
+
+    if runtime not in RUNTIMES:
+        raise DartspecError(f"unknown --runtime {runtime!r}: choose one of {', '.join(RUNTIMES)}")
+    if quant not in QUANT_CHOICES:
+        raise DartspecError(f"unknown --quant {quant!r}: choose one of {', '.join(QUANT_CHOICES)}")
+    if runtime == "auto":
+        runtime = "lean" if device.type == "cpu" and lean_supported(model_type) else "hf"
+    if runtime == "lean" and not lean_supported(model_type):
+        raise DartspecError(
+            f"the lean runtime supports {', '.join(LEAN_ARCHITECTURES)} models, not {model_type!r}: use --runtime hf"
+        )
+    if quant == "auto":
+        quant = CPU_DEFAULT_QUANT if runtime == "lean" and device.type == "cpu" else "none"
+    if quant != "none" and runtime == "hf":
+        raise DartspecError(f"--quant {quant} needs the lean runtime (--runtime lean or auto)")
+    check_format(quant, device)
+    return runtime, quant
+
+
+def wrap_model(
+    model: Any,
+    tokenizer: Any,
+    *,
+    runtime: str = "auto",
+    quant: str = "auto",
+    name: str = "",
+    feature_layers: Sequence[int] | None = None,
+) -> Any:  # -> Target | LeanTarget
+    """A runtime over an already loaded transformers model (several runtimes may share one model)."""
+    from dartspec.lean import LeanTarget
+    from dartspec.target import Target
+
+    device = model.get_input_embeddings().weight.device
+    runtime, quant = resolve_runtime(runtime, quant, model.config.get_text_config().model_type, device)
+    if runtime == "hf":
+        return Target(model, tokenizer, name=name, feature_layers=feature_layers)
+    return LeanTarget(model, tokenizer, quant=quant, name=name, feature_layers=feature_layers)
+
+
+def load_target(
+    name_or_path: str,
+    *,
+    runtime: str = "auto",
+    quant: str = "auto",
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    feature_layers: Sequence[int] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> Any:  # -> Target | LeanTarget
+    """Load a target by known name (e.g. ``smollm2-135m``), local folder or GGUF file into a runtime.
+
+    Example::
+
+        target = load_target("smollm2-135m")                 # lean runtime, fp16 weights on a CPU
+        exact = load_target("smollm2-135m", runtime="hf")     # transformers' modules, fp32
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from dartspec.models import resolve_model
+
+    dev = torch.device(device)
+    folder = resolve_model(name_or_path, **({"log": log} if log else {}))
+    # Check the combination before loading hundreds of MB.
+    resolve_runtime(runtime, quant, AutoConfig.from_pretrained(folder).get_text_config().model_type, dev)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").to(dev)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    return wrap_model(model, tokenizer, runtime=runtime, quant=quant, name=name_or_path, feature_layers=feature_layers)
+
+
+def describe(target: Any) -> str:
+    """``lean/fp16`` or ``hf/float32``: the runtime and weight format, for logs and benchmark metadata."""
+    quant = getattr(target, "quant", None)
+    if quant is not None:
+        return f"lean/{quant}"
+    return f"hf/{str(target.dtype).removeprefix('torch.')}"

@@ -1,0 +1,162 @@
+"""The lean runtime against transformers' own forward, tree verification on every weight format, and its errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import VOCAB, tiny_model, tiny_tokenizer
+from test_engine import RandomDrafter
+
+from dartspec.engine import Generator
+from dartspec.errors import DartspecError
+from dartspec.lean import LeanTarget
+from dartspec.quant import PackedLinear, check_format
+from dartspec.runtime import FeatureSource, TargetRuntime
+from dartspec.target import Target
+from dartspec.targets import describe, resolve_runtime, wrap_model
+from dartspec.tree import Tree
+
+LEAN_ARCHS = ["llama", "qwen2", "qwen3"]
+
+
+def _with_biases(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Random q/k/v biases (Qwen2 has them; zero-initialised they would test nothing)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in model.get_decoder().layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                if proj.bias is not None:
+                    proj.bias.copy_(torch.randn(proj.bias.shape, generator=gen, dtype=proj.bias.dtype) * 0.5)
+    return model
+
+
+@pytest.mark.parametrize("arch", LEAN_ARCHS)
+def test_lean_logits_and_features_equal_transformers(arch: str) -> None:
+    model = _with_biases(tiny_model(arch, seed=3), 3)
+    lean = LeanTarget(model, tiny_tokenizer(), name=f"tiny-{arch}")
+    hf = Target(model, tiny_tokenizer(), name=f"tiny-{arch}", fast_linear=False)
+    ids = torch.randint(2, VOCAB, (40,), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = model(ids[None]).logits[0]
+    got = lean.score_sequence(ids)
+    # transformers' RMSNorm rounds through float32 even for a float64 model: that sets the tolerance.
+    torch.testing.assert_close(got.logits, ref, rtol=0, atol=1e-6)
+    torch.testing.assert_close(got.features, hf.score_sequence(ids).features, rtol=0, atol=1e-6)
+    # Incremental: prefill, then a second chunk against the cache, with features.
+    for t in (lean, hf):
+        t.reset()
+        t.prefill(ids[:25].tolist(), features=True)
+    a, b = lean.prefill(ids[25:].tolist(), features=True), hf.prefill(ids[25:].tolist(), features=True)
+    torch.testing.assert_close(a.logits, b.logits, rtol=0, atol=1e-6)
+    torch.testing.assert_close(a.features, b.features, rtol=0, atol=1e-6)
+
+
+def _random_tree(rng: np.random.Generator, root: int, size: int) -> Tree:
+    tokens, parents = [root], [-1]
+    while len(tokens) < size:
+        tokens.append(int(rng.integers(0, VOCAB)))
+        parents.append(int(rng.integers(0, len(tokens) - 1)))
+    return Tree(np.array(tokens), np.array(parents))
+
+
+def _step_by_step(t: LeanTarget, prompt: list[int], seq: list[int]) -> torch.Tensor:
+    """Logits after ``prompt + seq`` decoded one token at a time on the same runtime (q = 1 forwards)."""
+    t.reset()
+    out = t.prefill(prompt)
+    for tok in seq:
+        out = t.verify(Tree.root_only(tok))
+    return out.logits[-1]
+
+
+@pytest.mark.parametrize(
+    ("arch", "quant"), [("llama", "none"), ("qwen3", "none"), ("llama", "fp16"), ("qwen2", "int8")]
+)
+def test_tree_verification_equals_sequential_decoding(arch: str, quant: str) -> None:
+    model = _with_biases(tiny_model(arch, seed=5), 5)
+    if quant != "none":
+        model = model.float()  # the quantized kernels take float32 activations
+    t = LeanTarget(model, tiny_tokenizer(), quant=quant)
+    atol = 1e-9 if quant == "none" else 2e-4  # quantized GEMMs round per row count: same format, other order
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        prompt = rng.integers(0, VOCAB, size=int(rng.integers(3, 30))).tolist()
+        tree = _random_tree(rng, int(rng.integers(0, VOCAB)), int(rng.integers(2, 17)))
+        t.reset()
+        t.prefill(prompt)
+        base = t.cached
+        got = t.verify(tree).logits
+        for node in range(tree.size):
+            path = [int(tree.tokens[i]) for i in tree.path_to(node)]
+            ref = _step_by_step(t, prompt, path)
+            torch.testing.assert_close(got[node].to(ref.dtype), ref, rtol=0, atol=atol)
+            assert int(got[node].argmax()) == int(ref.argmax())
+        # Commit a branch and continue: the cache holds exactly prompt + that path.
+        t.reset()
+        t.prefill(prompt)
+        t.verify(tree)
+        node = int(rng.integers(0, tree.size))
+        t.commit(base, tree.path_to(node))
+        after = t.verify(Tree.chain(7, [3])).logits
+        seq = [int(tree.tokens[i]) for i in tree.path_to(node)]
+        torch.testing.assert_close(after[-1].to(ref.dtype), _step_by_step(t, prompt, [*seq, 7, 3]), rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("quant", ["none", "fp16", "int8"])
+def test_speculative_greedy_equals_plain_decoding_on_each_format(quant: str) -> None:
+    model = tiny_model("llama", seed=2).float()
+    t = LeanTarget(model, tiny_tokenizer(), quant=quant)
+    plain = Generator(t).generate(list(range(5, 15)), max_new_tokens=40)
+    spec = Generator(t, RandomDrafter(seed=1, reference=plain.token_ids), tree_size=12, max_depth=5)
+    out = spec.generate(list(range(5, 15)), max_new_tokens=40)
+    assert out.token_ids == plain.token_ids
+    assert out.stats.draft_tokens_accepted > 0
+
+
+def test_runtimes_satisfy_the_protocols() -> None:
+    model = tiny_model("llama")
+    for t in (LeanTarget(model, tiny_tokenizer()), Target(model, tiny_tokenizer())):
+        assert isinstance(t, TargetRuntime)
+        assert isinstance(t, FeatureSource)
+
+
+def test_packed_linear_formats_approximate_fp32() -> None:
+    gen = torch.Generator().manual_seed(0)
+    w, b, x = torch.randn(48, 32, generator=gen), torch.randn(48, generator=gen), torch.randn(5, 32, generator=gen)
+    ref = torch.nn.functional.linear(x, w, b)
+    torch.testing.assert_close(PackedLinear(w, b, "none")(x), ref)
+    torch.testing.assert_close(PackedLinear(w, b, "fp16")(x), ref, rtol=0, atol=1e-2)
+    err = (PackedLinear(w, b, "int8")(x) - ref).abs().max()
+    assert 0 < err < 0.3  # 8-bit weights and per-row 8-bit activations: close, not equal
+
+
+def test_quant_and_runtime_errors_are_one_line() -> None:
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert resolve_runtime("auto", "auto", "llama", cpu) == ("lean", "fp16")
+    assert resolve_runtime("auto", "auto", "gemma3_text", cpu) == ("hf", "none")
+    assert resolve_runtime("auto", "auto", "llama", gpu) == ("hf", "none")
+    for args, words in [
+        (("auto", "int4", "llama", cpu), "unknown --quant 'int4'"),
+        (("fast", "auto", "llama", cpu), "unknown --runtime 'fast'"),
+        (("lean", "auto", "gemma3_text", cpu), "lean runtime supports"),
+        (("hf", "fp16", "llama", cpu), "needs the lean runtime"),
+        (("lean", "fp16", "llama", gpu), "CPU format"),
+    ]:
+        with pytest.raises(DartspecError, match=words) as err:
+            resolve_runtime(*args)
+        assert "\n" not in str(err.value)
+    with pytest.raises(DartspecError, match="CPU format"):
+        check_format("int8", gpu)
+    with pytest.raises(DartspecError, match="lean runtime supports"):
+        LeanTarget(tiny_model("gemma3"), tiny_tokenizer())
+
+
+def test_wrap_model_shares_one_model_between_runtimes() -> None:
+    model = tiny_model("qwen2").float()
+    lean = wrap_model(model, tiny_tokenizer(), quant="fp16")
+    hf = wrap_model(model, tiny_tokenizer(), runtime="hf")
+    assert (describe(lean), describe(hf)) == ("lean/fp16", "hf/float32")
+    assert lean.model is hf.model
+    ids = list(range(3, 20))
+    a, b = lean.prefill(ids).logits, hf.prefill(ids).logits
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-2)
