@@ -79,9 +79,9 @@ def add_target_args(p: argparse.ArgumentParser, runtime: str = "auto") -> None:
     p.add_argument(
         "--quant",
         default="auto",
-        choices=["auto", "none", "fp16", "int8"],
-        help="weight format of the lean runtime on CPU: fp16 (auto: half the bytes, answers kept), "
-        "int8 (faster, changes answers: see README), none (as loaded)",
+        choices=["auto", "none", "fp16", "int8", "exact"],
+        help="weight format of the lean runtime on CPU: fp16 (auto: half the bytes, answers kept), exact (the "
+        "GGUF's integer groups, bit-identical weights), int8 (changes answers: see README), none (as loaded)",
     )
 
 

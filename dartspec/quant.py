@@ -14,6 +14,9 @@ speed of plain decoding and of small-tree verification. The formats:
   always exactly [-1, 1]: every row is quantized the same way whatever else is in the batch, and a tree
   verification computes what one-token decoding computes. A quarter of the bytes and the flattest cost
   curve, but it changes the model's answers: it fails the fidelity gate (README), so it is never a default.
+- ``exact``: the integer weight groups a GGUF-converted model is made of, kept bit for bit, widened to
+  fp32 in registers by dartspec's own small C kernel (:mod:`dartspec.exact`); fp32 arithmetic. Only for
+  models whose every weight is such a group (a clear error otherwise).
 
 Why these kernels: measured on the 2-core CPUs this project runs on (README "CPU runtime"), fbgemm's fp16
 and int8 GEMMs stream weights at 20-30 GB/s for 1-8 rows, while the alternatives in torch 2.13
@@ -31,8 +34,12 @@ import torch.nn.functional as F
 from dartspec.errors import DartspecError
 from dartspec.kernels import rows_first_linear
 
-QUANT_FORMATS = ("none", "fp16", "int8")
+QUANT_FORMATS = ("none", "fp16", "int8", "exact")
 _PIN = torch.tensor([[1.0, -1.0]])
+# The overloads themselves: calling the op packets costs ~14 us a call in Python checks for fake script
+# objects (121 calls per SmolLM2 forward), the overloads go straight to the kernel.
+_FP16_LINEAR = torch.ops.quantized.linear_dynamic_fp16.default
+_INT8_LINEAR = torch.ops.quantized.linear_dynamic.default
 
 
 def check_format(fmt: str, device: torch.device) -> None:
@@ -57,6 +64,17 @@ class PackedLinear:
         if fmt == "none":
             self.weight = weight
             return
+        if fmt == "exact":
+            from dartspec import exact
+
+            packed = exact.pack(weight)
+            if packed is None:
+                raise DartspecError(
+                    "--quant exact: this model's weights are not integer groups (it does not come from a GGUF "
+                    "file): use --quant fp16"
+                )
+            self._exact = packed
+            return
         w = weight.detach().float()
         with warnings.catch_warnings():
             # torch 2.13 marks the quantized-tensor constructors deprecated; we pin 2.13.
@@ -74,6 +92,8 @@ class PackedLinear:
         """Bytes of weight streamed per call."""
         if self.weight is not None:
             return self.weight.nbytes
+        if self.fmt == "exact":
+            return self._exact.nbytes
         return self.out_features * self.in_features * (2 if self.fmt == "fp16" else 1)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -82,10 +102,14 @@ class PackedLinear:
             # rows_first_linear hands back a transposed view; the rotary pairs need unit stride.
             return rows_first_linear(x, self.weight, self.bias).contiguous()
         if self.fmt == "fp16":
-            return torch.ops.quantized.linear_dynamic_fp16(x.contiguous(), self._packed)
+            return _FP16_LINEAR(x.contiguous(), self._packed)
+        if self.fmt == "exact":
+            from dartspec import exact
+
+            return exact.linear(x, self._exact, self.bias)
         scale = x.abs().amax(dim=-1, keepdim=True).clamp_min_(1e-12)
         pinned = torch.cat([x / scale, _PIN.to(x.dtype).expand(x.shape[0], 2)], dim=-1)
-        y = torch.ops.quantized.linear_dynamic(pinned, self._packed, True) * scale
+        y = _INT8_LINEAR(pinned, self._packed, True) * scale
         return y if self.bias is None else y + self.bias
 
 

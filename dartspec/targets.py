@@ -1,7 +1,8 @@
 """Choosing and loading a target runtime: ``--runtime auto|lean|hf`` and ``--quant auto|none|fp16|int8``.
 
-``auto`` picks the fastest choice that passed the fidelity gate (README "CPU runtime"): on a CPU the lean
-forward with fp16 weights for the Llama / Qwen2 / Qwen3 families; transformers' modules in the model's
+``auto`` picks the fastest choice that passes the fidelity gate (README "CPU runtime"): on a CPU the lean
+forward for the Llama / Qwen2 / Qwen3 families, with the ``exact`` format where the model's weights are
+integer groups (GGUF-converted models) and the kernel builds, else fp16; transformers' modules in the model's
 dtype elsewhere (other architectures, and GPUs, where the lean path has not been measured yet).
 """
 
@@ -17,8 +18,8 @@ from dartspec.quant import QUANT_FORMATS, check_format
 
 RUNTIMES = ("auto", "lean", "hf")
 QUANT_CHOICES = ("auto", *QUANT_FORMATS)
-#: The CPU weight format ``--quant auto`` picks: the fastest one that passes the fidelity gate.
-CPU_DEFAULT_QUANT = "fp16"
+#: The CPU weight formats ``--quant auto`` tries, fastest first; each passes the fidelity gate.
+CPU_DEFAULT_QUANTS = ("exact", "fp16")
 
 
 def resolve_runtime(runtime: str, quant: str, model_type: str, device: torch.device) -> tuple[str, str]:
@@ -36,11 +37,19 @@ def resolve_runtime(runtime: str, quant: str, model_type: str, device: torch.dev
             f"the lean runtime supports {', '.join(LEAN_ARCHITECTURES)} models, not {model_type!r}: use --runtime hf"
         )
     if quant == "auto":
-        quant = CPU_DEFAULT_QUANT if runtime == "lean" and device.type == "cpu" else "none"
+        quant = CPU_DEFAULT_QUANTS[0] if runtime == "lean" and device.type == "cpu" else "none"
+        if quant == "exact" and not _exact_kernel_available():
+            quant = CPU_DEFAULT_QUANTS[1]
     if quant != "none" and runtime == "hf":
         raise DartspecError(f"--quant {quant} needs the lean runtime (--runtime lean or auto)")
     check_format(quant, device)
     return runtime, quant
+
+
+def _exact_kernel_available() -> bool:
+    from dartspec import exact
+
+    return exact.available()
 
 
 def wrap_model(
@@ -57,10 +66,16 @@ def wrap_model(
     from dartspec.target import Target
 
     device = model.get_input_embeddings().weight.device
-    runtime, quant = resolve_runtime(runtime, quant, model.config.get_text_config().model_type, device)
-    if runtime == "hf":
+    chosen_runtime, chosen = resolve_runtime(runtime, quant, model.config.get_text_config().model_type, device)
+    if chosen_runtime == "hf":
         return Target(model, tokenizer, name=name, feature_layers=feature_layers)
-    return LeanTarget(model, tokenizer, quant=quant, name=name, feature_layers=feature_layers)
+    try:
+        return LeanTarget(model, tokenizer, quant=chosen, name=name, feature_layers=feature_layers)
+    except DartspecError:
+        if quant != "auto" or chosen != "exact":
+            raise
+        # auto: a model that is not made of integer groups gets the next format.
+        return LeanTarget(model, tokenizer, quant=CPU_DEFAULT_QUANTS[1], name=name, feature_layers=feature_layers)
 
 
 def load_target(

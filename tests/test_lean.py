@@ -8,6 +8,7 @@ import torch
 from conftest import VOCAB, tiny_model, tiny_tokenizer
 from test_engine import RandomDrafter
 
+from dartspec import exact
 from dartspec.engine import Generator
 from dartspec.errors import DartspecError
 from dartspec.lean import LeanTarget
@@ -132,7 +133,7 @@ def test_packed_linear_formats_approximate_fp32() -> None:
 
 def test_quant_and_runtime_errors_are_one_line() -> None:
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
-    assert resolve_runtime("auto", "auto", "llama", cpu) == ("lean", "fp16")
+    assert resolve_runtime("auto", "auto", "llama", cpu) == ("lean", "exact" if exact.available() else "fp16")
     assert resolve_runtime("auto", "auto", "gemma3_text", cpu) == ("hf", "none")
     assert resolve_runtime("auto", "auto", "llama", gpu) == ("hf", "none")
     for args, words in [
@@ -149,6 +150,60 @@ def test_quant_and_runtime_errors_are_one_line() -> None:
         check_format("int8", gpu)
     with pytest.raises(DartspecError, match="lean runtime supports"):
         LeanTarget(tiny_model("gemma3"), tiny_tokenizer())
+
+
+def _gguf_like(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Every linear weight made of Q4_1-style groups (``d * q + m``, q in 0..15, d and m fp16), the embedding
+    of Q8_0-style groups (``d * q``, q int8): what a model converted from a GGUF file looks like."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() != 2:
+                continue
+            out, k = p.shape
+            shape = (out, k // 32, 32)
+            d = (torch.rand(out, k // 32, 1, generator=gen) * 0.02 + 0.001).half().float()
+            if "embed" in name:
+                q = torch.randint(-127, 128, shape, generator=gen).float()
+                q[..., 0] = 127
+                p.copy_((q * d).reshape(out, k))
+            else:
+                q = torch.randint(0, 16, shape, generator=gen).float()
+                q[..., 0], q[..., 1] = 0, 15
+                m = (torch.rand(out, k // 32, 1, generator=gen) * -0.15).half().float()
+                p.copy_((q * d + m).reshape(out, k))
+    return model
+
+
+def test_exact_format_packs_gguf_groups_bit_for_bit_and_refuses_others() -> None:
+    model = _gguf_like(tiny_model("llama", seed=4).float())
+    for name, p in model.named_parameters():
+        if p.dim() == 2:
+            packed = exact.pack(p)
+            assert packed is not None and packed.kind == (8 if "embed" in name else 4)
+            assert torch.equal(exact.unpack(packed), p)
+            x = torch.randn(5, p.shape[1])
+            ref = torch.nn.functional.linear(x.double(), p.double()).float()
+            torch.testing.assert_close(exact.linear(x, packed), ref, rtol=1e-5, atol=1e-5)
+    assert exact.pack(torch.randn(8, 64)) is None  # random floats are no integer groups
+    assert exact.pack(torch.randn(8, 48)) is None  # rows that are no whole number of groups
+
+
+@pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
+def test_exact_runtime_equals_fp32_and_verifies_trees_like_sequential_decoding() -> None:
+    model = _gguf_like(tiny_model("qwen3", seed=6).float())
+    t = LeanTarget(model, tiny_tokenizer(), quant="exact")
+    ref = LeanTarget(model, tiny_tokenizer(), quant="none")
+    ids = list(range(3, 40))
+    torch.testing.assert_close(t.score_sequence(ids).logits, ref.score_sequence(ids).logits, rtol=1e-4, atol=1e-4)
+    plain = Generator(t).generate(ids[:10], max_new_tokens=30)
+    spec = Generator(t, RandomDrafter(seed=2, reference=plain.token_ids), tree_size=10, max_depth=4)
+    assert spec.generate(ids[:10], max_new_tokens=30).token_ids == plain.token_ids
+    # auto picks exact for such a model and falls back to fp16 for one that is not made of groups.
+    assert describe(wrap_model(model, tiny_tokenizer())) == "lean/exact"
+    assert describe(wrap_model(tiny_model("qwen3").float(), tiny_tokenizer())) == "lean/fp16"
+    with pytest.raises(DartspecError, match="not integer groups"):
+        wrap_model(tiny_model("qwen3").float(), tiny_tokenizer(), quant="exact")
 
 
 def test_wrap_model_shares_one_model_between_runtimes() -> None:

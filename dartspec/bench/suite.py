@@ -117,8 +117,8 @@ def _spec(group: list[str], tree_size: int | str) -> MethodSpec:
             kw["online"] = value in ("1", "on", "true", "yes")
         elif key == "runtime" and value not in ("auto", "lean", "hf"):
             raise DartspecError(f"{label}: runtime must be auto, lean or hf")
-        elif key == "quant" and value not in ("auto", "none", "fp16", "int8"):
-            raise DartspecError(f"{label}: quant must be auto, none, fp16 or int8")
+        elif key == "quant" and value not in ("auto", "none", "fp16", "int8", "exact"):
+            raise DartspecError(f"{label}: quant must be auto, none, fp16, int8 or exact")
         elif key == "gguf":
             if value.lower() not in LLAMACPP_TYPES:
                 raise DartspecError(f"{label}: gguf must be one of {', '.join(LLAMACPP_TYPES)}")
