@@ -110,8 +110,9 @@ def add_drafter_args(p: argparse.ArgumentParser, default: str = "none") -> None:
     p.add_argument(
         "--tree-size",
         type=_tree_size,
-        default=16,
-        help="max draft tree nodes, root included, or auto (dart, eagle3: sized per step from measured verify costs)",
+        default=None,
+        help="max draft tree nodes, root included (default: 4 on CPU, 16 on GPU), or auto (dart, eagle3: sized per "
+        "step from measured verify costs)",
     )
     p.add_argument("--max-depth", type=int, default=8, help="max draft depth below the root")
 
@@ -119,12 +120,12 @@ def add_drafter_args(p: argparse.ArgumentParser, default: str = "none") -> None:
 def make_generator(args: argparse.Namespace, target):  # -> Generator
     """The generator that :func:`add_drafter_args`' options describe (``--tree-size auto`` included)."""
     from dartspec.drafters import make_drafter
-    from dartspec.engine import Generator
+    from dartspec.engine import Generator, default_tree_size
     from dartspec.tree_size import AUTO_MAX_SIZE
 
     auto = args.tree_size == "auto"
     sized = args.drafter in ("dart", "dart+pld", "eagle3")  # the drafters --tree-size auto applies to
-    size = (AUTO_MAX_SIZE if sized else 16) if auto else args.tree_size
+    size = (AUTO_MAX_SIZE if sized else 16) if auto else args.tree_size or default_tree_size(target.device)
     drafter = make_drafter(
         args.drafter,
         target,
@@ -169,10 +170,22 @@ def load_target(args: argparse.Namespace):  # -> TargetRuntime (imported lazily:
         quant=getattr(args, "quant", "auto"),
         device=dev,
         dtype=getattr(torch, dtype_name),
+        trees=getattr(args, "drafter", "none") != "none",  # auto picks the format that verifies trees fastest
         log=_log,
     )
     _log(f"{target.name}: {describe(target)} runtime on {dev}")
     return target
+
+
+def tree_target(args: argparse.Namespace, target):  # -> TargetRuntime
+    """The runtime for bench / demo rows that draft trees: what ``--quant auto`` picks for speculative decoding
+    (sharing the loaded model), or ``target`` itself when the format was given."""
+    from dartspec.targets import describe, wrap_model
+
+    if getattr(args, "quant", "auto") != "auto":
+        return target
+    other = wrap_model(target.model, target.tokenizer, runtime=args.runtime, quant="auto", name=target.name, trees=True)
+    return target if describe(other) == describe(target) else other
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -249,7 +262,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         methods += ["dart", "dart+pld"]
     if not args.methods:
         methods += demo_peers(target)
-    print(run_demo(target, methods, args.max_new_tokens, log=_log))
+    print(run_demo(target, methods, args.max_new_tokens, log=_log, tree_target=tree_target(args, target)))
     return 0
 
 
@@ -261,6 +274,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from dartspec.bench.suite import load_prompts, parse_methods, run_suite, summarize, write_results
+    from dartspec.targets import describe
 
     if args.temperature < 0:
         raise DartspecError("--temperature must be >= 0")
@@ -275,6 +289,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         seed=args.seed,
         progress=lambda items, n: tqdm(items, total=n, desc="bench", unit="prompt"),
+        tree_target=tree_target(args, target),
     )
     rows = summarize(runs)
     meta = {
@@ -285,6 +300,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "max_new_tokens": args.max_new_tokens,
         "methods": [r["method"] for r in rows],
         "device": str(target.device),
+        "runtime": describe(target),
         "threads": __import__("torch").get_num_threads(),
         "machine": platform.platform(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -530,7 +546,9 @@ def build_parser() -> argparse.ArgumentParser:
     bp.add_argument("--max-new-tokens", type=_positive_int, default=256)
     bp.add_argument("--temperature", type=float, default=0.0)
     bp.add_argument("--seed", type=int, default=0)
-    bp.add_argument("--tree-size", type=_tree_size, default=16, help="default tree size for dart methods (or auto)")
+    bp.add_argument(
+        "--tree-size", type=_tree_size, default=4, help="default tree size for dart/eagle3 rows (default 4; or auto)"
+    )
     bp.add_argument("--out", default=None, help="folder for results.md, results.json and plots")
     bp.set_defaults(func=cmd_bench)
     bench = bp.add_subparsers(dest="bench_command", required=False)

@@ -150,6 +150,12 @@ class _TextStream:
         return out
 
 
+def default_tree_size(device: Any) -> int:
+    """The fastest fixed tree size measured for the shipped drafters: 4 nodes on a CPU (verifying 4 costs
+    ~1.2x one token on the lean fp16 runtime, 8 already ~1.6x; BENCHMARKS.md), 16 on a GPU (flat cost)."""
+    return 4 if str(getattr(device, "type", device)) == "cpu" else 16
+
+
 class Generator:
     """Speculative generation with a target and a drafter; lossless by construction.
 
@@ -162,8 +168,15 @@ class Generator:
     """
 
     def __init__(
-        self, target: TargetRuntime, drafter: Drafter | None = None, *, tree_size: int = 16, max_depth: int = 8
+        self,
+        target: TargetRuntime,
+        drafter: Drafter | None = None,
+        *,
+        tree_size: int | None = None,
+        max_depth: int = 8,
     ):
+        """``tree_size`` None: :func:`default_tree_size` for the target's device."""
+        tree_size = default_tree_size(target.device) if tree_size is None else tree_size
         if tree_size < 1 or max_depth < 0:
             raise DartspecError(f"tree size must be >= 1 and depth >= 0 (got {tree_size}, {max_depth})")
         self.target = target

@@ -1,9 +1,11 @@
 """Choosing and loading a target runtime: ``--runtime auto|lean|hf`` and ``--quant auto|none|fp16|int8``.
 
 ``auto`` picks the fastest choice that passes the fidelity gate (README "CPU runtime"): on a CPU the lean
-forward for the Llama / Qwen2 / Qwen3 families, with the ``exact`` format where the model's weights are
-integer groups (GGUF-converted models) and the kernel builds, else fp16; transformers' modules in the model's
-dtype elsewhere (other architectures, and GPUs, where the lean path has not been measured yet).
+forward for the Llama / Qwen2 / Qwen3 families; for plain decoding the ``exact`` format where the model's
+weights are integer groups (GGUF-converted models) and the kernel builds, else fp16; for speculative decoding
+fp16, whose cost stays flat up to 4-8 rows where exact's grows (measured: BENCHMARKS.md). Transformers'
+modules in the model's dtype elsewhere (other architectures, and GPUs, where the lean path has not been
+measured yet).
 """
 
 from __future__ import annotations
@@ -20,10 +22,15 @@ RUNTIMES = ("auto", "lean", "hf")
 QUANT_CHOICES = ("auto", *QUANT_FORMATS)
 #: The CPU weight formats ``--quant auto`` tries, fastest first; each passes the fidelity gate.
 CPU_DEFAULT_QUANTS = ("exact", "fp16")
+#: ... and the one it picks when the target verifies draft trees.
+CPU_TREE_QUANT = "fp16"
 
 
-def resolve_runtime(runtime: str, quant: str, model_type: str, device: torch.device) -> tuple[str, str]:
-    """``(runtime, quant)`` with ``auto`` replaced; a one-line error for impossible combinations."""
+def resolve_runtime(
+    runtime: str, quant: str, model_type: str, device: torch.device, *, trees: bool = False
+) -> tuple[str, str]:
+    """``(runtime, quant)`` with ``auto`` replaced (``trees``: for speculative decoding); a one-line error for
+    impossible combinations."""
     from dartspec.lean import LEAN_ARCHITECTURES, lean_supported
 
     if runtime not in RUNTIMES:
@@ -38,6 +45,8 @@ def resolve_runtime(runtime: str, quant: str, model_type: str, device: torch.dev
         )
     if quant == "auto":
         quant = CPU_DEFAULT_QUANTS[0] if runtime == "lean" and device.type == "cpu" else "none"
+        if quant != "none" and trees:
+            quant = CPU_TREE_QUANT
         if quant == "exact" and not _exact_kernel_available():
             quant = CPU_DEFAULT_QUANTS[1]
     if quant != "none" and runtime == "hf":
@@ -60,13 +69,16 @@ def wrap_model(
     quant: str = "auto",
     name: str = "",
     feature_layers: Sequence[int] | None = None,
+    trees: bool = False,
 ) -> Any:  # -> Target | LeanTarget
-    """A runtime over an already loaded transformers model (several runtimes may share one model)."""
+    """A runtime over an already loaded transformers model (several runtimes may share one model); ``trees``:
+    ``auto`` picks for speculative decoding."""
     from dartspec.lean import LeanTarget
     from dartspec.target import Target
 
     device = model.get_input_embeddings().weight.device
-    chosen_runtime, chosen = resolve_runtime(runtime, quant, model.config.get_text_config().model_type, device)
+    model_type = model.config.get_text_config().model_type
+    chosen_runtime, chosen = resolve_runtime(runtime, quant, model_type, device, trees=trees)
     if chosen_runtime == "hf":
         return Target(model, tokenizer, name=name, feature_layers=feature_layers)
     try:
@@ -86,13 +98,14 @@ def load_target(
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
     feature_layers: Sequence[int] | None = None,
+    trees: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> Any:  # -> Target | LeanTarget
     """Load a target by known name (e.g. ``smollm2-135m``), local folder or GGUF file into a runtime.
 
     Example::
 
-        target = load_target("smollm2-135m")                 # lean runtime, fp16 weights on a CPU
+        target = load_target("smollm2-135m")                 # lean runtime, exact weights on a CPU
         exact = load_target("smollm2-135m", runtime="hf")     # transformers' modules, fp32
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -102,10 +115,12 @@ def load_target(
     dev = torch.device(device)
     folder = resolve_model(name_or_path, **({"log": log} if log else {}))
     # Check the combination before loading hundreds of MB.
-    resolve_runtime(runtime, quant, AutoConfig.from_pretrained(folder).get_text_config().model_type, dev)
+    resolve_runtime(runtime, quant, AutoConfig.from_pretrained(folder).get_text_config().model_type, dev, trees=trees)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").to(dev)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    return wrap_model(model, tokenizer, runtime=runtime, quant=quant, name=name_or_path, feature_layers=feature_layers)
+    return wrap_model(
+        model, tokenizer, runtime=runtime, quant=quant, name=name_or_path, feature_layers=feature_layers, trees=trees
+    )
 
 
 def describe(target: Any) -> str:

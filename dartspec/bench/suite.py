@@ -33,6 +33,9 @@ _OPTIONS = {
     "eagle3": {"size", "depth", "path", "topk", *_RUNTIME_OPTIONS},
     "llamacpp-ar": {"gguf"},
 }
+#: Rows run by dartspec's engine (the others are peers with their own decoders).
+_PEERS = ("hf-ar", "hf-pld", "llamacpp-ar")
+_ENGINE_METHODS = tuple(m for m in METHODS if m not in _PEERS)
 #: llama.cpp weight types the ``llamacpp-ar`` row can requantize the model's GGUF to (llama.cpp's own quantizer).
 LLAMACPP_TYPES = ("f16", "q8_0", "q4_1")
 
@@ -330,10 +333,11 @@ def _llamacpp_requantized(llama_cpp: Any, source: Path, kind: str) -> Path:
     return dest
 
 
-def _target_for(spec: MethodSpec, target: Any, others: dict[tuple[str, str], Any]) -> Any:
-    """The main target, or (made once, sharing its loaded model) the runtime / format the row asks for."""
+def _target_for(spec: MethodSpec, target: Any, others: dict[tuple[str, str], Any], tree_target: Any) -> Any:
+    """The main target (or ``tree_target`` for drafted rows), or (made once, sharing its loaded model) the
+    runtime / format the row asks for."""
     if not spec.own_target:
-        return target
+        return tree_target if tree_target is not None and spec.kind not in ("ar", *_PEERS) else target
     from dartspec.targets import wrap_model
 
     key = (spec.runtime or "auto", spec.quant or "auto")
@@ -352,8 +356,16 @@ def run_suite(
     seed: int = 0,
     runners: dict[str, Runner] | None = None,
     progress: Callable[[Iterable[Any], int], Iterable[Any]] | None = None,
+    tree_target: Any = None,
 ) -> list[Run]:
-    """Run every method on every prompt (rotating order); plain decoding is added as the reference."""
+    """Run every method on every prompt (rotating order); plain decoding is added as the reference.
+
+    ``tree_target``: the runtime of speculative rows that name no ``runtime=`` / ``quant=`` (default
+    ``target``; the CLI passes the format ``--quant auto`` picks for trees). Every runtime that drafted rows run
+    on gets a plain-decoding row of its own, their reference for losslessness.
+    """
+    from dartspec.targets import describe
+
     if not prompts:
         raise DartspecError("no prompts to benchmark")
     specs = list(specs)
@@ -361,9 +373,20 @@ def run_suite(
         specs.insert(0, MethodSpec("ar", "ar"))
     runners = dict(runners or {})
     others: dict[tuple[str, str], Any] = {}
+    targets = {s.label: _target_for(s, target, others, tree_target) for s in specs}
+    plain = {describe(targets[s.label]) for s in specs if s.kind == "ar"}
+    for s in list(specs):
+        own = describe(targets[s.label])
+        if s.kind in _ENGINE_METHODS and own not in plain:
+            quant = getattr(targets[s.label], "quant", "none")
+            runtime = own.partition("/")[0]
+            ref = MethodSpec(f"ar:runtime={runtime},quant={quant}", "ar", runtime=runtime, quant=quant)
+            specs.insert(1, ref)
+            targets[ref.label] = targets[s.label]
+            plain.add(own)
     for s in specs:
         if s.label not in runners:  # not setdefault: building a runner loads a drafter or a peer
-            runners[s.label] = make_runner(s, _target_for(s, target, others))
+            runners[s.label] = make_runner(s, targets[s.label])
     encoded = encode_prompts(target, prompts)
     for s in specs:  # warm-up: first-call allocations and lazy initialisation stay out of the timings
         runners[s.label](encoded[0][1], 8, temperature, seed)
