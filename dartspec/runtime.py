@@ -97,6 +97,7 @@ class FeatureSource(Protocol):
     feature_layers: tuple[int, ...]
     fast_linear: bool
     tokenizer: Any
+    eos_token_ids: frozenset[int]
 
     @property
     def device(self) -> torch.device: ...

@@ -18,6 +18,7 @@ from dartspec.drafters.base import DraftBudget, FeatureQueue
 from dartspec.drafters.dart_model import DartModel, DraftKV
 from dartspec.kernels import use_rows_first_linears
 from dartspec.ngram import MergedNgram, NgramModel, OnlineNgram
+from dartspec.runtime import FeatureSource
 from dartspec.search import make_tree_builder
 from dartspec.tree import Tree
 from dartspec.tree_size import AutoSizer, node_estimates
@@ -35,7 +36,7 @@ class DartDrafter:
     def __init__(
         self,
         model: DartModel,
-        target,
+        target: FeatureSource,
         tree: str | TreeBuilder = "chain",
         *,
         ngram: NgramModel | None = None,
@@ -74,7 +75,9 @@ class DartDrafter:
         self._queue = FeatureQueue()
 
     @classmethod
-    def from_pretrained(cls, folder: str | Path, target, tree: str | TreeBuilder = "chain", **kw) -> DartDrafter:
+    def from_pretrained(
+        cls, folder: str | Path, target: FeatureSource, tree: str | TreeBuilder = "chain", **kw
+    ) -> DartDrafter:
         model = DartModel.load(folder, device=target.device, dtype=target.dtype)
         return cls(model, target, tree, **kw)
 

@@ -24,6 +24,7 @@ from dartspec.drafters.dart_model import DraftKV
 from dartspec.drafters.eagle3_model import Eagle3Model
 from dartspec.errors import DartspecError
 from dartspec.kernels import use_rows_first_linears
+from dartspec.runtime import FeatureSource
 from dartspec.tree import Tree
 from dartspec.tree_size import AutoSizer
 
@@ -34,7 +35,9 @@ class Eagle3Drafter:
     name = "eagle3"
     needs_features = True
 
-    def __init__(self, model: Eagle3Model, target, *, topk: int = 4, auto_size: AutoSizer | None = None) -> None:
+    def __init__(
+        self, model: Eagle3Model, target: FeatureSource, *, topk: int = 4, auto_size: AutoSizer | None = None
+    ) -> None:
         """Args:
         model: the trained network (its ``cfg.depth`` bounds the tree depth it drafts).
         target: the target it was trained for (checked).
@@ -61,7 +64,7 @@ class Eagle3Drafter:
         self._queue = FeatureQueue()
 
     @classmethod
-    def from_pretrained(cls, folder: str | Path, target, **kw) -> Eagle3Drafter:
+    def from_pretrained(cls, folder: str | Path, target: FeatureSource, **kw) -> Eagle3Drafter:
         return cls(Eagle3Model.load(folder, device=target.device, dtype=target.dtype), target, **kw)
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
