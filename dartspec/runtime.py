@@ -114,6 +114,14 @@ class FeatureSource(Protocol):
     def score_sequence(self, token_ids: Sequence[int] | torch.Tensor) -> TargetOutput: ...
 
 
+def describe(target: Any) -> str:
+    """``lean/exact`` or ``hf/float32``: the runtime and weight format, for logs, caches and benchmark rows."""
+    quant = getattr(target, "quant", None)
+    if quant is not None:
+        return f"lean/{quant}"
+    return f"hf/{str(target.dtype).removeprefix('torch.')}"
+
+
 def sync(device: torch.device) -> None:
     """Wait for queued GPU work so wall-clock timings are honest."""
     if device.type == "cuda":

@@ -17,6 +17,9 @@ import torch
 
 from dartspec.errors import DartspecError
 from dartspec.quant import QUANT_FORMATS, check_format
+from dartspec.runtime import describe
+
+__all__ = ["describe", "load_target", "resolve_runtime", "wrap_model"]
 
 RUNTIMES = ("auto", "lean", "hf")
 QUANT_CHOICES = ("auto", *QUANT_FORMATS)
@@ -121,11 +124,3 @@ def load_target(
     return wrap_model(
         model, tokenizer, runtime=runtime, quant=quant, name=name_or_path, feature_layers=feature_layers, trees=trees
     )
-
-
-def describe(target: Any) -> str:
-    """``lean/fp16`` or ``hf/float32``: the runtime and weight format, for logs and benchmark metadata."""
-    quant = getattr(target, "quant", None)
-    if quant is not None:
-        return f"lean/{quant}"
-    return f"hf/{str(target.dtype).removeprefix('torch.')}"

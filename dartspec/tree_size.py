@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dartspec.runtime import sync
+from dartspec.runtime import describe, sync
 from dartspec.tree import Tree
 
 #: The largest tree ``--tree-size auto`` considers (the engine's budget in auto mode).
@@ -82,8 +82,6 @@ def verify_cost_curve(
 
 
 def _calibration_file(target: Any, cache: Path) -> Path:
-    from dartspec.targets import describe
-
     cpu = platform.processor() or platform.machine()
     key = f"{target.name}-{target.device}-{describe(target).replace('/', '-')}-t{torch.get_num_threads()}"
     key += f"-{cpu}-{os.cpu_count()}-v3"  # v3: keyed by runtime and weight format
