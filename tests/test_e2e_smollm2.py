@@ -84,3 +84,32 @@ def test_bench_accuracy_of_the_shipped_drafters_on_the_dev_split(tmp_path) -> No
         assert r["top1"][0] > 0.3 and r["top1"][-1] < r["top1"][0], r
         assert r["sequences"] == 4 and r["scored"][0] > 150
     assert "| top-1 |" in proc.stdout and (tmp_path / "accuracy.md").is_file()
+
+
+def test_lean_runtime_on_smollm2_matches_transformers_and_stays_lossless(smollm2: Target) -> None:
+    import torch
+
+    from dartspec import exact
+    from dartspec.drafters import make_drafter
+    from dartspec.targets import wrap_model
+
+    ids = smollm2.encode_chat([{"role": "user", "content": "Give me three tips for staying focused."}])
+    ref = smollm2.score_sequence(ids)
+    formats = ["none", "fp16", *(["exact"] if exact.available() else [])]
+    # fp32 lean forward vs transformers: same weights, other summation order (stated tolerance 1e-3 on logits
+    # of magnitude ~20); fp16 rounds the weights (measured max difference 0.02); exact keeps them.
+    tolerance = {"none": 1e-3, "exact": 1e-3, "fp16": 0.1}
+    lean = {}
+    for quant in formats:
+        lean[quant] = wrap_model(smollm2.model, smollm2.tokenizer, runtime="lean", quant=quant, name=smollm2.name)
+        got = lean[quant].score_sequence(ids)
+        torch.testing.assert_close(got.logits, ref.logits, rtol=0, atol=tolerance[quant])
+        # Hidden states carry SmolLM2's outlier channels (magnitudes in the thousands): compare them relatively.
+        rtol = 1e-2 if quant == "fp16" else 1e-4
+        torch.testing.assert_close(got.features, ref.features, rtol=rtol, atol=tolerance[quant])
+    # The shipped DART drafter on the fp16 runtime (what --quant auto picks for trees) equals plain decoding there.
+    fast = lean["fp16"]
+    plain = Generator(fast).generate(ids, max_new_tokens=48)
+    spec = Generator(fast, make_drafter("dart", fast), tree_size=4).generate(ids, max_new_tokens=48)
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats.draft_tokens_accepted > 0
