@@ -182,6 +182,8 @@ def test_exact_format_packs_gguf_groups_bit_for_bit_and_refuses_others() -> None
             packed = exact.pack(p)
             assert packed is not None and packed.kind == (8 if "embed" in name else 4)
             assert torch.equal(exact.unpack(packed), p)
+            if not exact.available():  # no C compiler / AVX2 here: the GEMM is tested where it builds
+                continue
             x = torch.randn(5, p.shape[1])
             ref = torch.nn.functional.linear(x.double(), p.double()).float()
             torch.testing.assert_close(exact.linear(x, packed), ref, rtol=1e-5, atol=1e-5)
