@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from dartspec.errors import DartspecError
+from dartspec.formats import QUANT_CHOICES, RUNTIMES
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -39,6 +40,11 @@ def _tree_size(text: str) -> int | str:
         return _positive_int(text)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"expected a positive integer or auto, got {text!r}") from None
+
+
+def _str_list(text: str) -> list[str]:
+    """A comma-separated list (empty items dropped)."""
+    return [s.strip() for s in text.split(",") if s.strip()]
 
 
 def _int_list(text: str) -> list[int]:
@@ -72,14 +78,14 @@ def add_target_args(p: argparse.ArgumentParser, runtime: str = "auto") -> None:
     p.add_argument(
         "--runtime",
         default=runtime,
-        choices=["auto", "lean", "hf"],
+        choices=RUNTIMES,
         help="lean: dartspec's fast forward (Llama/Qwen2/Qwen3); hf: transformers' modules (any model); "
         "auto: lean on CPU where supported",
     )
     p.add_argument(
         "--quant",
         default="auto",
-        choices=["auto", "none", "fp16", "int8", "exact"],
+        choices=QUANT_CHOICES,
         help="weight format of the lean runtime on CPU: fp16 (auto: half the bytes, answers kept), exact (the "
         "GGUF's integer groups, bit-identical weights), int8 (changes answers: see README), none (as loaded)",
     )
@@ -173,7 +179,9 @@ def load_target(args: argparse.Namespace):  # -> TargetRuntime (imported lazily:
         trees=getattr(args, "drafter", "none") != "none",  # auto picks the format that verifies trees fastest
         log=_log,
     )
-    _log(f"{target.name}: {describe(target)} runtime on {dev}")
+    streamed = getattr(target, "weight_bytes", None)
+    per_token = f", {streamed / 1e6:.0f} MB of weights per token" if streamed else ""
+    _log(f"{target.name}: {describe(target)} runtime on {dev}{per_token}")
     return target
 
 
@@ -593,7 +601,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_target_args(p)
     p.add_argument(
         "--formats",
-        type=lambda text: [s.strip() for s in text.split(",") if s.strip()],
+        type=_str_list,
         default=["lean:none", "lean:fp16", "lean:int8"],
         help="runtimes to judge against transformers fp32, as RUNTIME[:QUANT] (default lean:none,lean:fp16,lean:int8)",
     )
@@ -615,7 +623,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=_positive_int, default=9, help="interleaved rounds per q")
     p.add_argument(
         "--formats",
-        type=lambda text: [s.strip() for s in text.split(",") if s.strip()],
+        type=_str_list,
         default=["hf", "lean:none", "lean:fp16", "lean:int8"],
         help="other runtimes to time beside --runtime/--quant, as RUNTIME[:QUANT] (default hf,lean:none,lean:fp16,"
         "lean:int8; empty for none)",

@@ -58,7 +58,7 @@ def lean_supported(model_type: str) -> bool:
 
 
 class LeanTarget(CausalRuntime):
-    """A Llama / Qwen2 / Qwen3 target with a lean forward and a weight format (``none``, ``fp16``, ``int8``)."""
+    """A Llama / Qwen2 / Qwen3 target with a lean forward and a weight format (:mod:`dartspec.quant`)."""
 
     def __init__(
         self,
@@ -163,12 +163,11 @@ class LeanTarget(CausalRuntime):
         self, ids: torch.Tensor, positions: torch.Tensor, local_mask: torch.Tensor | None, features: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         q, base = ids.shape[0], self.cached
-        mask = None if local_mask is None else self._allowed(base, q, local_mask)
-        # Without a tree mask the new tokens are causal among themselves: nothing to mask for one token,
-        # SDPA's own causal path for a prefill into an empty cache, an explicit mask otherwise.
-        if local_mask is None and q > 1 and base > 0:
-            mask = self._allowed(base, q, None)
-        return self._layers(F.embedding(ids, self._embed), positions, mask, q > 1 and base == 0, self.cache, features)
+        # Without a tree mask the new tokens are causal among themselves: one token sees everything and a
+        # prefill into an empty cache takes SDPA's own causal path, so neither builds a mask.
+        plain = local_mask is None and (q == 1 or base == 0)
+        mask = None if plain else self._allowed(base, q, local_mask)
+        return self._layers(F.embedding(ids, self._embed), positions, mask, plain and q > 1, self.cache, features)
 
     def _layers(
         self,

@@ -26,15 +26,16 @@ configs lower to) were 2-20x slower than fp32 on the same shapes.
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import torch
 import torch.nn.functional as F
 
 from dartspec.errors import DartspecError
+from dartspec.formats import QUANT_FORMATS
 from dartspec.kernels import rows_first_linear
 
-QUANT_FORMATS = ("none", "fp16", "int8", "exact")
 _PIN = torch.tensor([[1.0, -1.0]])
 # The overloads themselves: calling the op packets costs ~14 us a call in Python checks for fake script
 # objects (121 calls per SmolLM2 forward), the overloads go straight to the kernel.
@@ -53,16 +54,21 @@ def check_format(fmt: str, device: torch.device) -> None:
 
 
 class PackedLinear:
-    """One linear layer in a weight format; call it like ``F.linear`` on ``(rows, in)`` inputs."""
+    """One linear layer in a weight format; call it like ``F.linear`` on ``(rows, in)`` inputs.
+
+    The format's kernel is bound once here, so a call in the decode loop is one attribute lookup, not a chain
+    of format tests.
+    """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, fmt: str) -> None:
         check_format(fmt, weight.device)
         self.fmt = fmt
         self.out_features, self.in_features = weight.shape
         self.bias = bias
-        self.weight: torch.Tensor | None = None
         if fmt == "none":
             self.weight = weight
+            self.nbytes = weight.nbytes
+            self.forward = self._dense
             return
         if fmt == "exact":
             from dartspec import exact
@@ -73,7 +79,8 @@ class PackedLinear:
                     "--quant exact: this model's weights are not integer groups (it does not come from a GGUF "
                     "file): use --quant fp16"
                 )
-            self._exact = packed
+            self.nbytes = packed.nbytes
+            self.forward = functools.partial(exact.linear, packed=packed, bias=bias)
             return
         w = weight.detach().float()
         with warnings.catch_warnings():
@@ -81,32 +88,26 @@ class PackedLinear:
             warnings.simplefilter("ignore")
             if fmt == "fp16":
                 self._packed = torch.ops.quantized.linear_prepack_fp16(w.half().float(), bias)
+                self.forward = self._fp16
             else:
                 w = F.pad(w, (0, 2))  # zero weights for the two range-pinning columns
                 scale = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12).double()
                 qw = torch.quantize_per_channel(w, scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
                 self._packed = torch.ops.quantized.linear_prepack(qw, None)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of weight streamed per call."""
-        if self.weight is not None:
-            return self.weight.nbytes
-        if self.fmt == "exact":
-            return self._exact.nbytes
-        return self.out_features * self.in_features * (2 if self.fmt == "fp16" else 1)
+                self.forward = self._int8
+        self.nbytes = self.out_features * self.in_features * (2 if fmt == "fp16" else 1)  # weight bytes per call
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fmt == "none":
-            assert self.weight is not None
-            # rows_first_linear hands back a transposed view; the rotary pairs need unit stride.
-            return rows_first_linear(x, self.weight, self.bias).contiguous()
-        if self.fmt == "fp16":
-            return _FP16_LINEAR(x.contiguous(), self._packed)
-        if self.fmt == "exact":
-            from dartspec import exact
+        return self.forward(x)
 
-            return exact.linear(x, self._exact, self.bias)
+    def _dense(self, x: torch.Tensor) -> torch.Tensor:
+        # rows_first_linear hands back a transposed view; the rotary pairs need unit stride.
+        return rows_first_linear(x, self.weight, self.bias).contiguous()
+
+    def _fp16(self, x: torch.Tensor) -> torch.Tensor:
+        return _FP16_LINEAR(x.contiguous(), self._packed)
+
+    def _int8(self, x: torch.Tensor) -> torch.Tensor:
         scale = x.abs().amax(dim=-1, keepdim=True).clamp_min_(1e-12)
         pinned = torch.cat([x / scale, _PIN.to(x.dtype).expand(x.shape[0], 2)], dim=-1)
         y = _INT8_LINEAR(pinned, self._packed, True) * scale

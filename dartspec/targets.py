@@ -16,13 +16,12 @@ from typing import Any
 import torch
 
 from dartspec.errors import DartspecError
-from dartspec.quant import QUANT_FORMATS, check_format
+from dartspec.formats import QUANT_CHOICES, RUNTIMES
+from dartspec.quant import check_format
 from dartspec.runtime import describe
 
-__all__ = ["describe", "load_target", "resolve_runtime", "wrap_model"]
+__all__ = ["describe", "load_target", "resolve_runtime", "wrap_format", "wrap_model"]
 
-RUNTIMES = ("auto", "lean", "hf")
-QUANT_CHOICES = ("auto", *QUANT_FORMATS)
 #: The CPU weight formats ``--quant auto`` tries, fastest first; each passes the fidelity gate.
 CPU_DEFAULT_QUANTS = ("exact", "fp16")
 #: ... and the one it picks when the target verifies draft trees.
@@ -91,6 +90,14 @@ def wrap_model(
             raise
         # auto: a model that is not made of integer groups gets the next format.
         return LeanTarget(model, tokenizer, quant=CPU_DEFAULT_QUANTS[1], name=name, feature_layers=feature_layers)
+
+
+def wrap_format(target: Any, spec: str, *, trees: bool = False) -> Any:  # -> Target | LeanTarget
+    """``target``'s loaded model in another runtime / format, given as ``RUNTIME[:QUANT]`` (``lean:fp16``, ``hf``)."""
+    runtime, _, quant = spec.partition(":")
+    return wrap_model(
+        target.model, target.tokenizer, runtime=runtime, quant=quant or "none", name=target.name, trees=trees
+    )
 
 
 def load_target(

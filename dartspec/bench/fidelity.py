@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from dartspec.engine import Generator
-from dartspec.targets import describe, wrap_model
+from dartspec.targets import describe, wrap_format, wrap_model
 
 PPL_TOLERANCE = 0.02
 SAME_TOKENS = 32
@@ -56,8 +56,7 @@ def run_fidelity_bench(
     reference = wrap_model(target.model, target.tokenizer, runtime="hf", name=target.name)
     runtimes = {describe(reference): reference}
     for item in formats:
-        runtime, _, quant = item.partition(":")
-        other = wrap_model(target.model, target.tokenizer, runtime=runtime, quant=quant or "none", name=target.name)
+        other = wrap_format(target, item)
         runtimes.setdefault(describe(other), other)
     samples = [(s.tokens, s.prompt_len) for s in samples_from(dev)][:sequences]
     prompts = [ids for _, ids in encode_prompts(target, load_prompts("mtbench", limit=questions))]

@@ -23,7 +23,7 @@ import torch
 
 from dartspec.engine import Generator, sync
 from dartspec.errors import require
-from dartspec.targets import describe, wrap_model
+from dartspec.targets import describe, wrap_format
 from dartspec.tree_size import verify_cost_curve
 
 
@@ -164,8 +164,7 @@ def run_latency_bench(args: argparse.Namespace, target: Any, log: Callable[[str]
     }
     runtimes = {describe(target): target}
     for item in args.formats or []:
-        runtime, _, quant = item.partition(":")
-        other = wrap_model(target.model, target.tokenizer, runtime=runtime, quant=quant or "none", name=target.name)
+        other = wrap_format(target, item)
         runtimes.setdefault(describe(other), other)
     log(f"timing verify forwards of {', '.join(runtimes)} for q in {args.qs} ({args.repeats} interleaved rounds)...")
     curve = verify_cost_curve(runtimes, args.qs, args.ctx, args.repeats)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dartspec.errors import DartspecError
+from dartspec.formats import QUANT_CHOICES, RUNTIMES
 
 #: Method names ``--methods`` understands; options follow a colon (``dart:tree=ddtree,size=8``).
 METHODS = ("ar", "pld", "dart", "dart+pld", "eagle3", "hf-ar", "hf-pld", "llamacpp-ar")
@@ -118,10 +119,10 @@ def _spec(group: list[str], tree_size: int | str) -> MethodSpec:
                 raise DartspecError(f"{label}: smooth must be a number in (0, 1)")
         elif key == "online":
             kw["online"] = value in ("1", "on", "true", "yes")
-        elif key == "runtime" and value not in ("auto", "lean", "hf"):
-            raise DartspecError(f"{label}: runtime must be auto, lean or hf")
-        elif key == "quant" and value not in ("auto", "none", "fp16", "int8", "exact"):
-            raise DartspecError(f"{label}: quant must be auto, none, fp16, int8 or exact")
+        elif key == "runtime" and value not in RUNTIMES:
+            raise DartspecError(f"{label}: runtime must be one of {', '.join(RUNTIMES)}")
+        elif key == "quant" and value not in QUANT_CHOICES:
+            raise DartspecError(f"{label}: quant must be one of {', '.join(QUANT_CHOICES)}")
         elif key == "gguf":
             if value.lower() not in LLAMACPP_TYPES:
                 raise DartspecError(f"{label}: gguf must be one of {', '.join(LLAMACPP_TYPES)}")

@@ -1,0 +1,6 @@
+"""Names of the target runtimes and weight formats, in one place and without importing torch (the CLI lists
+them in its help before anything heavy is loaded). What they mean: :mod:`dartspec.targets`, :mod:`dartspec.quant`."""
+
+RUNTIMES = ("auto", "lean", "hf")
+QUANT_FORMATS = ("none", "fp16", "int8", "exact")
+QUANT_CHOICES = ("auto", *QUANT_FORMATS)
