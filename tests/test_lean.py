@@ -217,3 +217,19 @@ def test_wrap_model_shares_one_model_between_runtimes() -> None:
     ids = list(range(3, 20))
     a, b = lean.prefill(ids).logits, hf.prefill(ids).logits
     torch.testing.assert_close(a, b, rtol=0, atol=1e-2)
+
+
+def test_fast_linears_for_drafters_keep_fp16_weights_exactly() -> None:
+    from dartspec.quant import FormatLinear, use_fast_linears
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(32, 48), torch.nn.SiLU(), torch.nn.Linear(48, 16, bias=False))
+    with torch.no_grad():
+        for p in net.parameters():
+            p.copy_(p.half().float())  # the shipped drafters are stored in fp16
+    x = torch.randn(3, 5, 32)
+    ref = net(x)
+    use_fast_linears(net, object())
+    assert all(type(m) is FormatLinear for m in (net[0], net[2]))
+    torch.testing.assert_close(net(x), ref, rtol=1e-5, atol=1e-5)  # only the summation order differs
+    assert set(net.state_dict()) == {"0.weight", "0.bias", "2.weight"}

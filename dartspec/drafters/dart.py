@@ -16,8 +16,8 @@ import torch
 
 from dartspec.drafters.base import DraftBudget, FeatureQueue
 from dartspec.drafters.dart_model import DartModel, DraftKV
-from dartspec.kernels import use_rows_first_linears
 from dartspec.ngram import MergedNgram, NgramModel, OnlineNgram
+from dartspec.quant import use_fast_linears
 from dartspec.runtime import FeatureSource
 from dartspec.search import make_tree_builder
 from dartspec.tree import Tree
@@ -54,8 +54,7 @@ class DartDrafter:
         """
         model.check_target(target)
         self.model = model.to(target.device).eval()
-        if target.fast_linear:
-            use_rows_first_linears(self.model)
+        use_fast_linears(self.model, target)
         self.target = target
         self.embed = target.embed
         self.online = OnlineNgram(ngram.order if ngram is not None else 3) if online_ngram else None

@@ -23,7 +23,7 @@ from dartspec.drafters.base import DraftBudget, FeatureQueue
 from dartspec.drafters.dart_model import DraftKV
 from dartspec.drafters.eagle3_model import Eagle3Model
 from dartspec.errors import DartspecError
-from dartspec.kernels import use_rows_first_linears
+from dartspec.quant import use_fast_linears
 from dartspec.runtime import FeatureSource
 from dartspec.tree import Tree
 from dartspec.tree_size import AutoSizer
@@ -49,8 +49,7 @@ class Eagle3Drafter:
             raise DartspecError("eagle3 topk must be >= 1")
         model.check_target(target)
         self.model = model.to(target.device).eval()
-        if target.fast_linear:
-            use_rows_first_linears(self.model)
+        use_fast_linears(self.model, target)
         self.target = target
         self.topk = topk
         self.embed = target.embed
