@@ -86,8 +86,9 @@ def add_target_args(p: argparse.ArgumentParser, runtime: str = "auto") -> None:
         "--quant",
         default="auto",
         choices=QUANT_CHOICES,
-        help="weight format of the lean runtime on CPU: fp16 (auto: half the bytes, answers kept), exact (the "
-        "GGUF's integer groups, bit-identical weights), int8 (changes answers: see README), none (as loaded)",
+        help="weight format of the lean runtime on CPU: exact-a16 (auto: the GGUF's integer weights, activations "
+        "rounded to 16-bit integers, answers kept), exact (the same weights, fp32 arithmetic), fp16 (auto for models "
+        "not from a GGUF), int8 (changes answers: see README), none (as loaded)",
     )
 
 
@@ -176,24 +177,12 @@ def load_target(args: argparse.Namespace):  # -> TargetRuntime (imported lazily:
         quant=getattr(args, "quant", "auto"),
         device=dev,
         dtype=getattr(torch, dtype_name),
-        trees=getattr(args, "drafter", "none") != "none",  # auto picks the format that verifies trees fastest
         log=_log,
     )
     streamed = getattr(target, "weight_bytes", None)
     per_token = f", {streamed / 1e6:.0f} MB of weights per token" if streamed else ""
     _log(f"{target.name}: {describe(target)} runtime on {dev}{per_token}")
     return target
-
-
-def tree_target(args: argparse.Namespace, target):  # -> TargetRuntime
-    """The runtime for bench / demo rows that draft trees: what ``--quant auto`` picks for speculative decoding
-    (sharing the loaded model), or ``target`` itself when the format was given."""
-    from dartspec.targets import describe, wrap_model
-
-    if getattr(args, "quant", "auto") != "auto":
-        return target
-    other = wrap_model(target.model, target.tokenizer, runtime=args.runtime, quant="auto", name=target.name, trees=True)
-    return target if describe(other) == describe(target) else other
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -270,7 +259,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         methods += ["dart", "dart+pld"]
     if not args.methods:
         methods += demo_peers(target)
-    print(run_demo(target, methods, args.max_new_tokens, log=_log, tree_target=tree_target(args, target)))
+    print(run_demo(target, methods, args.max_new_tokens, log=_log))
     return 0
 
 
@@ -297,7 +286,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         seed=args.seed,
         progress=lambda items, n: tqdm(items, total=n, desc="bench", unit="prompt"),
-        tree_target=tree_target(args, target),
     )
     rows = summarize(runs)
     meta = {

@@ -2,5 +2,5 @@
 them in its help before anything heavy is loaded). What they mean: :mod:`dartspec.targets`, :mod:`dartspec.quant`."""
 
 RUNTIMES = ("auto", "lean", "hf")
-QUANT_FORMATS = ("none", "fp16", "int8", "exact")
+QUANT_FORMATS = ("none", "fp16", "int8", "exact", "exact-a16")
 QUANT_CHOICES = ("auto", *QUANT_FORMATS)

@@ -63,6 +63,19 @@ class TreeKVLayer(CacheLayerMixin):
         self.length = end
         return self.keys[:, :, :end], self.values[:, :, :end]
 
+    def extend(
+        self, q: int, like_keys: torch.Tensor, like_values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Room for ``q`` more positions, counted as written: ``(keys, values, base)``; the caller fills
+        ``keys[:, :, base : base + q]`` and the same of ``values`` (shapes and dtype taken from ``like_*``,
+        ``(1, heads, any, dim)``)."""
+        if not self.is_initialized:
+            self.lazy_initialization(like_keys, like_values)
+        base = self.length
+        self._reserve(base + q)
+        self.length = base + q
+        return self.keys, self.values, base
+
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.length + query_length, 0
 

@@ -18,6 +18,7 @@ Transformers still loads the model, tokenizes and is the reference this forward 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,12 +28,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from dartspec.errors import ContextLengthError, DartspecError
-from dartspec.kv_cache import TreeKVCache
-from dartspec.quant import PackedLinear, check_format, fuse
+from dartspec.kv_cache import TreeKVCache, TreeKVLayer
+from dartspec.quant import EXACT_FORMATS, PackedLinear, check_format, fuse
 from dartspec.runtime import CausalRuntime, TargetOutput
+from dartspec.weight_cache import PackedCache
 
 #: ``config.model_type`` values the lean forward implements (same block; Qwen3 adds per-head q/k norms).
 LEAN_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+#: Up to this many new rows, attention runs as one C call per layer (decoding and draft trees).
+FUSED_ATTENTION_ROWS = 64
 
 
 @dataclass
@@ -55,6 +59,33 @@ def _interleave(rows: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
 
 def lean_supported(model_type: str) -> bool:
     return model_type in LEAN_ARCHITECTURES
+
+
+def _kernels_built() -> bool:
+    from dartspec import exact
+
+    return exact.available()
+
+
+def _packed_cache(model: nn.Module, quant: str) -> PackedCache | None:
+    """Where ``model``'s weights packed in ``quant`` are cached (exact formats of models loaded from a folder)."""
+    if quant not in EXACT_FORMATS:
+        return None
+    from dartspec import exact
+
+    panel = exact.kernel_panel() if quant == "exact-a16" else 0
+    return PackedCache.for_model(getattr(model.config, "_name_or_path", None), quant, panel, model.parameters())
+
+
+def _by_linear(tensors: dict[str, torch.Tensor] | None) -> dict[str, dict[str, torch.Tensor]] | None:
+    """``{"layers.0.qkv.data": t}`` -> ``{"layers.0.qkv": {"data": t}}``."""
+    if tensors is None:
+        return None
+    out: dict[str, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        name, _, field = key.rpartition(".")
+        out.setdefault(name, {})[field] = value
+    return out
 
 
 class LeanTarget(CausalRuntime):
@@ -92,7 +123,6 @@ class LeanTarget(CausalRuntime):
         self._embed = embed
         head = model.get_output_embeddings()
         self.vocab_size = int(head.weight.shape[0])
-        self._head = PackedLinear(head.weight.detach(), head.bias, quant)
         self._norm = decoder.norm.weight.detach()
         self.eps = float(config.rms_norm_eps)
         attn0 = decoder.layers[0].self_attn
@@ -100,7 +130,14 @@ class LeanTarget(CausalRuntime):
         self.kv_heads = int(config.num_key_value_heads)
         self.head_dim = int(attn0.head_dim)
         self.scaling = float(attn0.scaling)
-        self.layers = [self._convert(layer, quant) for layer in decoder.layers]
+        cache = _packed_cache(model, quant)
+        saved = _by_linear(cache.load()) if cache is not None else None
+        self._cache, self._saved = cache, saved  # used while the layers are built
+        self._head = self._linear("head", head.weight.detach(), head.bias)
+        self.layers = [self._convert(i, layer) for i, layer in enumerate(decoder.layers)]
+        self._saved = None
+        if cache is not None and saved is None:
+            self._save_packed(cache)
         super().__init__(
             config=config,
             tokenizer=tokenizer,
@@ -113,8 +150,42 @@ class LeanTarget(CausalRuntime):
         t = torch.arange(self.max_context, device=embed.device, dtype=real)
         angles = torch.outer(t, rotary.inv_freq.to(device=embed.device, dtype=real))
         self._rot = torch.polar(torch.full_like(angles, float(rotary.attention_scaling)), angles)
+        self._fused_attention = embed.device.type == "cpu" and embed.dtype == torch.float32 and _kernels_built()
 
-    def _convert(self, layer: nn.Module, quant: str) -> _Layer:
+    def _linear(self, name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> PackedLinear:
+        """One projection in the runtime's format, from the packed-weight cache when it has it."""
+        packed = None
+        if self._saved is not None:
+            from dartspec import exact
+
+            assert self._cache is not None
+            try:
+                packed = exact.from_tensors(self._saved[name])
+            except (KeyError, ValueError):
+                raise self._cache.damaged(f"{name} is missing or inconsistent") from None
+            if (packed.out_features, packed.in_features) != tuple(weight.shape):
+                raise self._cache.damaged(f"{name} does not have the model's shape")
+        return PackedLinear(weight, bias, self.quant, packed=packed)
+
+    def _linears(self) -> dict[str, PackedLinear]:
+        out = {"head": self._head}
+        for i, layer in enumerate(self.layers):
+            out.update({f"layers.{i}.{n}": getattr(layer, n) for n in ("qkv", "o", "gate_up", "down")})
+        return out
+
+    def _save_packed(self, cache: PackedCache) -> None:
+        from dartspec import exact
+
+        tensors = {}
+        for name, lin in self._linears().items():
+            assert lin.packed is not None
+            tensors.update({f"{name}.{k}": v for k, v in exact.to_tensors(lin.packed).items()})
+        try:
+            cache.save(tensors)
+        except OSError as exc:  # a read-only cache costs the next load its packing, nothing more
+            warnings.warn(f"could not cache packed weights at {cache.path}: {exc}", stacklevel=3)
+
+    def _convert(self, i: int, layer: nn.Module) -> _Layer:
         a, m = layer.self_attn, layer.mlp
         H, K, D = self.heads, self.kv_heads, self.head_dim
 
@@ -131,14 +202,14 @@ class LeanTarget(CausalRuntime):
         return _Layer(
             ln1=layer.input_layernorm.weight.detach(),
             ln2=layer.post_attention_layernorm.weight.detach(),
-            qkv=PackedLinear(torch.cat([q_w, k_w, a.v_proj.weight.detach()]), qkv_b, quant),
-            o=PackedLinear(a.o_proj.weight.detach(), detach(a.o_proj.bias), quant),
-            gate_up=PackedLinear(
+            qkv=self._linear(f"layers.{i}.qkv", torch.cat([q_w, k_w, a.v_proj.weight.detach()]), qkv_b),
+            o=self._linear(f"layers.{i}.o", a.o_proj.weight.detach(), detach(a.o_proj.bias)),
+            gate_up=self._linear(
+                f"layers.{i}.gate_up",
                 torch.cat([m.gate_proj.weight.detach(), m.up_proj.weight.detach()]),
                 fuse(detach(m.gate_proj.bias), detach(m.up_proj.bias)),
-                quant,
             ),
-            down=PackedLinear(m.down_proj.weight.detach(), detach(m.down_proj.bias), quant),
+            down=self._linear(f"layers.{i}.down", m.down_proj.weight.detach(), detach(m.down_proj.bias)),
             q_norm=None if q_norm is None else _interleave(q_norm.weight.detach(), 1, D),
             k_norm=None if k_norm is None else _interleave(k_norm.weight.detach(), 1, D),
         )
@@ -180,30 +251,27 @@ class LeanTarget(CausalRuntime):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         q = x.shape[0]
         H, K, D, eps = self.heads, self.kv_heads, self.head_dim, self.eps
-        rot = self._rot[positions][:, None]  # (q, 1, D/2) complex
+        rot = self._rot[positions]  # (q, D/2) complex
+        # A few new rows (decoding, trees): the whole attention block is one C call (exact.attend); long
+        # prefills keep SDPA's blocked kernels, whose cost grows better with q x context.
+        fused = self._fused_attention and q <= FUSED_ATTENTION_ROWS
+        if fused:
+            from dartspec import exact
+
+            rot_pairs, empty = torch.view_as_real(rot).contiguous(), x.new_empty((1, K, 0, D))
         captured = []
         for i, layer in enumerate(self.layers):
             if features and i in self.feature_layers:
                 captured.append(x)
             qkv = layer.qkv(F.rms_norm(x, (x.shape[-1],), layer.ln1, eps))
-            qk = qkv[:, : (H + K) * D].view(q, H + K, D)
-            if layer.q_norm is not None:
-                qk = torch.cat(
-                    [F.rms_norm(qk[:, :H], (D,), layer.q_norm, eps), F.rms_norm(qk[:, H:], (D,), layer.k_norm, eps)], 1
+            if fused:
+                keys, values, base = cache.layers[i].extend(q, empty, empty)
+                attn = exact.attend(
+                    qkv, H, K, rot_pairs, keys, values, base, mask, layer.q_norm, layer.k_norm, eps, self.scaling
                 )
-            qk = self._rotate(qk, rot)
-            v = qkv[:, (H + K) * D :].view(q, K, D)
-            keys, values = cache.layers[i].update(qk[None, :, H:].transpose(1, 2), v[None].transpose(1, 2))
-            attn = F.scaled_dot_product_attention(
-                qk[None, :, :H].transpose(1, 2),
-                keys,
-                values,
-                attn_mask=mask,
-                is_causal=causal and mask is None,
-                scale=self.scaling,
-                enable_gqa=H != K,
-            )
-            x = x + layer.o(attn[0].transpose(0, 1).reshape(q, H * D))
+            else:
+                attn = self._attention(qkv, rot, cache.layers[i], mask, causal, layer)
+            x = x + layer.o(attn)
             gu = layer.gate_up(F.rms_norm(x, (x.shape[-1],), layer.ln2, eps))
             half = gu.shape[-1] // 2
             x = x + layer.down(F.silu(gu[:, :half]) * gu[:, half:])
@@ -212,6 +280,36 @@ class LeanTarget(CausalRuntime):
             by_layer = dict(zip(sorted(set(self.feature_layers)), captured, strict=True))
             feats = torch.cat([by_layer[i] for i in self.feature_layers], dim=-1)
         return F.rms_norm(x, (x.shape[-1],), self._norm, eps), feats
+
+    def _attention(
+        self,
+        qkv: torch.Tensor,
+        rot: torch.Tensor,
+        cache: TreeKVLayer,
+        mask: torch.Tensor | None,
+        causal: bool,
+        layer: _Layer,
+    ) -> torch.Tensor:
+        """Per-head norms, rotary, cache write and attention in torch operations: ``(q, H D)``."""
+        q, H, K, D, eps = qkv.shape[0], self.heads, self.kv_heads, self.head_dim, self.eps
+        qk = qkv[:, : (H + K) * D].view(q, H + K, D)
+        if layer.q_norm is not None:
+            qk = torch.cat(
+                [F.rms_norm(qk[:, :H], (D,), layer.q_norm, eps), F.rms_norm(qk[:, H:], (D,), layer.k_norm, eps)], 1
+            )
+        qk = self._rotate(qk, rot[:, None])
+        v = qkv[:, (H + K) * D :].view(q, K, D)
+        keys, values = cache.update(qk[None, :, H:].transpose(1, 2), v[None].transpose(1, 2))
+        attn = F.scaled_dot_product_attention(
+            qk[None, :, :H].transpose(1, 2),
+            keys,
+            values,
+            attn_mask=mask,
+            is_causal=causal and mask is None,
+            scale=self.scaling,
+            enable_gqa=H != K,
+        )
+        return attn[0].transpose(0, 1).reshape(q, H * D)
 
     def _rotate(self, qk: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
         """Rotary embedding as a complex multiply of adjacent pairs (half precisions go through float32)."""

@@ -17,6 +17,8 @@ speed of plain decoding and of small-tree verification. The formats:
 - ``exact``: the integer weight groups a GGUF-converted model is made of, kept bit for bit, widened to
   fp32 in registers by dartspec's own small C kernel (:mod:`dartspec.exact`); fp32 arithmetic. Only for
   models whose every weight is such a group (a clear error otherwise).
+- ``exact-a16``: the same integer weights, activations rounded to 16-bit integers per group of 32, integer
+  dot products (:mod:`dartspec.exact`). The fastest format at every row count, within the fidelity gate.
 
 Why these kernels: measured on the 2-core CPUs this project runs on (README "CPU runtime"), fbgemm's fp16
 and int8 GEMMs stream weights at 20-30 GB/s for 1-8 rows, while the alternatives in torch 2.13
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +39,12 @@ from torch import nn
 from dartspec.errors import DartspecError
 from dartspec.formats import QUANT_FORMATS
 from dartspec.kernels import RowsFirstLinear, rows_first_linear, use_rows_first_linears
+
+if TYPE_CHECKING:
+    from dartspec.exact import ExactWeight
+
+#: Formats made of a GGUF model's own integer weight groups (packed by :mod:`dartspec.exact`).
+EXACT_FORMATS = ("exact", "exact-a16")
 
 _PIN = torch.tensor([[1.0, -1.0]])
 # The overloads themselves: calling the op packets costs ~14 us a call in Python checks for fake script
@@ -61,27 +70,36 @@ class PackedLinear:
     of format tests.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, fmt: str) -> None:
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, fmt: str, *, packed: ExactWeight | None = None
+    ) -> None:
+        """``packed``: the exact formats' packed form of ``weight`` when already known (the on-disk cache)."""
         check_format(fmt, weight.device)
         self.fmt = fmt
         self.out_features, self.in_features = weight.shape
         self.bias = bias
+        self.packed = packed
         if fmt == "none":
             self.weight = weight
             self.nbytes = weight.nbytes
             self.forward = self._dense
             return
-        if fmt == "exact":
+        if fmt in EXACT_FORMATS:
             from dartspec import exact
 
-            packed = exact.pack(weight)
             if packed is None:
-                raise DartspecError(
-                    "--quant exact: this model's weights are not integer groups (it does not come from a GGUF "
-                    "file): use --quant fp16"
-                )
+                packed = exact.pack(weight)
+                if packed is None:
+                    raise DartspecError(
+                        f"--quant {fmt}: this model's weights are not integer groups (it does not come from a GGUF "
+                        "file): use --quant fp16"
+                    )
+                if fmt == "exact-a16":
+                    packed = exact.to_panels(packed)
+            self.packed = packed
+            kernel = exact.linear if fmt == "exact" else exact.linear_a16
+            self.forward = functools.partial(kernel, packed=packed, bias=bias)
             self.nbytes = packed.nbytes
-            self.forward = functools.partial(exact.linear, packed=packed, bias=bias)
             return
         w = weight.detach().float()
         with warnings.catch_warnings():

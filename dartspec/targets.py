@@ -1,9 +1,9 @@
-"""Choosing and loading a target runtime: ``--runtime auto|lean|hf`` and ``--quant auto|none|fp16|int8``.
+"""Choosing and loading a target runtime: ``--runtime auto|lean|hf`` and ``--quant auto|<format>``.
 
 ``auto`` picks the fastest choice that passes the fidelity gate (README "CPU runtime"): on a CPU the lean
-forward for the Llama / Qwen2 / Qwen3 families; for plain decoding the ``exact`` format where the model's
-weights are integer groups (GGUF-converted models) and the kernel builds, else fp16; for speculative decoding
-fp16, whose cost stays flat up to 4-8 rows where exact's grows (measured: BENCHMARKS.md). Transformers'
+forward for the Llama / Qwen2 / Qwen3 families with the ``exact-a16`` format where the model's weights are
+integer groups (GGUF-converted models) and the kernel builds, else fp16; exact-a16 is the fastest format at
+every tree size measured (BENCHMARKS.md), so plain and speculative decoding use the same one. Transformers'
 modules in the model's dtype elsewhere (other architectures, and GPUs, where the lean path has not been
 measured yet).
 """
@@ -23,16 +23,11 @@ from dartspec.runtime import describe
 __all__ = ["describe", "load_target", "resolve_runtime", "wrap_format", "wrap_model"]
 
 #: The CPU weight formats ``--quant auto`` tries, fastest first; each passes the fidelity gate.
-CPU_DEFAULT_QUANTS = ("exact", "fp16")
-#: ... and the one it picks when the target verifies draft trees.
-CPU_TREE_QUANT = "fp16"
+CPU_DEFAULT_QUANTS = ("exact-a16", "fp16")
 
 
-def resolve_runtime(
-    runtime: str, quant: str, model_type: str, device: torch.device, *, trees: bool = False
-) -> tuple[str, str]:
-    """``(runtime, quant)`` with ``auto`` replaced (``trees``: for speculative decoding); a one-line error for
-    impossible combinations."""
+def resolve_runtime(runtime: str, quant: str, model_type: str, device: torch.device) -> tuple[str, str]:
+    """``(runtime, quant)`` with ``auto`` replaced; a one-line error for impossible combinations."""
     from dartspec.lean import LEAN_ARCHITECTURES, lean_supported
 
     if runtime not in RUNTIMES:
@@ -47,9 +42,7 @@ def resolve_runtime(
         )
     if quant == "auto":
         quant = CPU_DEFAULT_QUANTS[0] if runtime == "lean" and device.type == "cpu" else "none"
-        if quant != "none" and trees:
-            quant = CPU_TREE_QUANT
-        if quant == "exact" and not _exact_kernel_available():
+        if quant == CPU_DEFAULT_QUANTS[0] and not _exact_kernel_available():
             quant = CPU_DEFAULT_QUANTS[1]
     if quant != "none" and runtime == "hf":
         raise DartspecError(f"--quant {quant} needs the lean runtime (--runtime lean or auto)")
@@ -71,33 +64,29 @@ def wrap_model(
     quant: str = "auto",
     name: str = "",
     feature_layers: Sequence[int] | None = None,
-    trees: bool = False,
 ) -> Any:  # -> Target | LeanTarget
-    """A runtime over an already loaded transformers model (several runtimes may share one model); ``trees``:
-    ``auto`` picks for speculative decoding."""
+    """A runtime over an already loaded transformers model (several runtimes may share one model)."""
     from dartspec.lean import LeanTarget
     from dartspec.target import Target
 
     device = model.get_input_embeddings().weight.device
     model_type = model.config.get_text_config().model_type
-    chosen_runtime, chosen = resolve_runtime(runtime, quant, model_type, device, trees=trees)
+    chosen_runtime, chosen = resolve_runtime(runtime, quant, model_type, device)
     if chosen_runtime == "hf":
         return Target(model, tokenizer, name=name, feature_layers=feature_layers)
     try:
         return LeanTarget(model, tokenizer, quant=chosen, name=name, feature_layers=feature_layers)
     except DartspecError:
-        if quant != "auto" or chosen != "exact":
+        if quant != "auto" or chosen != CPU_DEFAULT_QUANTS[0]:
             raise
         # auto: a model that is not made of integer groups gets the next format.
         return LeanTarget(model, tokenizer, quant=CPU_DEFAULT_QUANTS[1], name=name, feature_layers=feature_layers)
 
 
-def wrap_format(target: Any, spec: str, *, trees: bool = False) -> Any:  # -> Target | LeanTarget
+def wrap_format(target: Any, spec: str) -> Any:  # -> Target | LeanTarget
     """``target``'s loaded model in another runtime / format, given as ``RUNTIME[:QUANT]`` (``lean:fp16``, ``hf``)."""
     runtime, _, quant = spec.partition(":")
-    return wrap_model(
-        target.model, target.tokenizer, runtime=runtime, quant=quant or "none", name=target.name, trees=trees
-    )
+    return wrap_model(target.model, target.tokenizer, runtime=runtime, quant=quant or "none", name=target.name)
 
 
 def load_target(
@@ -108,14 +97,13 @@ def load_target(
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
     feature_layers: Sequence[int] | None = None,
-    trees: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> Any:  # -> Target | LeanTarget
     """Load a target by known name (e.g. ``smollm2-135m``), local folder or GGUF file into a runtime.
 
     Example::
 
-        target = load_target("smollm2-135m")                 # lean runtime, exact weights on a CPU
+        target = load_target("smollm2-135m")                 # lean runtime, exact-a16 weights on a CPU
         exact = load_target("smollm2-135m", runtime="hf")     # transformers' modules, fp32
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -125,9 +113,7 @@ def load_target(
     dev = torch.device(device)
     folder = resolve_model(name_or_path, **({"log": log} if log else {}))
     # Check the combination before loading hundreds of MB.
-    resolve_runtime(runtime, quant, AutoConfig.from_pretrained(folder).get_text_config().model_type, dev, trees=trees)
+    resolve_runtime(runtime, quant, AutoConfig.from_pretrained(folder).get_text_config().model_type, dev)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").to(dev)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    return wrap_model(
-        model, tokenizer, runtime=runtime, quant=quant, name=name_or_path, feature_layers=feature_layers, trees=trees
-    )
+    return wrap_model(model, tokenizer, runtime=runtime, quant=quant, name=name_or_path, feature_layers=feature_layers)

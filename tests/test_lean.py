@@ -53,6 +53,24 @@ def test_lean_logits_and_features_equal_transformers(arch: str) -> None:
     torch.testing.assert_close(a.features, b.features, rtol=0, atol=1e-6)
 
 
+@pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_fused_attention_equals_transformers_in_float32(arch: str) -> None:
+    # float32 on CPU: up to 64 new rows take the C attention block (per-head norms, rotary, cache write,
+    # masked softmax), longer prefills SDPA; both against transformers' own forward.
+    model = _with_biases(tiny_model(arch, seed=7), 7).float()
+    lean = LeanTarget(model, tiny_tokenizer())
+    assert lean._fused_attention
+    ids = torch.randint(2, VOCAB, (100,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = model(ids[None]).logits[0]
+    torch.testing.assert_close(lean.score_sequence(ids).logits, ref, rtol=0, atol=1e-4)  # SDPA (100 rows)
+    torch.testing.assert_close(lean.score_sequence(ids[:40]).logits, ref[:40], rtol=0, atol=1e-4)  # fused
+    lean.prefill(ids[:70].tolist())
+    chain = Tree.chain(int(ids[70]), ids[71:80].tolist())
+    torch.testing.assert_close(lean.verify(chain).logits, ref[70:80], rtol=0, atol=1e-4)  # fused, causal mask
+
+
 def _random_tree(rng: np.random.Generator, root: int, size: int) -> Tree:
     tokens, parents = [root], [-1]
     while len(tokens) < size:
@@ -71,14 +89,20 @@ def _step_by_step(t: LeanTarget, prompt: list[int], seq: list[int]) -> torch.Ten
 
 
 @pytest.mark.parametrize(
-    ("arch", "quant"), [("llama", "none"), ("qwen3", "none"), ("llama", "fp16"), ("qwen2", "int8")]
+    ("arch", "quant"),
+    [("llama", "none"), ("qwen3", "none"), ("llama", "fp16"), ("qwen2", "int8")]
+    + ([("qwen2", "exact"), ("llama", "exact-a16")] if exact.available() else []),
 )
 def test_tree_verification_equals_sequential_decoding(arch: str, quant: str) -> None:
     model = _with_biases(tiny_model(arch, seed=5), 5)
     if quant != "none":
         model = model.float()  # the quantized kernels take float32 activations
+    if quant.startswith("exact"):
+        model = _with_biases(_gguf_like(model), 5)  # integer weight groups (biases stay float)
     t = LeanTarget(model, tiny_tokenizer(), quant=quant)
-    atol = 1e-9 if quant == "none" else 2e-4  # quantized GEMMs round per row count: same format, other order
+    # Quantized GEMMs round per row count (same format, other order); exact-a16 rounds each activation to a
+    # step of its group's range, so an ulp of difference upstream (attention over 1 or q rows) can move one step.
+    atol = {"none": 1e-9, "exact-a16": 3e-3}.get(quant, 2e-4)
     rng = np.random.default_rng(0)
     for _ in range(3):
         prompt = rng.integers(0, VOCAB, size=int(rng.integers(3, 30))).tolist()
@@ -133,7 +157,7 @@ def test_packed_linear_formats_approximate_fp32() -> None:
 
 def test_quant_and_runtime_errors_are_one_line() -> None:
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
-    assert resolve_runtime("auto", "auto", "llama", cpu) == ("lean", "exact" if exact.available() else "fp16")
+    assert resolve_runtime("auto", "auto", "llama", cpu) == ("lean", "exact-a16" if exact.available() else "fp16")
     assert resolve_runtime("auto", "auto", "gemma3_text", cpu) == ("hf", "none")
     assert resolve_runtime("auto", "auto", "llama", gpu) == ("hf", "none")
     for args, words in [
@@ -192,20 +216,89 @@ def test_exact_format_packs_gguf_groups_bit_for_bit_and_refuses_others() -> None
 
 
 @pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
-def test_exact_runtime_equals_fp32_and_verifies_trees_like_sequential_decoding() -> None:
+@pytest.mark.parametrize("kind", [4, 8])
+def test_integer_dot_kernel_equals_its_reference_and_computes_each_row_alone(kind: int) -> None:
+    gen = torch.Generator().manual_seed(kind)
+    out, k = 37, 96  # 37: a last panel that is only partly filled
+    d = (torch.rand(out, k // 32, 1, generator=gen) * 0.02 + 0.001).half().float()
+    if kind == 4:
+        q = torch.randint(0, 16, (out, k // 32, 32), generator=gen).float()
+        q[..., 0], q[..., 1] = 0, 15
+        m = (torch.rand(out, k // 32, 1, generator=gen) * -0.15).half().float()
+    else:
+        q = torch.randint(-127, 128, (out, k // 32, 32), generator=gen).float()
+        q[..., 0], m = 127, torch.zeros(out, k // 32, 1)
+    scaled, offset = (q * d).reshape(out, k), m.expand(-1, -1, 32).reshape(out, k)
+    packed = exact.to_panels(exact.pack(scaled + offset))
+    assert packed.kind == kind and packed.panel in (8, 16)
+    x, bias = torch.randn(11, k, generator=gen) * 3, torch.randn(out, generator=gen)
+    x[:, 7] = 40.0  # an outlier: only its own group's inputs lose precision
+    y = exact.linear_a16(x, packed, bias)
+    # The kernel's arithmetic: d * q against inputs rounded to 16 bits per group, m against the exact inputs.
+    ref = exact.quantize_activations(x).double() @ scaled.double().T + x.double() @ offset.double().T + bias
+    torch.testing.assert_close(y.double(), ref, rtol=0, atol=1e-4)
+    assert (y.double() - x.double() @ (scaled + offset).double().T - bias).abs().max() < 0.05
+    for r in (0, 5, 10):  # a row's result does not depend on the rows beside it: trees compute what decoding does
+        assert torch.equal(exact.linear_a16(x[r : r + 1], packed, bias)[0], y[r])
+
+
+@pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
+@pytest.mark.parametrize("quant", ["exact", "exact-a16"])
+def test_exact_runtimes_equal_fp32_and_verify_trees_like_sequential_decoding(quant: str) -> None:
     model = _gguf_like(tiny_model("qwen3", seed=6).float())
-    t = LeanTarget(model, tiny_tokenizer(), quant="exact")
+    t = LeanTarget(model, tiny_tokenizer(), quant=quant)
     ref = LeanTarget(model, tiny_tokenizer(), quant="none")
     ids = list(range(3, 40))
-    torch.testing.assert_close(t.score_sequence(ids).logits, ref.score_sequence(ids).logits, rtol=1e-4, atol=1e-4)
+    tol = 1e-4 if quant == "exact" else 5e-3  # exact-a16 rounds activations to 1/32767 of their group's range
+    torch.testing.assert_close(t.score_sequence(ids).logits, ref.score_sequence(ids).logits, rtol=tol, atol=tol)
     plain = Generator(t).generate(ids[:10], max_new_tokens=30)
     spec = Generator(t, RandomDrafter(seed=2, reference=plain.token_ids), tree_size=10, max_depth=4)
     assert spec.generate(ids[:10], max_new_tokens=30).token_ids == plain.token_ids
-    # auto picks exact for such a model and falls back to fp16 for one that is not made of groups.
-    assert describe(wrap_model(model, tiny_tokenizer())) == "lean/exact"
+    # auto picks exact-a16 for such a model and falls back to fp16 for one that is not made of groups.
+    assert describe(wrap_model(model, tiny_tokenizer())) == "lean/exact-a16"
     assert describe(wrap_model(tiny_model("qwen3").float(), tiny_tokenizer())) == "lean/fp16"
     with pytest.raises(DartspecError, match="not integer groups"):
-        wrap_model(tiny_model("qwen3").float(), tiny_tokenizer(), quant="exact")
+        wrap_model(tiny_model("qwen3").float(), tiny_tokenizer(), quant=quant)
+
+
+@pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
+def test_packed_weights_are_cached_and_a_damaged_cache_is_a_clear_error(tmp_path, monkeypatch) -> None:
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setenv("DARTSPEC_CACHE", str(tmp_path / "cache"))
+    _gguf_like(tiny_model("llama", seed=8).float()).save_pretrained(tmp_path / "model")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
+    ids = list(range(3, 30))
+    first = LeanTarget(model, tiny_tokenizer(), quant="exact-a16")
+    files = sorted((tmp_path / "cache" / "packed").iterdir())
+    assert [f.suffix for f in files] == [".json", ".safetensors"]
+    monkeypatch.setattr(exact, "pack", lambda w: pytest.fail("packed again although the cache has it"))
+    again = LeanTarget(model, tiny_tokenizer(), quant="exact-a16")
+    assert torch.equal(again.score_sequence(ids).logits, first.score_sequence(ids).logits)
+    # A flipped byte in the weights file: a one-line error naming the files to delete, not wrong weights.
+    weights = files[1]
+    raw = bytearray(weights.read_bytes())
+    raw[-3] ^= 0xFF
+    weights.write_bytes(bytes(raw))
+    with pytest.raises(DartspecError, match=r"damaged .*sha256.*delete") as err:
+        LeanTarget(model, tiny_tokenizer(), quant="exact-a16")
+    assert "\n" not in str(err.value)
+    files[0].write_text("{")  # an unreadable manifest
+    with pytest.raises(DartspecError, match="manifest is unreadable"):
+        LeanTarget(model, tiny_tokenizer(), quant="exact-a16")
+    # A save interrupted before its manifest was written leaves no manifest: the next load packs and saves again.
+    files[0].unlink()
+    monkeypatch.undo()
+    monkeypatch.setenv("DARTSPEC_CACHE", str(tmp_path / "cache"))
+    rebuilt = LeanTarget(model, tiny_tokenizer(), quant="exact-a16")
+    assert torch.equal(rebuilt.score_sequence(ids).logits, first.score_sequence(ids).logits)
+    assert files[0].is_file()
+    # Weights changed in memory after loading are packed anew, never taken from the files' cache.
+    with torch.no_grad():
+        model.lm_head.weight[0] = model.lm_head.weight[1]  # still integer groups
+    changed = LeanTarget(model, tiny_tokenizer(), quant="exact-a16")
+    assert not torch.equal(changed.score_sequence(ids).logits, first.score_sequence(ids).logits)
+    assert len(list((tmp_path / "cache" / "packed").iterdir())) == 4
 
 
 def test_wrap_model_shares_one_model_between_runtimes() -> None:

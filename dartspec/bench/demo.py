@@ -38,19 +38,19 @@ def demo_peers(target: Any) -> list[str]:
 
     peers = [] if describe(target).startswith("hf/") else ["ar:runtime=hf,quant=none"]
     if importlib.util.find_spec("llama_cpp") is not None and target.name == "smollm2-135m":
-        # exact keeps the GGUF's own integers: its peer is llama.cpp on that file; fp16 / fp32 compare with F16.
-        peers.append("llamacpp-ar" if getattr(target, "quant", "none") == "exact" else "llamacpp-ar:gguf=f16")
+        # The exact formats keep the GGUF's own integers: their peer is llama.cpp on that file; fp16 / fp32
+        # compare with F16.
+        same_weights = getattr(target, "quant", "none") in ("exact", "exact-a16")
+        peers.append("llamacpp-ar" if same_weights else "llamacpp-ar:gguf=f16")
     return peers
 
 
-def run_demo(
-    target: Any, methods: list[str], max_new_tokens: int, log: Callable[[str], None], tree_target: Any = None
-) -> str:
+def run_demo(target: Any, methods: list[str], max_new_tokens: int, log: Callable[[str], None]) -> str:
     """Run ``methods`` (``none`` is plain decoding) on the demo prompts; returns a Markdown report."""
     names = ["ar" if m == "none" else m for m in methods]
     specs = parse_methods(",".join(names), tree_size=DEMO_TREE_SIZE)
     log(f"running {', '.join(s.label for s in specs)} on {len(demo_prompts())} prompts ({max_new_tokens} new tokens)")
-    runs = run_suite(target, specs, demo_prompts(), max_new_tokens=max_new_tokens, tree_target=tree_target)
+    runs = run_suite(target, specs, demo_prompts(), max_new_tokens=max_new_tokens)
     rows = summarize(runs)
     from dartspec.targets import describe
 

@@ -334,11 +334,10 @@ def _llamacpp_requantized(llama_cpp: Any, source: Path, kind: str) -> Path:
     return dest
 
 
-def _target_for(spec: MethodSpec, target: Any, others: dict[tuple[str, str], Any], tree_target: Any) -> Any:
-    """The main target (or ``tree_target`` for drafted rows), or (made once, sharing its loaded model) the
-    runtime / format the row asks for."""
+def _target_for(spec: MethodSpec, target: Any, others: dict[tuple[str, str], Any]) -> Any:
+    """The main target, or (made once, sharing its loaded model) the runtime / format the row asks for."""
     if not spec.own_target:
-        return tree_target if tree_target is not None and spec.kind not in ("ar", *_PEERS) else target
+        return target
     from dartspec.targets import wrap_model
 
     key = (spec.runtime or "auto", spec.quant or "auto")
@@ -357,13 +356,11 @@ def run_suite(
     seed: int = 0,
     runners: dict[str, Runner] | None = None,
     progress: Callable[[Iterable[Any], int], Iterable[Any]] | None = None,
-    tree_target: Any = None,
 ) -> list[Run]:
     """Run every method on every prompt (rotating order); plain decoding is added as the reference.
 
-    ``tree_target``: the runtime of speculative rows that name no ``runtime=`` / ``quant=`` (default
-    ``target``; the CLI passes the format ``--quant auto`` picks for trees). Every runtime that drafted rows run
-    on gets a plain-decoding row of its own, their reference for losslessness.
+    Every runtime that drafted rows run on (rows may name ``runtime=`` / ``quant=``) gets a plain-decoding row
+    of its own, their reference for losslessness.
     """
     from dartspec.targets import describe
 
@@ -374,7 +371,7 @@ def run_suite(
         specs.insert(0, MethodSpec("ar", "ar"))
     runners = dict(runners or {})
     others: dict[tuple[str, str], Any] = {}
-    targets = {s.label: _target_for(s, target, others, tree_target) for s in specs}
+    targets = {s.label: _target_for(s, target, others) for s in specs}
     plain = {describe(targets[s.label]) for s in specs if s.kind == "ar"}
     for s in list(specs):
         own = describe(targets[s.label])
