@@ -120,12 +120,13 @@ void dartspec_attend(const float *qkv, long q, long H, long KV, long D, const fl
                 if (allowed && !allowed[j]) p[j] = -INFINITY;
                 if (p[j] > best) best = p[j];
             }
+#pragma omp simd
+            for (long j = 0; j < visible; j++) p[j] = p[j] == -INFINITY ? 0.0f : exp_nonpositive(p[j] - best);
+            /* In order, one position at a time: a tree row's masked slots add exact zeros between its ancestors,
+             * so it sums what the same row decoded alone sums, bit for bit (a vectorized sum would give each
+             * position the lane of its cache slot, and tree slots differ from sequential ones). */
             float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-            for (long j = 0; j < visible; j++) {
-                p[j] = p[j] == -INFINITY ? 0.0f : exp_nonpositive(p[j] - best);
-                sum += p[j];
-            }
+            for (long j = 0; j < visible; j++) sum += p[j];
             float *o = out + i * H * D + h * D, inv = 1.0f / sum;
             for (long d = 0; d < D; d++) o[d] = 0.0f;
             for (long j = 0; j < visible; j++) {

@@ -264,7 +264,7 @@ def _library() -> ctypes.CDLL:
 
     flags = _cpu_flags()
     if platform.machine() not in ("x86_64", "AMD64") or not {"avx2", "fma", "f16c"} <= flags:
-        raise DartspecError("--quant exact needs an x86-64 CPU with AVX2 and FMA: use --quant fp16")
+        raise DartspecError("--quant exact / exact-a16 need an x86-64 CPU with AVX2 and FMA: use --quant fp16")
     source = b"".join(src.read_bytes() for src in _SOURCES)
     gomp = _torch_libgomp()
     key = hashlib.sha256(source + str(sorted(flags)).encode() + str(gomp).encode()).hexdigest()[:16]
@@ -272,7 +272,7 @@ def _library() -> ctypes.CDLL:
     if not lib_path.is_file():
         compiler = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
         if compiler is None:
-            raise DartspecError("--quant exact compiles a small C kernel once and needs gcc: use --quant fp16")
+            raise DartspecError("--quant exact / exact-a16 compile small C kernels once and need gcc: use --quant fp16")
         lib_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = lib_path.with_name(f".{lib_path.name}.{os.getpid()}.tmp")
         cmd = [compiler, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", *map(str, _SOURCES), "-o", str(tmp)]
@@ -282,7 +282,7 @@ def _library() -> ctypes.CDLL:
         if done.returncode != 0:
             tmp.unlink(missing_ok=True)
             first = (done.stderr.strip().splitlines() or ["no output"])[0]
-            raise DartspecError(f"compiling the exact-format kernel failed ({first}): use --quant fp16")
+            raise DartspecError(f"compiling the exact-format kernels failed ({first}): use --quant fp16")
         tmp.replace(lib_path)
     lib = ctypes.CDLL(str(lib_path))
     fn = lib.dartspec_qgemm
