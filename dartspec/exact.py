@@ -29,6 +29,7 @@ import subprocess
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -97,10 +98,14 @@ def unpack(packed: ExactWeight) -> torch.Tensor:
 
 def linear(x: torch.Tensor, packed: ExactWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W^T + bias`` for ``x`` of shape ``(rows, in)`` in float32 on CPU (``packed`` in rows)."""
-    lib = _library()
+    return _gemm(_library().dartspec_qgemm, x, packed, bias)
+
+
+def _gemm(kernel: Any, x: torch.Tensor, packed: ExactWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    """Call one of the C GEMMs (same signature) on contiguous fp32 ``x``."""
     x = x.contiguous()
     y = torch.empty((x.shape[0], packed.out_features), dtype=torch.float32)
-    lib.dartspec_qgemm(
+    kernel(
         packed.kind,
         x.data_ptr(),
         x.shape[0],
@@ -179,22 +184,7 @@ def from_tensors(tensors: dict[str, torch.Tensor]) -> ExactWeight:
 def linear_a16(x: torch.Tensor, packed: ExactWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W^T + bias`` with ``x`` rounded to 16-bit integers per group of 32 (the ``exact-a16`` format;
     ``packed`` in panels)."""
-    lib = _library()
-    x = x.contiguous()
-    y = torch.empty((x.shape[0], packed.out_features), dtype=torch.float32)
-    lib.dartspec_qdot(
-        packed.kind,
-        x.data_ptr(),
-        x.shape[0],
-        packed.in_features,
-        packed.data.data_ptr(),
-        packed.scale.data_ptr(),
-        packed.offset.data_ptr() if packed.offset is not None else None,
-        bias.data_ptr() if bias is not None else None,
-        y.data_ptr(),
-        packed.out_features,
-    )
-    return y
+    return _gemm(_library().dartspec_qdot, x, packed, bias)
 
 
 def attend(

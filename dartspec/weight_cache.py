@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from dartspec.errors import DartspecError
+from dartspec.models import _sha256
 
 #: Bump when the packed layout or the lean weight preparation (fusion, rotary row order) changes.
 PACKED_VERSION = 1
@@ -117,14 +118,6 @@ class PackedCache:
             f"the packed-weight cache {self.path} is damaged ({why}): delete {self.path} and {self.manifest} "
             "and run again to rebuild it"
         )
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _fsync(path: Path) -> None:
