@@ -37,6 +37,7 @@ from dartspec.errors import DartspecError
 
 GROUP = 32
 _SOURCES = tuple(Path(__file__).with_name(name) for name in ("qgemm.c", "qdot.c", "attend.c"))
+_HEADERS = (Path(__file__).with_name("rows.h"),)
 
 
 @dataclass(frozen=True)
@@ -255,7 +256,7 @@ def _library() -> ctypes.CDLL:
     flags = _cpu_flags()
     if platform.machine() not in ("x86_64", "AMD64") or not {"avx2", "fma", "f16c"} <= flags:
         raise DartspecError("--quant exact / exact-a16 need an x86-64 CPU with AVX2 and FMA: use --quant fp16")
-    source = b"".join(src.read_bytes() for src in _SOURCES)
+    source = b"".join(src.read_bytes() for src in (*_SOURCES, *_HEADERS))
     gomp = _torch_libgomp()
     key = hashlib.sha256(source + str(sorted(flags)).encode() + str(gomp).encode()).hexdigest()[:16]
     lib_path = cache_dir() / "kernels" / f"qgemm-{key}.so"

@@ -27,11 +27,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dartspec import exact
 from dartspec.errors import ContextLengthError, DartspecError
 from dartspec.kv_cache import TreeKVCache, TreeKVLayer
 from dartspec.quant import EXACT_FORMATS, PackedLinear, check_format, fuse
 from dartspec.runtime import CausalRuntime, TargetOutput
-from dartspec.weight_cache import PackedCache
+from dartspec.weight_cache import PackedCache, SavedWeights
 
 #: ``config.model_type`` values the lean forward implements (same block; Qwen3 adds per-head q/k norms).
 LEAN_ARCHITECTURES = ("llama", "qwen2", "qwen3")
@@ -61,31 +62,12 @@ def lean_supported(model_type: str) -> bool:
     return model_type in LEAN_ARCHITECTURES
 
 
-def _kernels_built() -> bool:
-    from dartspec import exact
-
-    return exact.available()
-
-
 def _packed_cache(model: nn.Module, quant: str) -> PackedCache | None:
     """Where ``model``'s weights packed in ``quant`` are cached (exact formats of models loaded from a folder)."""
     if quant not in EXACT_FORMATS:
         return None
-    from dartspec import exact
-
     panel = exact.kernel_panel() if quant == "exact-a16" else 0
     return PackedCache.for_model(getattr(model.config, "_name_or_path", None), quant, panel, model.parameters())
-
-
-def _by_linear(tensors: dict[str, torch.Tensor] | None) -> dict[str, dict[str, torch.Tensor]] | None:
-    """``{"layers.0.qkv.data": t}`` -> ``{"layers.0.qkv": {"data": t}}``."""
-    if tensors is None:
-        return None
-    out: dict[str, dict[str, torch.Tensor]] = {}
-    for key, value in tensors.items():
-        name, _, field = key.rpartition(".")
-        out.setdefault(name, {})[field] = value
-    return out
 
 
 class LeanTarget(CausalRuntime):
@@ -131,11 +113,9 @@ class LeanTarget(CausalRuntime):
         self.head_dim = int(attn0.head_dim)
         self.scaling = float(attn0.scaling)
         cache = _packed_cache(model, quant)
-        saved = _by_linear(cache.load()) if cache is not None else None
-        self._cache, self._saved = cache, saved  # used while the layers are built
-        self._head = self._linear("head", head.weight.detach(), head.bias)
-        self.layers = [self._convert(i, layer) for i, layer in enumerate(decoder.layers)]
-        self._saved = None
+        saved = cache.load() if cache is not None else None
+        self._head = self._linear("head", head.weight.detach(), head.bias, saved)
+        self.layers = [self._convert(i, layer, saved) for i, layer in enumerate(decoder.layers)]
         if cache is not None and saved is None:
             self._save_packed(cache)
         super().__init__(
@@ -150,21 +130,13 @@ class LeanTarget(CausalRuntime):
         t = torch.arange(self.max_context, device=embed.device, dtype=real)
         angles = torch.outer(t, rotary.inv_freq.to(device=embed.device, dtype=real))
         self._rot = torch.polar(torch.full_like(angles, float(rotary.attention_scaling)), angles)
-        self._fused_attention = embed.device.type == "cpu" and embed.dtype == torch.float32 and _kernels_built()
+        self._fused_attention = embed.device.type == "cpu" and embed.dtype == torch.float32 and exact.available()
 
-    def _linear(self, name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> PackedLinear:
-        """One projection in the runtime's format, from the packed-weight cache when it has it."""
-        packed = None
-        if self._saved is not None:
-            from dartspec import exact
-
-            assert self._cache is not None
-            try:
-                packed = exact.from_tensors(self._saved[name])
-            except (KeyError, ValueError):
-                raise self._cache.damaged(f"{name} is missing or inconsistent") from None
-            if (packed.out_features, packed.in_features) != tuple(weight.shape):
-                raise self._cache.damaged(f"{name} does not have the model's shape")
+    def _linear(
+        self, name: str, weight: torch.Tensor, bias: torch.Tensor | None, saved: SavedWeights | None
+    ) -> PackedLinear:
+        """One projection in the runtime's format, taken from the packed-weight cache when there is one."""
+        packed = saved.get(name, tuple(weight.shape)) if saved is not None else None
         return PackedLinear(weight, bias, self.quant, packed=packed)
 
     def _linears(self) -> dict[str, PackedLinear]:
@@ -174,18 +146,16 @@ class LeanTarget(CausalRuntime):
         return out
 
     def _save_packed(self, cache: PackedCache) -> None:
-        from dartspec import exact
-
-        tensors = {}
+        weights = {}
         for name, lin in self._linears().items():
-            assert lin.packed is not None
-            tensors.update({f"{name}.{k}": v for k, v in exact.to_tensors(lin.packed).items()})
+            assert lin.packed is not None  # an exact format: every linear was packed
+            weights[name] = lin.packed
         try:
-            cache.save(tensors)
+            cache.save(weights)
         except OSError as exc:  # a read-only cache costs the next load its packing, nothing more
             warnings.warn(f"could not cache packed weights at {cache.path}: {exc}", stacklevel=3)
 
-    def _convert(self, i: int, layer: nn.Module) -> _Layer:
+    def _convert(self, i: int, layer: nn.Module, saved: SavedWeights | None) -> _Layer:
         a, m = layer.self_attn, layer.mlp
         H, K, D = self.heads, self.kv_heads, self.head_dim
 
@@ -202,14 +172,15 @@ class LeanTarget(CausalRuntime):
         return _Layer(
             ln1=layer.input_layernorm.weight.detach(),
             ln2=layer.post_attention_layernorm.weight.detach(),
-            qkv=self._linear(f"layers.{i}.qkv", torch.cat([q_w, k_w, a.v_proj.weight.detach()]), qkv_b),
-            o=self._linear(f"layers.{i}.o", a.o_proj.weight.detach(), detach(a.o_proj.bias)),
+            qkv=self._linear(f"layers.{i}.qkv", torch.cat([q_w, k_w, a.v_proj.weight.detach()]), qkv_b, saved),
+            o=self._linear(f"layers.{i}.o", a.o_proj.weight.detach(), detach(a.o_proj.bias), saved),
             gate_up=self._linear(
                 f"layers.{i}.gate_up",
                 torch.cat([m.gate_proj.weight.detach(), m.up_proj.weight.detach()]),
                 fuse(detach(m.gate_proj.bias), detach(m.up_proj.bias)),
+                saved,
             ),
-            down=self._linear(f"layers.{i}.down", m.down_proj.weight.detach(), detach(m.down_proj.bias)),
+            down=self._linear(f"layers.{i}.down", m.down_proj.weight.detach(), detach(m.down_proj.bias), saved),
             q_norm=None if q_norm is None else _interleave(q_norm.weight.detach(), 1, D),
             k_norm=None if k_norm is None else _interleave(k_norm.weight.detach(), 1, D),
         )
@@ -225,8 +196,7 @@ class LeanTarget(CausalRuntime):
     @property
     def weight_bytes(self) -> int:
         """Bytes of linear weights one decode step streams (LM head included)."""
-        layers = sum(lin.nbytes for layer in self.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
-        return layers + self._head.nbytes
+        return sum(lin.nbytes for lin in self._linears().values())
 
     # --- forwards ----------------------------------------------------------------------------
 
@@ -256,8 +226,6 @@ class LeanTarget(CausalRuntime):
         # prefills keep SDPA's blocked kernels, whose cost grows better with q x context.
         fused = self._fused_attention and q <= FUSED_ATTENTION_ROWS
         if fused:
-            from dartspec import exact
-
             rot_pairs, empty = torch.view_as_real(rot).contiguous(), x.new_empty((1, K, 0, D))
         captured = []
         for i, layer in enumerate(self.layers):

@@ -135,17 +135,7 @@ static inline __attribute__((always_inline)) void panel_rows(int kind, long N, c
     for (long r = 0; r < N; r++) out[r] = acc[r];
 }
 
-#if RMAX == 8
-#define ROWS(CALL)                                                                              \
-    case 1: { const long N = 1; CALL; break; } case 2: { const long N = 2; CALL; break; }        \
-    case 3: { const long N = 3; CALL; break; } case 4: { const long N = 4; CALL; break; }        \
-    case 5: { const long N = 5; CALL; break; } case 6: { const long N = 6; CALL; break; }        \
-    case 7: { const long N = 7; CALL; break; } default: { const long N = 8; CALL; break; }
-#else
-#define ROWS(CALL)                                                                              \
-    case 1: { const long N = 1; CALL; break; } case 2: { const long N = 2; CALL; break; }        \
-    case 3: { const long N = 3; CALL; break; } default: { const long N = 4; CALL; break; }
-#endif
+#include "rows.h"
 
 /* x (M, K) fp32 contiguous, y (M, O) fp32, w in panels as above (P = ceil(O / PANEL)), bias (O) or NULL. */
 void dartspec_qdot(int kind, const float *x, long M, long K, const void *w, const float *d, const float *m,

@@ -119,17 +119,7 @@ static inline __attribute__((always_inline)) void row_q8(const float *x, long R,
     for (long r = 0; r < R; r++) out[r] = acc_sum(a0[r], a1[r]);
 }
 
-#if RMAX == 8
-#define ROWS(CALL)                                                                              \
-    case 1: { const long N = 1; CALL; break; } case 2: { const long N = 2; CALL; break; }        \
-    case 3: { const long N = 3; CALL; break; } case 4: { const long N = 4; CALL; break; }        \
-    case 5: { const long N = 5; CALL; break; } case 6: { const long N = 6; CALL; break; }        \
-    case 7: { const long N = 7; CALL; break; } default: { const long N = 8; CALL; break; }
-#else
-#define ROWS(CALL)                                                                              \
-    case 1: { const long N = 1; CALL; break; } case 2: { const long N = 2; CALL; break; }        \
-    case 3: { const long N = 3; CALL; break; } default: { const long N = 4; CALL; break; }
-#endif
+#include "rows.h"
 
 /* x (M, K) fp32 contiguous, y (M, O) fp32; kind 4: w (O, G, 16) uint8 with d, m (O, G); kind 8: w (O, G, 32)
  * int8 with d (O, G), m unused. bias (O) or NULL. */

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from dartspec import exact
 from dartspec.errors import DartspecError
 from dartspec.formats import QUANT_CHOICES, RUNTIMES
 from dartspec.quant import check_format
@@ -42,18 +43,12 @@ def resolve_runtime(runtime: str, quant: str, model_type: str, device: torch.dev
         )
     if quant == "auto":
         quant = CPU_DEFAULT_QUANTS[0] if runtime == "lean" and device.type == "cpu" else "none"
-        if quant == CPU_DEFAULT_QUANTS[0] and not _exact_kernel_available():
+        if quant == CPU_DEFAULT_QUANTS[0] and not exact.available():
             quant = CPU_DEFAULT_QUANTS[1]
     if quant != "none" and runtime == "hf":
         raise DartspecError(f"--quant {quant} needs the lean runtime (--runtime lean or auto)")
     check_format(quant, device)
     return runtime, quant
-
-
-def _exact_kernel_available() -> bool:
-    from dartspec import exact
-
-    return exact.available()
 
 
 def wrap_model(

@@ -18,11 +18,14 @@ import hashlib
 import json
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from dartspec import exact
 from dartspec.errors import DartspecError
+from dartspec.exact import ExactWeight
 from dartspec.models import _sha256
 
 #: Bump when the packed layout or the lean weight preparation (fusion, rotary row order) changes.
@@ -62,8 +65,8 @@ class PackedCache:
         key = hashlib.sha256(source.encode()).hexdigest()[:16]
         return cls(cache_dir() / "packed" / f"{root.name[:60]}-{fmt}-p{panel}-{key}.safetensors", source)
 
-    def load(self) -> dict[str, torch.Tensor] | None:
-        """The cached tensors, or None when there is no complete cache yet.
+    def load(self) -> SavedWeights | None:
+        """The cached weights, or None when there is no complete cache yet.
 
         Raises:
             DartspecError: the manifest or the file is damaged (names both files to delete).
@@ -90,14 +93,23 @@ class PackedCache:
         if _sha256(self.path) != digest:
             raise self.damaged("the weights file does not match its recorded sha256")
         try:
-            return load_file(self.path)
+            tensors = load_file(self.path)
         except (OSError, SafetensorError) as exc:
             raise self.damaged(f"cannot read it: {exc}") from None
+        by_weight: dict[str, dict[str, torch.Tensor]] = {}  # "layers.0.qkv.data" -> ["layers.0.qkv"]["data"]
+        for key, value in tensors.items():
+            name, _, field = key.rpartition(".")
+            by_weight.setdefault(name, {})[field] = value
+        try:
+            return SavedWeights(self, {name: exact.from_tensors(t) for name, t in by_weight.items()})
+        except (KeyError, ValueError):
+            raise self.damaged("a packed weight in it is inconsistent") from None
 
-    def save(self, tensors: dict[str, torch.Tensor]) -> None:
-        """Write ``tensors`` atomically (see the module docstring)."""
+    def save(self, weights: dict[str, ExactWeight]) -> None:
+        """Write ``weights`` atomically (see the module docstring)."""
         from safetensors.torch import save_file
 
+        tensors = {f"{name}.{k}": v for name, w in weights.items() for k, v in exact.to_tensors(w).items()}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.part")
         try:
@@ -118,6 +130,21 @@ class PackedCache:
             f"the packed-weight cache {self.path} is damaged ({why}): delete {self.path} and {self.manifest} "
             "and run again to rebuild it"
         )
+
+
+@dataclass(frozen=True)
+class SavedWeights:
+    """The packed weights read from a :class:`PackedCache`, by linear layer name."""
+
+    cache: PackedCache
+    weights: dict[str, ExactWeight]
+
+    def get(self, name: str, shape: tuple[int, ...]) -> ExactWeight:
+        """The packed form of weight ``name`` of ``shape``; a damaged-cache error when the cache lacks it."""
+        packed = self.weights.get(name)
+        if packed is None or (packed.out_features, packed.in_features) != shape:
+            raise self.cache.damaged(f"{name} is missing or does not have the model's shape")
+        return packed
 
 
 def _fsync(path: Path) -> None:
