@@ -66,6 +66,16 @@ def _drafter_kinds(text: str) -> list[str]:
     return list(dict.fromkeys(kinds))
 
 
+def _train_setting(text: str) -> str:
+    """``--settings`` item: comma-separated ``pack=N`` / ``precision=auto|bf16|fp32``."""
+    for part in filter(None, text.split(",")):
+        key, eq, value = part.partition("=")
+        ok = (key == "pack" and value.isdigit()) or (key == "precision" and value in ("auto", "bf16", "fp32"))
+        if not eq or not ok:
+            raise argparse.ArgumentTypeError(f"{part!r}: expected pack=N or precision=auto|bf16|fp32")
+    return text
+
+
 def add_target_args(p: argparse.ArgumentParser, runtime: str = "auto") -> None:
     """Options shared by every command that loads a target model (training and data default to the exact
     transformers runtime: drafters learn the fp32 model's features)."""
@@ -126,13 +136,13 @@ def add_drafter_args(p: argparse.ArgumentParser, default: str = "none") -> None:
 
 def make_generator(args: argparse.Namespace, target):  # -> Generator
     """The generator that :func:`add_drafter_args`' options describe (``--tree-size auto`` included)."""
-    from dartspec.drafters import make_drafter
+    from dartspec.drafters import FEATURE_DRAFTERS, make_drafter
     from dartspec.engine import Generator, default_tree_size
     from dartspec.tree_size import AUTO_MAX_SIZE
 
     auto = args.tree_size == "auto"
-    sized = args.drafter in ("dart", "dart+pld", "eagle3")  # the drafters --tree-size auto applies to
-    size = (AUTO_MAX_SIZE if sized else 16) if auto else args.tree_size or default_tree_size(target.device)
+    sized = args.drafter in FEATURE_DRAFTERS
+    size = (AUTO_MAX_SIZE if sized else 16) if auto else args.tree_size or default_tree_size(target.device, sized)
     drafter = make_drafter(
         args.drafter,
         target,
@@ -374,6 +384,37 @@ def cmd_bench_fidelity(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_train(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from dartspec.bench.train_speed import run_train_bench
+    from dartspec.train.cli import samples_from
+    from dartspec.train.dart import DartTrainer, TrainConfig
+
+    cfg = TrainConfig.from_file(args.config) if args.config else TrainConfig()
+    cfg = replace(cfg, seqs_per_step=args.seqs_per_step, init=args.init or cfg.init)
+    if args.kind == "eagle3":
+        from dartspec.train.eagle3 import Eagle3Trainer
+
+        trainer_cls: type[DartTrainer] = Eagle3Trainer
+    else:
+        trainer_cls = DartTrainer
+    train = samples_from(args.data or ["data/smollm2-135m-sharegpt-dev"])
+    if len(train) < args.seqs_per_step:
+        raise DartspecError(f"{args.data} holds {len(train)} samples, fewer than --seqs-per-step {args.seqs_per_step}")
+    run_train_bench(
+        load_target(args),
+        train,
+        args.settings,
+        cfg,
+        trainer_cls=trainer_cls,
+        rounds=args.rounds,
+        log=_log,
+        out=args.out,
+    )
+    return 0
+
+
 def cmd_bench_search(args: argparse.Namespace) -> int:
     import torch
 
@@ -543,7 +584,11 @@ def build_parser() -> argparse.ArgumentParser:
     bp.add_argument("--temperature", type=float, default=0.0)
     bp.add_argument("--seed", type=int, default=0)
     bp.add_argument(
-        "--tree-size", type=_tree_size, default=4, help="default tree size for dart/eagle3 rows (default 4; or auto)"
+        "--tree-size",
+        type=_tree_size,
+        default=None,
+        help="tree size of rows that set none (default: each drafter's default on the device, as `generate` uses; "
+        "or auto)",
     )
     bp.add_argument("--out", default=None, help="folder for results.md, results.json and plots")
     bp.set_defaults(func=cmd_bench)
@@ -584,6 +629,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", default=None, help="folder for accuracy.md and accuracy.json")
     p.set_defaults(func=cmd_bench_accuracy)
+
+    p = bench.add_parser(
+        "train",
+        help="training tokens/s of a drafter trainer: packed batches vs one sequence at a time, bf16 vs fp32",
+        description="One trainer per setting from the same start and data order, one optimizer step each per "
+        "round in rotating order; medians over --rounds counted steps.",
+    )
+    add_target_args(p, runtime="hf")
+    p.add_argument("--kind", default="dart", choices=["dart", "eagle3"], help="which trainer (default dart)")
+    p.add_argument(
+        "--data", action="append", default=None, help="regenerated shards (default data/smollm2-135m-sharegpt-dev)"
+    )
+    p.add_argument(
+        "--settings",
+        nargs="+",
+        type=_train_setting,
+        default=["pack=1", "pack=64", "pack=1,precision=bf16"],
+        help="TrainConfig overrides to compare (default pack=1 pack=64 pack=1,precision=bf16): pack=N sequences per "
+        "forward (1: one at a time; 0: auto), precision=bf16|fp32|auto",
+    )
+    p.add_argument("--seqs-per-step", type=_positive_int, default=8, help="sequences per optimizer step (default 8)")
+    p.add_argument("--rounds", type=_positive_int, default=4, help="counted steps per setting (default 4)")
+    p.add_argument("--config", default=None, help="YAML file of TrainConfig fields (default: the built-in ones)")
+    p.add_argument("--init", default=None, help="start from this drafter checkpoint (default: a fresh network)")
+    p.add_argument("--out", default=None, help="folder for train_speed.md and train_speed.json")
+    p.set_defaults(func=cmd_bench_train)
 
     p = bench.add_parser("fidelity", help="the fidelity gate of weight formats: perplexity and greedy answers vs fp32")
     add_target_args(p)

@@ -150,10 +150,14 @@ class _TextStream:
         return out
 
 
-def default_tree_size(device: Any) -> int:
-    """The fastest fixed tree size measured for the shipped drafters: 4 nodes on a CPU (verifying 4 costs
-    ~1.2x one token on the lean fp16 runtime, 8 already ~1.6x; BENCHMARKS.md), 16 on a GPU (flat cost)."""
-    return 4 if str(getattr(device, "type", device)) == "cpu" else 16
+def default_tree_size(device: Any, feature_drafter: bool = False) -> int:
+    """The fastest fixed tree size measured for the shipped drafters (BENCHMARKS.md): on a GPU 16 (flat verify
+    cost); on a CPU 2 for drafters that run a network per step (DART, EAGLE-3: their drafting time plus a
+    steeper verify cost outweigh deeper drafts at today's acceptance; 0.92x plain at 2 nodes against 0.79x at
+    4 on the exact-a16 runtime) and 4 for prompt lookup (drafting is free)."""
+    if str(getattr(device, "type", device)) != "cpu":
+        return 16
+    return 2 if feature_drafter else 4
 
 
 class Generator:
@@ -175,12 +179,13 @@ class Generator:
         tree_size: int | None = None,
         max_depth: int = 8,
     ):
-        """``tree_size`` None: :func:`default_tree_size` for the target's device."""
-        tree_size = default_tree_size(target.device) if tree_size is None else tree_size
+        """``tree_size`` None: :func:`default_tree_size` for the target's device and the drafter."""
+        drafter = drafter if drafter is not None else NoDrafter()
+        tree_size = default_tree_size(target.device, drafter.needs_features) if tree_size is None else tree_size
         if tree_size < 1 or max_depth < 0:
             raise DartspecError(f"tree size must be >= 1 and depth >= 0 (got {tree_size}, {max_depth})")
         self.target = target
-        self.drafter: Drafter = drafter if drafter is not None else NoDrafter()
+        self.drafter: Drafter = drafter
         self.tree_size = tree_size
         self.max_depth = max_depth
 

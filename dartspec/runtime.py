@@ -22,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from dartspec.errors import ContextLengthError, DartspecError
 from dartspec.kv_cache import TreeKVCache
@@ -112,6 +113,16 @@ class FeatureSource(Protocol):
     def lm_head_weight(self) -> torch.Tensor: ...
 
     def score_sequence(self, token_ids: Sequence[int] | torch.Tensor) -> TargetOutput: ...
+
+    def score_batch(self, sequences: Sequence[Sequence[int] | torch.Tensor]) -> TargetOutput: ...
+
+
+def pad_sequences(sequences: Sequence[Sequence[int] | torch.Tensor], device: torch.device) -> torch.Tensor:
+    """Token ids of many sequences as one ``(B, T)`` tensor, right-padded with id 0 to the longest."""
+    if not sequences:
+        raise DartspecError("no sequences to score")
+    rows = [torch.as_tensor(ids, dtype=torch.long).reshape(-1) for ids in sequences]
+    return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True).to(device)
 
 
 def describe(target: Any) -> str:
@@ -309,6 +320,17 @@ class CausalRuntime(ABC):
     @abstractmethod
     def score_sequence(self, token_ids: Sequence[int] | torch.Tensor) -> TargetOutput:
         """Features and logits for every position of a whole sequence (training; the cache is untouched)."""
+
+    def score_batch(self, sequences: Sequence[Sequence[int] | torch.Tensor]) -> TargetOutput:
+        """:meth:`score_sequence` of each sequence, right-padded with zeros to the longest: features
+        ``(B, T, F*H)`` and logits ``(B, T, vocab)``. Runtimes that run a batch in one forward override it."""
+        outs = [self.score_sequence(ids) for ids in sequences]
+        width = max(out.logits.shape[0] for out in outs)
+
+        def stack(parts: list[torch.Tensor]) -> torch.Tensor:
+            return torch.stack([F.pad(t, (0, 0, 0, width - t.shape[0])) for t in parts])
+
+        return TargetOutput(stack([o.logits for o in outs]), stack([o.features for o in outs]))
 
     # --- text --------------------------------------------------------------------------------
 

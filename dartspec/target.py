@@ -19,7 +19,7 @@ from torch import nn
 from dartspec.errors import ContextLengthError
 from dartspec.kernels import rows_first_linear, use_rows_first_linears
 from dartspec.kv_cache import TreeKVCache, TreeKVLayer
-from dartspec.runtime import PREFILL_CHUNK, CausalRuntime, TargetOutput, default_feature_layers
+from dartspec.runtime import PREFILL_CHUNK, CausalRuntime, TargetOutput, default_feature_layers, pad_sequences
 
 __all__ = ["PREFILL_CHUNK", "Target", "TargetOutput", "TreeKVCache", "TreeKVLayer", "default_feature_layers"]
 
@@ -100,7 +100,7 @@ class Target(CausalRuntime):
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
             if self._capture is not None:
                 hidden = args[0] if args else kwargs["hidden_states"]
-                self._capture[layer].append(hidden[0])
+                self._capture[layer].append(hidden)
 
         return hook
 
@@ -147,23 +147,31 @@ class Target(CausalRuntime):
                 past_key_values=self.cache,
                 use_cache=True,
             ).last_hidden_state[0]
-            feats = torch.cat([self._capture[i][0] for i in self.feature_layers], dim=-1) if features else None
+            feats = torch.cat([self._capture[i][0][0] for i in self.feature_layers], dim=-1) if features else None
         finally:
             self._capture = None
         return hidden, feats
 
-    @torch.inference_mode()
     def score_sequence(self, token_ids: Sequence[int] | torch.Tensor) -> TargetOutput:
         """Features and logits for every position of a whole sequence (training; the cache is untouched).
 
         Returns features ``(T, F*H)`` and logits ``(T, vocab)``: row i predicts token i+1.
         """
-        ids = torch.as_tensor(token_ids, dtype=torch.long, device=self.device).reshape(1, -1)
+        out = self.score_batch([torch.as_tensor(token_ids, dtype=torch.long).reshape(-1)])
+        assert out.features is not None
+        return TargetOutput(out.logits[0], out.features[0])
+
+    @torch.inference_mode()
+    def score_batch(self, sequences: Sequence[Sequence[int] | torch.Tensor]) -> TargetOutput:
+        """Every position of many whole sequences in one forward, right-padded to the longest: features
+        ``(B, T, F*H)`` and logits ``(B, T, vocab)``. Causal attention never lets a real position see the
+        padding after it, so each sequence's rows are what it gives alone (up to the GEMMs' rounding)."""
+        ids = pad_sequences(sequences, self.device)
         if ids.shape[1] > self.max_context:
             raise ContextLengthError(f"a {ids.shape[1]}-token sequence exceeds {self.name}'s context window")
         self._capture = {i: [] for i in self.feature_layers}
         try:
-            hidden = self.decoder(input_ids=ids, use_cache=False).last_hidden_state[0]
+            hidden = self.decoder(input_ids=ids, use_cache=False).last_hidden_state
             feats = torch.cat([self._capture[i][0] for i in self.feature_layers], dim=-1)
         finally:
             self._capture = None
@@ -176,8 +184,8 @@ class Target(CausalRuntime):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head on final-norm hidden states ``(rows, H)``; ``(rows, vocab)`` in float32 or wider."""
-        if hidden.shape[0] == 0:
-            return hidden.new_zeros((0, self.vocab_size), dtype=torch.float32)
+        if hidden.numel() == 0:
+            return hidden.new_zeros((*hidden.shape[:-1], self.vocab_size), dtype=torch.float32)
         head = self.lm_head
         logits = rows_first_linear(hidden, head.weight, head.bias) if self.fast_linear else head(hidden)
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))

@@ -136,3 +136,32 @@ def test_llamacpp_row_without_the_package_says_how_to_install(
     monkeypatch.setitem(sys.modules, "llama_cpp", None)
     with pytest.raises(DartspecError, match=r"pip install 'dartspec\[llamacpp\]'"):
         make_runner(MethodSpec("llamacpp-ar", "llamacpp-ar"), llama_target)
+
+
+def test_train_bench_rows_and_equal_losses(tmp_path: Path) -> None:
+    """`bench train`: one row per setting, all from the same start and data (same loss after the same steps)."""
+    from test_dart import random_samples, small_config, tiny_target
+
+    from dartspec.bench.train_speed import run_train_bench
+
+    rows = run_train_bench(
+        tiny_target(),
+        random_samples(8, 0),
+        ["pack=1", "pack=4"],
+        small_config(seqs_per_step=4),
+        rounds=2,
+        log=lambda m: None,
+        out=tmp_path,
+    )
+    assert [r["setting"] for r in rows] == ["pack=1", "pack=4"]
+    assert all(r["tokens_per_s"] > 0 for r in rows)
+    assert rows[0]["loss"] == pytest.approx(rows[1]["loss"], rel=1e-5)
+    assert "| pack=4 |" in (tmp_path / "train_speed.md").read_text()
+
+
+def test_train_bench_settings_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    from dartspec.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["bench", "train", "--settings", "pack=x"])
+    assert "expected pack=N" in capsys.readouterr().err

@@ -16,6 +16,7 @@ from dartspec.errors import DartspecError
 from dartspec.target import Target
 from dartspec.train.dart import STATE_FILE, DartTrainer, Sample, TrainConfig, choose_draft_vocab
 from dartspec.train.dart_loss import anchor_layout, sample_anchors
+from dartspec.train.evaluate import batch_loss, model_objective
 
 VOCAB = 96
 
@@ -228,6 +229,53 @@ def test_resume_continues_exactly(tmp_path: Path, target: Target) -> None:
     got = [json.loads(x)["loss"] for x in (tmp_path / "part" / "train_log.jsonl").read_text().splitlines()]
     assert len(got) == len(ref) == 8
     np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["dart", "eagle3"])
+def test_packed_batch_equals_one_sequence_at_a_time(target: Target, kind: str) -> None:
+    """Sequences of different lengths scored in one padded forward (target and DART drafter) give each its own
+    loss, hits and gradients: no row attends across sequences or to the padding."""
+    from dartspec.drafters.eagle3_model import Eagle3Model
+
+    model = model_for(target, depth=4).float()  # the trainers' precision (features arrive as float32)
+    if kind == "eagle3":
+        model = Eagle3Model(model.cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    samples = [(s.tokens, s.prompt_len) for s in random_samples(3, 5, length=(12, 40))]
+    assert len({len(t) for t, _ in samples}) == 3
+    objective = model_objective(model, anchors=8)
+
+    def run(chunks: list[list]) -> tuple[list[float], list[int], list[int], list[torch.Tensor]]:
+        model.zero_grad()
+        gen = torch.Generator().manual_seed(3)
+        losses, hits, counts = [], np.zeros(4, int), np.zeros(4, int)
+        for chunk in chunks:
+            res, n = batch_loss(target, chunk, objective, gen)
+            (res.loss * n / len(samples)).backward()
+            losses.append(float(res.loss.detach()) * n)
+            hits += res.per_depth_correct
+            counts += res.per_depth_count
+        return [sum(losses)], hits.tolist(), counts.tolist(), [p.grad.clone() for p in model.parameters()]
+
+    packed, alone = run([samples]), run([[s] for s in samples])
+    np.testing.assert_allclose(packed[0], alone[0], rtol=1e-6)
+    assert packed[1:3] == alone[1:3] and sum(packed[2]) > 0
+    for a, b in zip(packed[3], alone[3], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_trainer_packing_does_not_change_training(tmp_path: Path, target: Target) -> None:
+    train, dev = random_samples(8, 0), random_samples(2, 1)
+    logs = []
+    for pack in (1, 8):
+        cfg = small_config(max_steps=3, pack=pack)
+        DartTrainer(target, train, dev, tmp_path / str(pack), cfg, log=lambda m: None).fit()
+        logs.append(
+            [json.loads(x)["loss"] for x in (tmp_path / str(pack) / "train_log.jsonl").read_text().splitlines()]
+        )
+    np.testing.assert_allclose(logs[0], logs[1], rtol=1e-5)
 
 
 def test_resume_refuses_other_settings_and_overwrites(tmp_path: Path, target: Target) -> None:

@@ -191,3 +191,17 @@ def test_a_drafter_with_the_wrong_root_is_an_error(target: Target) -> None:
 
     with pytest.raises(RuntimeError, match="root"):
         Generator(target, Bad(0)).generate([3, 4, 5], max_new_tokens=5)
+
+
+def test_default_tree_size_follows_device_and_drafter(target: Target) -> None:
+    """CPU: 4 nodes for free drafts (lookup), 2 for drafters that run a network each step; GPU: 16."""
+    from dartspec.drafters.base import NoDrafter
+    from dartspec.engine import default_tree_size
+
+    class NetworkDrafter(NoDrafter):
+        needs_features = True
+
+    assert Generator(target, PromptLookupDrafter()).tree_size == 4
+    assert Generator(target, NetworkDrafter()).tree_size == 2
+    assert Generator(target).tree_size == 4
+    assert default_tree_size(torch.device("cuda"), True) == default_tree_size("cuda") == 16

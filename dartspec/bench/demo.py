@@ -12,9 +12,6 @@ from typing import Any
 
 from dartspec.bench.suite import markdown, parse_methods, run_suite, summarize
 
-# On a 2-core CPU verifying 4 nodes costs ~1.3x one token and 8 nodes ~1.8x: the demo uses 4 (see BENCHMARKS.md).
-DEMO_TREE_SIZE = 4
-
 
 def demo_prompts() -> list[tuple[str, str]]:
     """A writing, an extraction and a coding prompt from MT-Bench and HumanEval."""
@@ -48,7 +45,7 @@ def demo_peers(target: Any) -> list[str]:
 def run_demo(target: Any, methods: list[str], max_new_tokens: int, log: Callable[[str], None]) -> str:
     """Run ``methods`` (``none`` is plain decoding) on the demo prompts; returns a Markdown report."""
     names = ["ar" if m == "none" else m for m in methods]
-    specs = parse_methods(",".join(names), tree_size=DEMO_TREE_SIZE)
+    specs = parse_methods(",".join(names))  # every row at its default tree size, as `generate` would run it
     log(f"running {', '.join(s.label for s in specs)} on {len(demo_prompts())} prompts ({max_new_tokens} new tokens)")
     runs = run_suite(target, specs, demo_prompts(), max_new_tokens=max_new_tokens)
     rows = summarize(runs)

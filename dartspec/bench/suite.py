@@ -48,7 +48,7 @@ class MethodSpec:
     label: str
     kind: str  # one of METHODS
     tree: str = "beam"
-    tree_size: int | str = 16  # or "auto"
+    tree_size: int | str | None = None  # or "auto"; None: the drafter's default on the device
     max_depth: int = 8
     ngram: str | None = "shipped"  # "shipped", "off" or a file
     online: bool = False
@@ -65,7 +65,7 @@ class MethodSpec:
         return self.runtime is not None or self.quant is not None
 
 
-def parse_methods(text: str, *, tree_size: int | str = 16) -> list[MethodSpec]:
+def parse_methods(text: str, *, tree_size: int | str | None = None) -> list[MethodSpec]:
     """``"ar,pld,dart,dart:tree=ddtree,size=8"`` -> specs (an ``x=y`` item extends the method before it)."""
     groups: list[list[str]] = []
     for item in (s.strip() for s in text.split(",")):
@@ -87,7 +87,7 @@ def parse_methods(text: str, *, tree_size: int | str = 16) -> list[MethodSpec]:
     return specs
 
 
-def _spec(group: list[str], tree_size: int | str) -> MethodSpec:
+def _spec(group: list[str], tree_size: int | str | None) -> MethodSpec:
     name, options = group[0], group[1:]
     if name not in METHODS:
         raise DartspecError(f"unknown method {name!r}: choose from {', '.join(METHODS)}")
@@ -197,17 +197,18 @@ def make_runner(spec: MethodSpec, target: Any) -> Runner:
         return _hf_runner(spec, target)
     if spec.kind == "llamacpp-ar":
         return _llamacpp_runner(target, spec)
-    from dartspec.drafters import make_drafter
-    from dartspec.engine import Generator
+    from dartspec.drafters import FEATURE_DRAFTERS, make_drafter
+    from dartspec.engine import Generator, default_tree_size
+    from dartspec.tree_size import AUTO_MAX_SIZE
 
     name = {"ar": "none"}.get(spec.kind, spec.kind)
     kw: dict[str, Any] = {}
-    from dartspec.tree_size import AUTO_MAX_SIZE
-
     dart_like = name in ("dart", "dart+pld")
     size = spec.tree_size
     if size == "auto":
-        size = AUTO_MAX_SIZE if dart_like or name == "eagle3" else 16
+        size = AUTO_MAX_SIZE if name in FEATURE_DRAFTERS else 16
+    elif size is None:
+        size = default_tree_size(target.device, name in FEATURE_DRAFTERS)
     if dart_like:
         kw = {"tree": spec.tree, "online_ngram": spec.online, "auto_size": spec.tree_size == "auto"}
         kw["drafter_nodes"] = int(size)

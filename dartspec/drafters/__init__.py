@@ -12,6 +12,8 @@ from dartspec.errors import DartspecError
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "checkpoints"
 
 DRAFTER_NAMES = ("none", "pld", "dart", "dart+pld", "eagle3")
+#: The drafters that run a network over the target's features each step (``--tree-size auto`` applies to them).
+FEATURE_DRAFTERS = ("dart", "dart+pld", "eagle3")
 
 
 def drafter_names() -> list[str]:
@@ -116,4 +118,12 @@ def _auto_sizer(target, wanted: bool):  # -> AutoSizer | None
     return AutoSizer(calibrate(target))
 
 
-__all__ = ["DraftBudget", "Drafter", "NoDrafter", "PromptLookupDrafter", "drafter_names", "make_drafter"]
+__all__ = [
+    "FEATURE_DRAFTERS",
+    "DraftBudget",
+    "Drafter",
+    "NoDrafter",
+    "PromptLookupDrafter",
+    "drafter_names",
+    "make_drafter",
+]

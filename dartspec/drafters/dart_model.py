@@ -134,10 +134,10 @@ class RMSNorm(nn.Module):
 
 
 def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Llama-style RoPE (rotate halves) on ``(heads, N, head_dim)`` at integer ``positions`` (N,)."""
+    """Llama-style RoPE (rotate halves) on ``(..., heads, N, head_dim)`` at integer ``positions (..., N)``."""
     half = x.shape[-1] // 2
     inv = 1.0 / (theta ** (torch.arange(half, device=x.device, dtype=torch.float32) / half))
-    angles = positions.to(torch.float32)[:, None] * inv[None, :]
+    angles = (positions.to(torch.float32)[..., None] * inv).unsqueeze(-3)  # (..., 1, N, half): every head
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
@@ -179,27 +179,33 @@ class DraftLayer(nn.Module):
         mask: torch.Tensor,
         past: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``x_in (N, in_dim)``, ``resid (N, H)``; ``mask (N, L+N)`` bool over [past ; new]."""
+        """``x_in (..., N, in_dim)``, ``resid (..., N, H)``; ``mask (..., N, L+N)`` bool over [past ; new].
+
+        Leading dimensions are a batch of independent sequences (training packs many in one forward);
+        drafting passes one sequence without them. Returns the residual stream and the new keys/values
+        ``(..., kv_heads, N, head_dim)``.
+        """
         cfg = self.cfg
-        n = x_in.shape[0]
-        q = self.q_proj(x_in).view(n, cfg.num_attention_heads, cfg.head_dim).transpose(0, 1)
-        k = self.k_proj(x_in).view(n, cfg.num_key_value_heads, cfg.head_dim).transpose(0, 1)
-        v = self.v_proj(x_in).view(n, cfg.num_key_value_heads, cfg.head_dim).transpose(0, 1)
-        q = rotary(q, positions, cfg.rope_theta)
-        k = rotary(k, positions, cfg.rope_theta)
+
+        def heads(x: torch.Tensor, count: int) -> torch.Tensor:
+            return x.unflatten(-1, (count, cfg.head_dim)).transpose(-2, -3)
+
+        q = rotary(heads(self.q_proj(x_in), cfg.num_attention_heads), positions, cfg.rope_theta)
+        k = rotary(heads(self.k_proj(x_in), cfg.num_key_value_heads), positions, cfg.rope_theta)
+        v = heads(self.v_proj(x_in), cfg.num_key_value_heads)
         if past is not None:
-            k_all = torch.cat([past[0], k], dim=1)
-            v_all = torch.cat([past[1], v], dim=1)
+            k_all = torch.cat([past[0], k], dim=-2)
+            v_all = torch.cat([past[1], v], dim=-2)
         else:
             k_all, v_all = k, v
         rep = cfg.num_attention_heads // cfg.num_key_value_heads
         attn = F.scaled_dot_product_attention(
-            q[None],
-            k_all.repeat_interleave(rep, dim=0)[None],
-            v_all.repeat_interleave(rep, dim=0)[None],
-            attn_mask=mask[None, None],
-        )[0]
-        h = resid + self.o_proj(attn.transpose(0, 1).reshape(n, -1))
+            q,
+            k_all.repeat_interleave(rep, dim=-3),
+            v_all.repeat_interleave(rep, dim=-3),
+            attn_mask=mask.unsqueeze(-3),
+        )
+        h = resid + self.o_proj(attn.transpose(-2, -3).flatten(-2))
         x = self.post_norm(h)
         h = h + self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         return h, k, v

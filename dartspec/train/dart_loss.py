@@ -1,4 +1,4 @@
-"""DART's training objective on one sequence: many anchor blocks in one drafter forward.
+"""DART's training objective: many anchor blocks per sequence, many sequences, one drafter forward.
 
 The sequence's real positions i = 0..T-2 carry (fc(h_i), emb(x_{i+1})), causal among themselves;
 their own output rows predict depth 1 (token x_{i+2}). Each sampled anchor a gets its own block of
@@ -11,6 +11,7 @@ distribution restricted to it and renormalised), depth t weighted ``decay ** (t-
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -80,10 +81,21 @@ def sample_anchors(seq_len: int, prompt_len: int, count: int, generator: torch.G
 
 @dataclass
 class LossOutput:
-    loss: torch.Tensor
-    per_depth_loss: list[float]
-    per_depth_correct: list[int]  # draft top-1 == target top-1
+    loss: torch.Tensor  # mean over the sequences scored
+    per_depth_loss: list[float]  # mean over the sequences
+    per_depth_correct: list[int]  # draft top-1 == target top-1, summed over the sequences
     per_depth_count: list[int]
+
+    @staticmethod
+    def mean_of(outputs: Sequence[LossOutput]) -> LossOutput:
+        """One output for several sequences scored separately (the same convention as a batch)."""
+        n = len(outputs)
+        return LossOutput(
+            sum((o.loss for o in outputs[1:]), outputs[0].loss) / n,
+            [sum(v) / n for v in zip(*(o.per_depth_loss for o in outputs), strict=True)],
+            [sum(v) for v in zip(*(o.per_depth_correct for o in outputs), strict=True)],
+            [sum(v) for v in zip(*(o.per_depth_count for o in outputs), strict=True)],
+        )
 
 
 def distill(
@@ -116,47 +128,64 @@ def dart_loss(
     features: torch.Tensor,
     next_embeds: torch.Tensor,
     target_logits: torch.Tensor,
-    layout: AnchorLayout,
+    layouts: Sequence[AnchorLayout],
     *,
     decay: float = 0.6,
     kind: str = "kl",
 ) -> LossOutput:
-    """Weighted per-depth loss of the drafter on one sequence.
+    """Weighted per-depth loss of the drafter on a batch of sequences, all in one drafter forward.
+
+    Sequence b's rows (its layout) fill row b of a padded ``(B, N)`` block; padding rows attend only to
+    themselves and are never scored, and no row attends across sequences, so each sequence's loss is what
+    it would be alone. The loss is the mean over sequences of each one's weighted per-depth mean; the
+    per-depth figures are summed (hits, counts) or averaged (losses) over the batch.
 
     Args:
-        features: ``(T, F*H)`` target features; rows 0..T-2 are used.
-        next_embeds: ``(T-1, H)`` target embeddings of tokens 1..T-1.
-        target_logits: ``(T, V)`` target logits (row i predicts token i+1).
-        layout: from :func:`anchor_layout`.
+        features: ``(B, T, F*H)`` target features, sequence b valid for its first ``layouts[b].n_real + 1`` rows.
+        next_embeds: ``(B, T-1, H)`` target embeddings of tokens 1..T-1.
+        target_logits: ``(B, T, V)`` target logits (row i predicts token i+1).
+        layouts: one :func:`anchor_layout` per sequence.
         kind: ``"kl"`` (to the target's distribution) or ``"ce"`` (to the target's argmax token).
     """
-    cfg = model.cfg
-    n_real = layout.n_real
-    x_r, h_r = model.real_inputs(features[:n_real], next_embeds[:n_real])
-    n_slots = layout.positions.numel() - n_real
-    x_m, h_m = model.mask_inputs(n_slots)
-    x_in = torch.cat([x_r, x_m.to(x_r.dtype)])
-    resid = torch.cat([h_r, h_m.to(h_r.dtype)])
+    batch, width = len(layouts), features.shape[1] - 1
+    device = features.device
+    n = max(lay.positions.numel() for lay in layouts)
+    # Every drafter row gathers its input from [real rows of all sequences ; the mask slot input].
+    x_r, h_r = model.real_inputs(features[:, :width], next_embeds[:, :width])
+    x_m, h_m = model.mask_inputs(1)
+    x_src = torch.cat([x_r.flatten(0, 1), x_m.to(x_r.dtype)])
+    h_src = torch.cat([h_r.flatten(0, 1), h_m.to(h_r.dtype)])
+    slot_row = batch * width
+    source = torch.full((batch, n), slot_row, dtype=torch.long, device=device)
+    positions = torch.zeros(batch, n, dtype=torch.long, device=device)
+    depth = torch.zeros(batch, n, dtype=torch.long, device=device)
+    target_row = torch.zeros(batch, n, dtype=torch.long, device=device)
+    mask = torch.eye(n, dtype=torch.bool, device=device).repeat(batch, 1, 1)
+    for b, lay in enumerate(layouts):
+        m = lay.positions.numel()
+        source[b, : lay.n_real] = torch.arange(lay.n_real, device=device) + b * width
+        positions[b, :m] = lay.positions
+        depth[b, :m] = lay.depth
+        target_row[b, :m] = lay.target_row
+        mask[b, :m, :m] = lay.mask
 
-    scored = (layout.depth > 0).nonzero().squeeze(1)  # one host sync instead of one per boolean index
-    hidden = model(x_in, resid, layout.positions, layout.mask)[scored]
-    depth = layout.depth[scored]
-    rows = layout.target_row[scored]
-    per_row, correct = distill(model.lm_head(hidden), target_logits[rows], model.d2t, kind)
+    hidden = model(x_src[source], h_src[source], positions, mask)
+    seq, row = (depth > 0).nonzero(as_tuple=True)  # one host sync instead of one per boolean index
+    per_row, correct = distill(
+        model.lm_head(hidden[seq, row]), target_logits[seq, target_row[seq, row]], model.d2t, kind
+    )
 
-    # Per-depth sums with index_add (no host round trip per depth: on a GPU those syncs dominated).
-    d = cfg.depth
-    slot = depth - 1
-    count = torch.zeros(d, dtype=per_row.dtype, device=per_row.device).index_add_(0, slot, torch.ones_like(per_row))
-    loss_sum = torch.zeros_like(count).index_add_(0, slot, per_row)
-    hits = torch.zeros_like(count).index_add_(0, slot, correct.to(per_row.dtype))
+    # Per-(sequence, depth) sums with index_add (no host round trip per depth: on a GPU those syncs dominated).
+    d = model.cfg.depth
+    key = seq * d + depth[seq, row] - 1
+    count = per_row.new_zeros(batch * d).index_add_(0, key, torch.ones_like(per_row)).view(batch, d)
+    loss_sum = per_row.new_zeros(batch * d).index_add_(0, key, per_row).view(batch, d)
+    hits = per_row.new_zeros(batch * d).index_add_(0, key, correct.to(per_row.dtype)).view(batch, d)
     mean = loss_sum / count.clamp_min(1)
-    weights = decay ** torch.arange(d, dtype=per_row.dtype, device=per_row.device)
-    total = (weights * mean).sum()
-    per_loss, per_correct, per_count = torch.stack([mean.detach(), hits, count]).tolist()
-    per_correct = [int(x) for x in per_correct]
-    per_count = [int(x) for x in per_count]
-    return LossOutput(total, per_loss, per_correct, per_count)
+    weights = decay ** torch.arange(d, dtype=per_row.dtype, device=device)
+    total = (mean * weights).sum(-1).mean()
+    per_loss, per_correct, per_count = torch.stack([mean.detach().mean(0), hits.sum(0), count.sum(0)]).tolist()
+    return LossOutput(total, per_loss, [int(x) for x in per_correct], [int(x) for x in per_count])
 
 
 def dart_anchor_loss(
@@ -164,15 +193,18 @@ def dart_anchor_loss(
     features: torch.Tensor,
     next_embeds: torch.Tensor,
     target_logits: torch.Tensor,
-    prompt_len: int,
+    lengths: Sequence[int],
+    prompt_lens: Sequence[int],
     *,
     anchors: int,
     generator: torch.Generator,
     decay: float = 0.6,
     kind: str = "kl",
 ) -> LossOutput:
-    """:func:`dart_loss` over up to ``anchors`` anchor blocks drawn with ``generator`` (the training objective)."""
-    seq_len = target_logits.shape[0]
-    picked = sample_anchors(seq_len, prompt_len, anchors, generator)
-    layout = anchor_layout(seq_len, prompt_len, model.cfg.depth, picked, target_logits.device)
-    return dart_loss(model, features, next_embeds, target_logits, layout, decay=decay, kind=kind)
+    """:func:`dart_loss` over up to ``anchors`` anchor blocks per sequence drawn with ``generator`` (the
+    training objective); sequence b holds ``lengths[b]`` tokens of which ``prompt_lens[b]`` are prompt."""
+    layouts = []
+    for seq_len, prompt_len in zip(lengths, prompt_lens, strict=True):
+        picked = sample_anchors(seq_len, prompt_len, anchors, generator)
+        layouts.append(anchor_layout(seq_len, prompt_len, model.cfg.depth, picked, target_logits.device))
+    return dart_loss(model, features, next_embeds, target_logits, layouts, decay=decay, kind=kind)

@@ -10,6 +10,7 @@ tokens per step if misses at different depths were independent (an estimate, not
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,10 +19,14 @@ import numpy as np
 import torch
 
 from dartspec.drafters.dart_model import DartModel
+from dartspec.runtime import pad_sequences
 from dartspec.train.dart_loss import LossOutput, dart_anchor_loss
 
-#: ``(features, next_embeds, target logits, prompt_len, generator) -> loss and per-depth hits``
-Objective = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, torch.Generator], LossOutput]
+#: ``(features (B, T, F*H), next_embeds (B, T-1, H), target logits (B, T, V), lengths, prompt lengths,
+#: generator) -> loss (mean over the B sequences) and per-depth hits``; sequence b fills its first lengths[b] rows.
+Objective = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, Sequence[int], Sequence[int], torch.Generator], LossOutput
+]
 
 #: Samples are (prompt + answer token ids, prompt length) pairs; see :class:`dartspec.train.dart.Sample`.
 EVAL_SEED = 12345
@@ -49,32 +54,50 @@ class DepthAccuracy:
 
 
 def model_objective(model: DartModel, *, anchors: int, decay: float = 0.6, kind: str = "kl") -> Objective:
-    """The training objective of ``model``'s kind: DART's anchor blocks, or EAGLE-3's unrolled steps."""
+    """The training objective of ``model``'s kind: DART's anchor blocks (all sequences in one drafter forward),
+    or EAGLE-3's unrolled steps (one sequence at a time: each step's rows depend on the sequence's length)."""
     from dartspec.drafters.eagle3_model import Eagle3Model
 
     if isinstance(model, Eagle3Model):
         from dartspec.train.eagle3_loss import eagle3_loss
 
-        return lambda f, e, logits, prompt_len, gen: eagle3_loss(
-            model, f, e, logits, prompt_len, decay=decay, kind=kind
-        )
-    return lambda f, e, logits, prompt_len, gen: dart_anchor_loss(
-        model, f, e, logits, prompt_len, anchors=anchors, generator=gen, decay=decay, kind=kind
+        def each(f, e, logits, lengths, prompt_lens, gen):
+            return LossOutput.mean_of(
+                [
+                    eagle3_loss(model, f[b, :n], e[b, : n - 1], logits[b, :n], p, decay=decay, kind=kind)
+                    for b, (n, p) in enumerate(zip(lengths, prompt_lens, strict=True))
+                ]
+            )
+
+        return each
+    return lambda f, e, logits, lengths, prompt_lens, gen: dart_anchor_loss(
+        model, f, e, logits, lengths, prompt_lens, anchors=anchors, generator=gen, decay=decay, kind=kind
     )
 
 
-def sequence_loss(
-    target: Any, tokens: np.ndarray, prompt_len: int, objective: Objective, generator: torch.Generator
-) -> LossOutput | None:
-    """Score ``tokens`` with the target (no gradients) and apply ``objective``; None if nothing to score."""
-    if len(tokens) < 4 or prompt_len >= len(tokens):
+def batch_loss(
+    target: Any, samples: Sequence[tuple[np.ndarray, int]], objective: Objective, generator: torch.Generator
+) -> tuple[LossOutput, int] | None:
+    """Score ``(tokens, prompt_len)`` samples with the target in one batched pass (no gradients) and apply
+    ``objective`` to all of them at once; ``(loss, sequences scored)``, or None if none has anything to score."""
+    keep = [(t.astype(np.int64), p) for t, p in samples if len(t) >= 4 and p < len(t)]
+    if not keep:
         return None
-    out = target.score_sequence(tokens.astype(np.int64).tolist())
-    ids = torch.from_numpy(tokens.astype(np.int64)).to(target.device)
+    out = target.score_batch([t.tolist() for t, _ in keep])
+    ids = pad_sequences([torch.from_numpy(t) for t, _ in keep], target.device)
     with torch.no_grad():
-        next_embeds = target.embed(ids[1:]).float()
-    # clone(): score_sequence may hand out views of inference-mode buffers, which autograd refuses.
-    return objective(out.features.float().clone(), next_embeds.clone(), out.logits, prompt_len, generator)
+        next_embeds = target.embed(ids[:, 1:]).float()
+    assert out.features is not None
+    # clone(): score_batch may hand out views of inference-mode buffers, which autograd refuses.
+    res = objective(
+        out.features.float().clone(),
+        next_embeds.clone(),
+        out.logits,
+        [len(t) for t, _ in keep],
+        [p for _, p in keep],
+        generator,
+    )
+    return res, len(keep)
 
 
 @torch.no_grad()
@@ -86,19 +109,23 @@ def depth_accuracy(
     depth: int,
     max_seq_len: int | None = None,
     seed: int = EVAL_SEED,
+    batch: int = 1,
 ) -> DepthAccuracy:
-    """Accuracy of the drafter behind ``objective`` on ``(tokens, prompt_len)`` samples (fixed seed)."""
+    """Accuracy of the drafter behind ``objective`` on ``(tokens, prompt_len)`` samples (fixed seed), scoring
+    ``batch`` sequences per forward (the same figures for any batch, up to rounding)."""
     gen = torch.Generator().manual_seed(seed)
     correct = np.zeros(depth)
     count = np.zeros(depth)
-    losses = []
-    for tokens, prompt_len in samples:
-        res = sequence_loss(target, tokens[:max_seq_len], prompt_len, objective, gen)
-        if res is None:
+    losses: list[float] = []
+    rows = iter(samples)
+    while chunk := list(itertools.islice(rows, batch)):
+        scored = batch_loss(target, [(t[:max_seq_len], p) for t, p in chunk], objective, gen)
+        if scored is None:
             continue
+        res, n = scored
         correct += res.per_depth_correct
         count += res.per_depth_count
-        losses.append(float(res.loss))
+        losses += [float(res.loss)] * n
     acc = np.divide(correct, count, out=np.zeros_like(correct), where=count > 0)
     return DepthAccuracy(
         top1=[float(a) for a in acc],

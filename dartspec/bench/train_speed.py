@@ -1,0 +1,88 @@
+"""``dartspec bench train``: training tokens/s of the drafter trainers, packing and precision side by side.
+
+Each setting is its own trainer (same data order, same start: a fresh network or ``--init``) taking one
+optimizer step per round, the settings in rotating order so that drift on a shared machine hits all of
+them alike; the first round warms up and is not counted. Tokens are the target tokens of the step's
+sequences (prompt + answer, cut at ``max_seq_len``).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from dartspec.train.dart import DartTrainer, Sample, TrainConfig
+
+
+def parse_setting(text: str) -> dict[str, Any]:
+    """``pack=1,precision=fp32`` -> TrainConfig overrides (pack: int, precision: str)."""
+    out: dict[str, Any] = {}
+    for part in filter(None, text.split(",")):
+        key, _, value = part.partition("=")
+        out[key] = int(value) if key == "pack" else value
+    return out
+
+
+def run_train_bench(
+    target: Any,
+    train: Sequence[Sample],
+    settings: Sequence[str],
+    cfg: TrainConfig,
+    *,
+    trainer_cls: type[DartTrainer] = DartTrainer,
+    rounds: int = 4,
+    log: Callable[[str], None] = print,
+    out: str | Path | None = None,
+) -> list[dict[str, Any]]:
+    """Median tokens/s and step seconds of each setting (``pack=N,precision=P``) over ``rounds`` counted steps."""
+    trainers = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, text in enumerate(settings):
+            setting_cfg = replace(cfg, **parse_setting(text))
+            trainer = trainer_cls(target, train, [], Path(tmp) / str(i), setting_cfg, log=lambda m: None)
+            trainer.build()
+            trainers.append(trainer)
+        timings: list[list[dict[str, Any]]] = [[] for _ in settings]
+        for r in range(rounds + 1):
+            order = list(range(len(settings)))
+            order = order[r % len(order) :] + order[: r % len(order)]
+            for i in order:
+                metrics = trainers[i].train_step()
+                if r:  # round 0 warms up (allocator, kernels, caches)
+                    timings[i].append(metrics)
+    rows = []
+    for text, runs in zip(settings, timings, strict=True):
+        rows.append(
+            {
+                "setting": text or "default",
+                "tokens_per_s": statistics.median(m["tokens_per_s"] for m in runs),
+                "step_seconds": statistics.median(m["seconds"] for m in runs),
+                "loss": runs[-1]["loss"],
+            }
+        )
+    base = rows[0]["tokens_per_s"]
+    lines = [
+        f"### {trainer_cls.name} trainer on {target.name} ({target.device.type}), {cfg.seqs_per_step} sequences "
+        f"per step, {rounds} steps each",
+        "",
+        "| setting | tokens/s | step s | vs first | loss after |",
+        "|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['setting']} | {row['tokens_per_s']:.0f} | {row['step_seconds']:.2f} | "
+            f"{row['tokens_per_s'] / base:.2f}x | {row['loss']:.4f} |"
+        )
+    report = "\n".join(lines)
+    log(report)
+    if out is not None:
+        folder = Path(out)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "train_speed.md").write_text(report + "\n")
+        (folder / "train_speed.json").write_text(json.dumps(rows, indent=2) + "\n")
+    return rows
