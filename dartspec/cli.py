@@ -547,6 +547,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--config", default=None, help="YAML file of TrainConfig fields")
         p.add_argument("--max-steps", type=int, default=None, help="override the number of optimizer steps")
         p.add_argument("--stop-after", type=int, default=None, help="stop after this many steps (resume later)")
+        p.add_argument(
+            "--max-minutes",
+            type=float,
+            default=None,
+            help="stop (evaluated and checkpointed) after the step that ends this many minutes in (resume later)",
+        )
         p.add_argument("--resume", action="store_true", help="continue the run in --out exactly")
         p.add_argument("--init", default=None, help=init_help)
         p.set_defaults(func=cmd_train)

@@ -278,6 +278,17 @@ def test_trainer_packing_does_not_change_training(tmp_path: Path, target: Target
     np.testing.assert_allclose(logs[0], logs[1], rtol=1e-5)
 
 
+def test_time_limit_stops_at_a_checkpoint_with_dev_figures(tmp_path: Path, target: Target) -> None:
+    train, dev = random_samples(6, 0), random_samples(2, 1)
+    cfg = small_config(max_steps=5, checkpoint_every=100, eval_every=100)
+    DartTrainer(target, train, dev, tmp_path, cfg, log=lambda m: None).fit(max_seconds=0)
+    log = [json.loads(x) for x in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    assert len(log) == 1 and "dev_top1" in log[0]  # one step, then out of time: evaluated ...
+    again = DartTrainer(target, train, dev, tmp_path, cfg, log=lambda m: None)
+    again.fit(resume=True)  # ... and checkpointed: the run continues from step 1
+    assert again.step == 5
+
+
 def test_resume_refuses_other_settings_and_overwrites(tmp_path: Path, target: Target) -> None:
     train, dev = random_samples(6, 0), random_samples(2, 1)
     DartTrainer(target, train, dev, tmp_path, small_config(max_steps=2), log=lambda m: None).fit()

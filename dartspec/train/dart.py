@@ -383,8 +383,12 @@ class DartTrainer:
 
     # --- loop ------------------------------------------------------------------------------------
 
-    def fit(self, resume: bool = False, stop_after: int | None = None) -> dict[str, Any]:
-        """Train until ``total_steps`` (or ``stop_after`` more steps); checkpoint and log as configured."""
+    def fit(
+        self, resume: bool = False, stop_after: int | None = None, max_seconds: float | None = None
+    ) -> dict[str, Any]:
+        """Train until ``total_steps`` (or ``stop_after`` more steps, or the first step that ends ``max_seconds``
+        after the start: GPU windows are short); checkpoint and log as configured, and at the stop."""
+        started = time.monotonic()
         self.out.mkdir(parents=True, exist_ok=True)
         if resume:
             self.resume()
@@ -404,7 +408,9 @@ class DartTrainer:
         ):
             while self.step < end:
                 metrics = self.train_step()
-                if self.step % self.cfg.eval_every == 0 or self.step == self.total_steps:
+                if max_seconds is not None and time.monotonic() - started >= max_seconds:
+                    end = self.step  # out of time: this step is the last, evaluated and checkpointed below
+                if self.step % self.cfg.eval_every == 0 or self.step in (self.total_steps, end):
                     metrics.update(self.evaluate())
                     self.log(f"step {self.step}: dev top-1 per depth {metrics['dev_top1']}")
                 log_file.write(json.dumps(metrics) + "\n")

