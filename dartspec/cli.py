@@ -67,13 +67,24 @@ def _drafter_kinds(text: str) -> list[str]:
 
 
 def _train_setting(text: str) -> str:
-    """``--settings`` item: comma-separated ``pack=N`` / ``precision=auto|bf16|fp32``."""
-    for part in filter(None, text.split(",")):
-        key, eq, value = part.partition("=")
-        ok = (key == "pack" and value.isdigit()) or (key == "precision" and value in ("auto", "bf16", "fp32"))
-        if not eq or not ok:
-            raise argparse.ArgumentTypeError(f"{part!r}: expected pack=N or precision=auto|bf16|fp32")
+    """``--settings`` item: comma-separated ``pack=N`` / ``precision=auto|bf16|fp32`` (the bench's own parser)."""
+    from dartspec.bench.train_speed import parse_setting
+
+    try:
+        parse_setting(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
     return text
+
+
+def _positive_minutes(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of minutes, got {text!r}")
+    return value
 
 
 def add_target_args(p: argparse.ArgumentParser, runtime: str = "auto") -> None:
@@ -399,9 +410,12 @@ def cmd_bench_train(args: argparse.Namespace) -> int:
         trainer_cls: type[DartTrainer] = Eagle3Trainer
     else:
         trainer_cls = DartTrainer
-    train = samples_from(args.data or ["data/smollm2-135m-sharegpt-dev"])
+    folders = args.data or ["data/smollm2-135m-sharegpt-dev"]
+    train = samples_from(folders)
     if len(train) < args.seqs_per_step:
-        raise DartspecError(f"{args.data} holds {len(train)} samples, fewer than --seqs-per-step {args.seqs_per_step}")
+        raise DartspecError(
+            f"{', '.join(folders)} hold {len(train)} samples, fewer than --seqs-per-step {args.seqs_per_step}"
+        )
     run_train_bench(
         load_target(args),
         train,
@@ -549,7 +563,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--stop-after", type=int, default=None, help="stop after this many steps (resume later)")
         p.add_argument(
             "--max-minutes",
-            type=float,
+            type=_positive_minutes,
             default=None,
             help="stop (evaluated and checkpointed) after the step that ends this many minutes in (resume later)",
         )

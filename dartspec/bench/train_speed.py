@@ -20,11 +20,16 @@ from dartspec.train.dart import DartTrainer, Sample, TrainConfig
 
 
 def parse_setting(text: str) -> dict[str, Any]:
-    """``pack=1,precision=fp32`` -> TrainConfig overrides (pack: int, precision: str)."""
+    """``pack=1,precision=fp32`` -> TrainConfig overrides (pack: int, precision: str); ValueError if malformed."""
     out: dict[str, Any] = {}
     for part in filter(None, text.split(",")):
         key, _, value = part.partition("=")
-        out[key] = int(value) if key == "pack" else value
+        if key == "pack" and value.isdigit():
+            out[key] = int(value)
+        elif key == "precision" and value in ("auto", "bf16", "fp32"):
+            out[key] = value
+        else:
+            raise ValueError(f"{part!r}: expected pack=N or precision=auto|bf16|fp32")
     return out
 
 

@@ -8,7 +8,6 @@ from dataclasses import replace
 from typing import Any
 
 from dartspec.data.shards import load_shards
-from dartspec.errors import DartspecError
 from dartspec.train.dart import DartTrainer, Sample, TrainConfig
 
 
@@ -34,9 +33,7 @@ def _train(
     dev = samples_from(args.dev) if args.dev else []
     log(f"training on {len(train)} samples ({sum(len(s.tokens) for s in train)} tokens), dev {len(dev)}")
     trainer = trainer_cls(target, train, dev, args.out, cfg, log=log)
-    if getattr(args, "max_minutes", None) is not None and args.max_minutes <= 0:
-        raise DartspecError("--max-minutes must be positive")
-    max_seconds = args.max_minutes * 60 if getattr(args, "max_minutes", None) is not None else None
+    max_seconds = args.max_minutes * 60 if args.max_minutes is not None else None  # argparse checked it is > 0
     metrics = trainer.fit(resume=args.resume, stop_after=args.stop_after, max_seconds=max_seconds)
     log(f"saved {args.out} at step {trainer.step}/{trainer.total_steps}")
     return metrics
