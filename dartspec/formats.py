@@ -4,3 +4,5 @@ them in its help before anything heavy is loaded). What they mean: :mod:`dartspe
 RUNTIMES = ("auto", "lean", "hf")
 QUANT_FORMATS = ("none", "fp16", "int8", "exact", "exact-a16")
 QUANT_CHOICES = ("auto", *QUANT_FORMATS)
+#: Where ``data regenerate`` takes user turns from: ShareGPT conversations, or requests the target writes itself.
+DATA_SOURCES = ("sharegpt", "self")

@@ -98,6 +98,12 @@ class TreeKVLayer(CacheLayerMixin):
     def truncate(self, length: int) -> None:
         self.length = min(self.length, length)
 
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only these batch rows (static-batch decoding drops finished sequences)."""
+        if self.is_initialized:
+            self.keys = self.keys.index_select(0, rows)
+            self.values = self.values.index_select(0, rows)
+
     def crop(self, tokens_to_remove: int) -> None:
         self.truncate(self.length - abs(tokens_to_remove))
 
@@ -122,3 +128,7 @@ class TreeKVCache(Cache):
     def truncate(self, length: int) -> None:
         for layer in self.layers:
             layer.truncate(length)
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        for layer in self.layers:
+            layer.select_rows(rows)

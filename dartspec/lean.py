@@ -219,12 +219,18 @@ class LeanTarget(CausalRuntime):
         cache: TreeKVCache,
         features: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        q = x.shape[0]
+        """``x`` ``(q, hidden)`` of one sequence, or ``(B, q, hidden)`` of a batch with ``positions`` ``(B, q)``
+        and ``mask`` ``(B, 1, q, context)`` (:meth:`forward_batch`); returns the same leading shape."""
+        lead = x.shape[:-1]
+        batched = len(lead) == 2
+        if batched:  # the weight formats' kernels take rows; only attention needs the (B, q) split
+            x = x.reshape(-1, x.shape[-1])
+        q = lead[-1]
         H, K, D, eps = self.heads, self.kv_heads, self.head_dim, self.eps
-        rot = self._rot[positions]  # (q, D/2) complex
-        # A few new rows (decoding, trees): the whole attention block is one C call (exact.attend); long
-        # prefills keep SDPA's blocked kernels, whose cost grows better with q x context.
-        fused = self._fused_attention and q <= FUSED_ATTENTION_ROWS
+        rot = self._rot[positions]  # (..., q, D/2) complex
+        # A few new rows of one sequence (decoding, trees): the whole attention block is one C call
+        # (exact.attend); long prefills and batches keep SDPA's kernels.
+        fused = self._fused_attention and q <= FUSED_ATTENTION_ROWS and not batched
         if fused:
             rot_pairs, empty = torch.view_as_real(rot).contiguous(), x.new_empty((1, K, 0, D))
         captured = []
@@ -237,6 +243,8 @@ class LeanTarget(CausalRuntime):
                 attn = exact.attend(
                     qkv, H, K, rot_pairs, keys, values, base, mask, layer.q_norm, layer.k_norm, eps, self.scaling
                 )
+            elif batched:
+                attn = self._attention(qkv.view(*lead, -1), rot, cache.layers[i], mask, causal, layer).flatten(0, 1)
             else:
                 attn = self._attention(qkv, rot, cache.layers[i], mask, causal, layer)
             x = x + layer.o(attn)
@@ -246,8 +254,8 @@ class LeanTarget(CausalRuntime):
         feats = None
         if features:
             by_layer = dict(zip(sorted(set(self.feature_layers)), captured, strict=True))
-            feats = torch.cat([by_layer[i] for i in self.feature_layers], dim=-1)
-        return F.rms_norm(x, (x.shape[-1],), self._norm, eps), feats
+            feats = torch.cat([by_layer[i] for i in self.feature_layers], dim=-1).view(*lead, -1)
+        return F.rms_norm(x, (x.shape[-1],), self._norm, eps).view(*lead, -1), feats
 
     def _attention(
         self,
@@ -258,18 +266,24 @@ class LeanTarget(CausalRuntime):
         causal: bool,
         layer: _Layer,
     ) -> torch.Tensor:
-        """Per-head norms, rotary, cache write and attention in torch operations: ``(q, H D)``."""
-        q, H, K, D, eps = qkv.shape[0], self.heads, self.kv_heads, self.head_dim, self.eps
-        qk = qkv[:, : (H + K) * D].view(q, H + K, D)
+        """Per-head norms, rotary, cache write and attention in torch operations: ``(q, H D)``, or
+        ``(B, q, H D)`` for a batch."""
+        single = qkv.dim() == 2
+        if single:
+            qkv, rot = qkv[None], rot[None]
+        b, q = qkv.shape[:2]
+        H, K, D, eps = self.heads, self.kv_heads, self.head_dim, self.eps
+        qk = qkv[..., : (H + K) * D].view(b, q, H + K, D)
         if layer.q_norm is not None:
             qk = torch.cat(
-                [F.rms_norm(qk[:, :H], (D,), layer.q_norm, eps), F.rms_norm(qk[:, H:], (D,), layer.k_norm, eps)], 1
+                [F.rms_norm(qk[:, :, :H], (D,), layer.q_norm, eps), F.rms_norm(qk[:, :, H:], (D,), layer.k_norm, eps)],
+                2,
             )
-        qk = self._rotate(qk, rot[:, None])
-        v = qkv[:, (H + K) * D :].view(q, K, D)
-        keys, values = cache.update(qk[None, :, H:].transpose(1, 2), v[None].transpose(1, 2))
+        qk = self._rotate(qk, rot[:, :, None])
+        v = qkv[..., (H + K) * D :].view(b, q, K, D)
+        keys, values = cache.update(qk[:, :, H:].transpose(1, 2), v.transpose(1, 2))
         attn = F.scaled_dot_product_attention(
-            qk[None, :, :H].transpose(1, 2),
+            qk[:, :, :H].transpose(1, 2),
             keys,
             values,
             attn_mask=mask,
@@ -277,15 +291,26 @@ class LeanTarget(CausalRuntime):
             scale=self.scaling,
             enable_gqa=H != K,
         )
-        return attn[0].transpose(0, 1).reshape(q, H * D)
+        out = attn.transpose(1, 2).reshape(b, q, H * D)
+        return out[0] if single else out
 
     def _rotate(self, qk: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
         """Rotary embedding as a complex multiply of adjacent pairs (half precisions go through float32)."""
         pairs = qk.unflatten(-1, (qk.shape[-1] // 2, 2))
         if pairs.dtype in (torch.float16, torch.bfloat16):
             turned = torch.view_as_complex(pairs.float().contiguous()) * rot
-            return torch.view_as_real(turned).flatten(2).to(qk.dtype)
-        return torch.view_as_real(torch.view_as_complex(pairs) * rot).flatten(2)
+            return torch.view_as_real(turned).flatten(-2).to(qk.dtype)
+        return torch.view_as_real(torch.view_as_complex(pairs) * rot).flatten(-2)
+
+    def _run_batch(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        key_positions: torch.Tensor,
+        allowed: torch.Tensor,
+        cache: TreeKVCache,
+    ) -> torch.Tensor:
+        return self._layers(F.embedding(ids, self._embed), positions, allowed[:, None], False, cache, False)[0]
 
     @torch.inference_mode()
     def score_sequence(self, token_ids: Sequence[int] | torch.Tensor) -> TargetOutput:

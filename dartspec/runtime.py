@@ -298,6 +298,39 @@ class CausalRuntime(ABC):
         allowed[:, base:] = local.to(self.device)
         return allowed
 
+    @torch.inference_mode()
+    def forward_batch(
+        self, ids: torch.Tensor, positions: torch.Tensor, key_positions: torch.Tensor, cache: TreeKVCache
+    ) -> torch.Tensor:
+        """One forward of a batch of sequences against their own batched ``cache`` (not the runtime's), for
+        static-batch decoding (:mod:`dartspec.batch_decode`): ``ids`` and ``positions`` ``(B, q)``;
+        ``key_positions`` ``(B, cache.length + q)`` the position of every cached and new slot, -1 for padding.
+        A row attends to the slots at or before its position; a padding row only to itself, which keeps it
+        finite. Returns the final-norm hidden states ``(B, q, hidden)``."""
+        if key_positions.shape[1] > self.max_context:
+            raise ContextLengthError(f"a batch reached {self.name}'s context window of {self.max_context} tokens")
+        q, slots = ids.shape[1], key_positions.shape[1]
+        keys = key_positions[:, None, :]
+        allowed = (keys >= 0) & (keys <= positions[:, :, None])
+        new = torch.arange(q, device=ids.device)
+        allowed[:, new, slots - q + new] = True
+        try:
+            return self._run_batch(ids, positions.clamp_min(0), key_positions, allowed, cache)
+        except BaseException:
+            cache.truncate(slots - q)
+            raise
+
+    @abstractmethod
+    def _run_batch(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        key_positions: torch.Tensor,
+        allowed: torch.Tensor,
+        cache: TreeKVCache,
+    ) -> torch.Tensor:
+        """:meth:`forward_batch` with its ``(B, q, slots)`` boolean mask built."""
+
     @abstractmethod
     def _run(
         self, ids: torch.Tensor, positions: torch.Tensor, local_mask: torch.Tensor | None, features: bool

@@ -131,13 +131,8 @@ class Target(CausalRuntime):
         self, ids: torch.Tensor, positions: torch.Tensor, local_mask: torch.Tensor | None, features: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         base = self.cached
-        allowed = self._allowed(base, ids.shape[0], local_mask)
-        masks: dict[str, torch.Tensor] = {"full_attention": self._additive(allowed)}
-        if self.sliding_window is not None:
-            key_pos = torch.cat([torch.arange(base, device=ids.device), positions])
-            near = (positions[:, None] - key_pos[None, :]) < self.sliding_window
-            masks["sliding_attention"] = self._additive(allowed & near)
-        mask: Any = masks if self.sliding_window is not None else masks["full_attention"]
+        key_positions = torch.cat([torch.arange(base, device=ids.device), positions])
+        mask = self._masks(self._allowed(base, ids.shape[0], local_mask)[None], positions[None], key_positions[None])
         self._capture = {i: [] for i in self.feature_layers} if features else None
         try:
             hidden = self.decoder(
@@ -151,6 +146,28 @@ class Target(CausalRuntime):
         finally:
             self._capture = None
         return hidden, feats
+
+    def _run_batch(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        key_positions: torch.Tensor,
+        allowed: torch.Tensor,
+        cache: TreeKVCache,
+    ) -> torch.Tensor:
+        mask = self._masks(allowed, positions, key_positions)
+        return self.decoder(
+            input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+        ).last_hidden_state
+
+    def _masks(self, allowed: torch.Tensor, positions: torch.Tensor, key_positions: torch.Tensor) -> Any:
+        """Additive ``(B, 1, q, slots)`` masks from a boolean ``(B, q, slots)`` one; models with sliding-window
+        layers get a dict with the window applied too (by position, so padding slots do not count)."""
+        full = self._additive(allowed)
+        if self.sliding_window is None:
+            return full
+        near = (positions[:, :, None] - key_positions[:, None, :]) < self.sliding_window
+        return {"full_attention": full, "sliding_attention": self._additive(allowed & near)}
 
     def score_sequence(self, token_ids: Sequence[int] | torch.Tensor) -> TargetOutput:
         """Features and logits for every position of a whole sequence (training; the cache is untouched).
@@ -180,7 +197,7 @@ class Target(CausalRuntime):
     def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device)
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
-        return mask[None, None]
+        return mask[:, None]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head on final-norm hidden states ``(rows, H)``; ``(rows, vocab)`` in float32 or wider."""

@@ -143,3 +143,61 @@ def test_a_damaged_shard_is_named(tmp_path: Path) -> None:
     bad.write_bytes(b"not a zip")
     with pytest.raises(DartspecError, match=r"shard-000000-000001\.npz is damaged"):
         read_shard(bad)
+
+
+def test_self_written_ranges_have_no_split() -> None:
+    assert parse_range("20000:30000", "self") == (20000, 30000)
+    with pytest.raises(DartspecError, match="held out"):
+        parse_range("20000:30000", "sharegpt")
+
+
+def run_self(target: Target, out: Path, *, seed: int = 0, stop: int = 6) -> dict:
+    cfg = RegenConfig(model="tiny", source="self", start=0, stop=stop, max_new_tokens=4, shard_size=3, seed=seed)
+    return regenerate(target, cfg, out, resume=False, batch_size=4, log=lambda m: None)
+
+
+def test_self_written_prompts_are_fixed_by_the_seed(target: Target, tmp_path: Path) -> None:
+    stats = run_self(target, tmp_path / "a")
+    run_self(target, tmp_path / "b")
+    run_self(target, tmp_path / "c", seed=1)
+    a, b, c = (load_shards(tmp_path / n).records() for n in "abc")
+    assert stats["samples"] == len(a) > 0 and stats["conversations"] + stats["skipped"] == 6
+    assert [r.tokens.tolist() for r in a] == [r.tokens.tolist() for r in b]
+    assert [r.tokens.tolist() for r in a] != [r.tokens.tolist() for r in c]
+    plain = Generator(target, NoDrafter())
+    for r in a:
+        prompt = r.tokens[: r.prompt_len].tolist()
+        assert prompt[0] == 2 and prompt[-1] == 3  # one user turn in the template, assistant opened
+        assert r.tokens[r.prompt_len :].tolist() == plain.generate(prompt, max_new_tokens=4).token_ids
+
+
+def test_self_written_duplicates_are_dropped_within_and_across_shards(
+    target: Target, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dartspec.data import self_prompts
+
+    # Indices 0..5 in shards of 3: 0 and 1 repeat each other, 2 fails, 3 repeats 0 from the first shard.
+    texts = {0: "t5 t6", 1: "t5 t6", 2: None, 3: "t5 t6", 4: "t7", 5: "t8 t9"}
+
+    def fake(target, histories, openers, *, seed, **kw):
+        assert all(h == [] for h in histories)  # first turns only here
+        nonlocal calls
+        calls += 1
+        return [texts[calls * 3 - 3 + i] for i in range(len(histories))]
+
+    calls = 0
+    monkeypatch.setattr(self_prompts, "write_user_turns", fake)
+    stats = run_self(target, tmp_path / "d")
+    assert [r.index for r in load_shards(tmp_path / "d").records()] == [0, 4, 5]
+    assert stats["skipped"] == 3
+    # Redoing the second shard alone (as after a crash) still sees the first one's requests.
+    (tmp_path / "d" / "shard-000003-000005.npz").unlink()
+    calls = 1
+    cfg = RegenConfig(model="tiny", source="self", start=0, stop=6, max_new_tokens=4, shard_size=3)
+    regenerate(target, cfg, tmp_path / "d", resume=True, batch_size=4, log=lambda m: None)
+    assert [r.index for r in load_shards(tmp_path / "d").records()] == [0, 4, 5]
+
+
+def test_self_prompts_need_a_chat_template(tmp_path: Path) -> None:
+    with pytest.raises(DartspecError, match="chat template"):
+        run_self(tiny_target("llama"), tmp_path / "d")

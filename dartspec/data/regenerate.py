@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
+import numpy as np
 
+from dartspec.batch_decode import decode_batch
 from dartspec.data.shards import Record, read_manifest, shard_name, write_manifest, write_shard
 from dartspec.errors import DartspecError
+from dartspec.formats import DATA_SOURCES
 
 DEV_RANGE = (14000, 15000)
 
@@ -43,14 +45,17 @@ class RegenConfig:
     turns: int = 1  # user turns per conversation answered by the target
 
 
-def parse_range(text: str) -> tuple[int, int]:
-    """``"0:14000"`` -> (0, 14000), checked against the held-out and dev splits."""
+def parse_range(text: str, source: str = "sharegpt") -> tuple[int, int]:
+    """``"0:14000"`` -> (0, 14000); ShareGPT ranges are checked against the held-out and dev splits
+    (self-written prompts are numbered by seed index and have no split)."""
     try:
         a, b = (int(x) for x in text.split(":"))
     except ValueError:
         raise DartspecError(f"--range must look like START:STOP (e.g. 0:14000), got {text!r}") from None
     if not 0 <= a < b:
         raise DartspecError(f"--range {text}: need 0 <= START < STOP")
+    if source != "sharegpt":
+        return a, b
     if b > 15000:
         raise DartspecError("ShareGPT indices >= 15000 are held out for evaluation: use --range within 0:15000")
     lo, hi = DEV_RANGE
@@ -64,57 +69,99 @@ def _blocks(start: int, stop: int, size: int) -> list[tuple[int, int]]:
     return [(max(b, start), min(b + size, stop)) for b in range(first, stop, size)]
 
 
-def _conversations(cfg: RegenConfig, lo: int, hi: int) -> tuple[list[tuple[int, list[str]]], int]:
-    """``(index, up to cfg.turns user messages)`` per usable conversation, and how many were skipped."""
-    from dartspec.data.sources import iter_sharegpt
+class _ShareGPTTurns:
+    """The user turns of ShareGPT conversations ``lo:hi`` (a conversation ends at its first empty turn)."""
 
-    out, skipped = [], 0
-    for index, turns in iter_sharegpt(lo, hi):
-        users = [t["content"] for t in turns if t["role"] == "user"]
-        if not users or not users[0].strip():
-            skipped += 1
+    def __init__(self, cfg: RegenConfig, lo: int, hi: int) -> None:
+        from dartspec.data.sources import iter_sharegpt
+
+        self.users: dict[int, list[str]] = {}
+        self.skipped = 0
+        for index, turns in iter_sharegpt(lo, hi):
+            users = [t["content"] for t in turns if t["role"] == "user"]
+            if not users or not users[0].strip():
+                self.skipped += 1
+                continue
+            kept = []
+            for text in users[: cfg.turns]:
+                if not text.strip():
+                    break
+                kept.append(text)
+            self.users[index] = kept
+
+    @property
+    def indices(self) -> list[int]:
+        return list(self.users)
+
+    def user_turns(self, turn: int, conversations: list[tuple[int, list[dict[str, str]]]]) -> dict[int, str]:
+        return {i: self.users[i][turn] for i, _ in conversations if turn < len(self.users[i])}
+
+
+class _SelfWrittenTurns:
+    """User turns the target writes itself (:mod:`dartspec.data.self_prompts`), numbered by seed index.
+
+    First turns that repeat one of an earlier index (this block or an earlier shard) are dropped, so the
+    folder holds each request once whatever order its shards were made in."""
+
+    def __init__(self, target: Any, cfg: RegenConfig, lo: int, hi: int, seen: set[bytes], batch_size: int) -> None:
+        self.target, self.cfg, self.lo, self.seen, self.batch_size = target, cfg, lo, seen, batch_size
+        self.indices = list(range(lo, hi))
+        self.skipped = 0
+
+    def user_turns(self, turn: int, conversations: list[tuple[int, list[dict[str, str]]]]) -> dict[int, str]:
+        from dartspec.data.self_prompts import pick_opener, write_user_turns
+
+        texts: dict[int, str] = {}
+        for b in range(0, len(conversations), self.batch_size):
+            chunk = conversations[b : b + self.batch_size]
+            openers = [pick_opener(self.cfg.seed, i) if turn == 0 else "" for i, _ in chunk]
+            seed = self.cfg.seed * 1_000_003 + chunk[0][0] + 7919 * turn + 1
+            written = write_user_turns(self.target, [h for _, h in chunk], openers, seed=seed)
+            for (index, _), text in zip(chunk, written, strict=True):
+                if text is None:
+                    continue
+                if turn == 0:
+                    key = first_turn_key(self.target.encode_chat([{"role": "user", "content": text}]))
+                    if key in self.seen:
+                        continue
+                    self.seen.add(key)
+                texts[index] = text
+        if turn == 0:
+            self.skipped += len(conversations) - len(texts)
+        return texts
+
+
+def first_turn_key(prompt: Sequence[int] | np.ndarray) -> bytes:
+    """What makes two first turns duplicates: the same prompt tokens."""
+    return hashlib.sha256(np.asarray(prompt, dtype=np.int64).tobytes()).digest()
+
+
+def _seen_before(out: Path, lo: int, cache: dict[str, set[bytes]]) -> set[bytes]:
+    """First-turn keys of the finished shards that start below ``lo`` (read once per shard)."""
+    from dartspec.data.shards import read_shard
+
+    seen: set[bytes] = set()
+    for path in sorted(out.glob("shard-*.npz")):
+        if int(path.stem.split("-")[1]) >= lo:
             continue
-        kept = []
-        for text in users[: cfg.turns]:
-            if not text.strip():
-                break
-            kept.append(text)
-        out.append((index, kept))
-    return out, skipped
+        if path.name not in cache:
+            keys, last = set(), None
+            for rec in read_shard(path):
+                if rec.index != last:  # a conversation's first record is its first turn
+                    keys.add(first_turn_key(rec.tokens[: rec.prompt_len]))
+                last = rec.index
+            cache[path.name] = keys
+        seen |= cache[path.name]
+    return seen
 
 
-@torch.inference_mode()
 def generate_batch(target: Any, prompts: list[list[int]], cfg: RegenConfig, generator_seed: int) -> list[Record]:
-    """Answers for a batch of prompts with transformers ``generate`` (left padding)."""
-    pad = min(target.eos_token_ids)
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p) :] = torch.tensor(p)
-        mask[i, width - len(p) :] = 1
-    kwargs: dict[str, Any] = {"do_sample": False}
-    if cfg.temperature > 0:
-        torch.manual_seed(generator_seed)
-        kwargs = {"do_sample": True, "temperature": cfg.temperature, "top_k": 0, "top_p": 1.0}
-    out = target.model.generate(
-        input_ids=ids.to(target.device),
-        attention_mask=mask.to(target.device),
-        max_new_tokens=cfg.max_new_tokens,
-        eos_token_id=sorted(target.eos_token_ids),
-        pad_token_id=pad,
-        **kwargs,
-    )[:, width:].cpu()
-    records = []
-    for p, row in zip(prompts, out.tolist(), strict=True):
-        answer, finished = [], False
-        for tok in row:
-            answer.append(tok)
-            if tok in target.eos_token_ids:
-                finished = True
-                break
-        records.append(Record(torch.tensor(p + answer).numpy(), len(p), -1, finished))
-    return records
+    """Answers for a batch of prompts in one static batch on the target's own runtime."""
+    answers = decode_batch(target, prompts, cfg.max_new_tokens, temperature=cfg.temperature, seed=generator_seed)
+    return [
+        Record(np.asarray(p + a.tokens, dtype=np.int64), len(p), -1, a.finished)
+        for p, a in zip(prompts, answers, strict=True)
+    ]
 
 
 def chat_template_hash(target: Any) -> str:
@@ -140,8 +187,8 @@ def regenerate(
     progress: Callable[[Iterable[Any], int], Iterable[Any]] | None = None,
 ) -> dict[str, Any]:
     """Regenerate answers for ``cfg.start:cfg.stop`` into shards under ``out``; returns a summary."""
-    if cfg.source != "sharegpt":
-        raise DartspecError(f"unknown --source {cfg.source!r}: only sharegpt is available offline")
+    if cfg.source not in DATA_SOURCES:
+        raise DartspecError(f"unknown --source {cfg.source!r}: choose one of {', '.join(DATA_SOURCES)}")
     out.mkdir(parents=True, exist_ok=True)
     manifest = {
         "format": "dartspec-regen",
@@ -149,7 +196,7 @@ def regenerate(
         "vocab_size": target.vocab_size,
         "chat_template": chat_template_hash(target),
         "dev_range": list(DEV_RANGE),
-        "split": "dev" if cfg.start >= DEV_RANGE[0] else "train",
+        "split": "dev" if cfg.source == "sharegpt" and cfg.start >= DEV_RANGE[0] else "train",
     }
     existing = read_manifest(out)
     if existing is not None or any(out.glob("shard-*.npz")):
@@ -168,18 +215,26 @@ def regenerate(
     from tqdm import tqdm
 
     bar = tqdm(total=sum(hi - lo for lo, hi in todo), desc="regenerate", unit="conv")
+    seen_cache: dict[str, set[bytes]] = {}
     for lo, hi in todo:
-        conversations, skipped = _conversations(cfg, lo, hi)
-        stats["skipped"] += skipped
-        bar.update(skipped)
-        history: dict[int, list[dict[str, str]]] = {index: [] for index, _ in conversations}
+        turns: _ShareGPTTurns | _SelfWrittenTurns
+        if cfg.source == "self":
+            turns = _SelfWrittenTurns(target, cfg, lo, hi, _seen_before(out, lo, seen_cache), batch_size)
+        else:
+            turns = _ShareGPTTurns(cfg, lo, hi)
+        bar.update(hi - lo - len(turns.indices))
+        history: dict[int, list[dict[str, str]]] = {index: [] for index in turns.indices}
         records: list[Record] = []
         for turn in range(cfg.turns):
+            texts = turns.user_turns(turn, list(history.items()))
+            if turn == 0:
+                bar.update(len(history) - len(texts))
             prompts = []
-            for index, users in conversations:
-                if turn >= len(users) or index not in history:
+            for index in list(history):
+                if index not in texts:
+                    del history[index]  # the conversation ends here
                     continue
-                messages = [*history[index], {"role": "user", "content": users[turn]}]
+                messages = [*history[index], {"role": "user", "content": texts[index]}]
                 ids = target.encode_chat(messages)
                 if len(ids) > cfg.max_prompt_tokens:
                     del history[index]  # later turns would be longer still
@@ -208,6 +263,7 @@ def regenerate(
                     bar.update(len(chunk))
                 elapsed = time.perf_counter() - start_time
                 bar.set_postfix(turn=turn + 1, answer_tok_s=f"{stats['answer_tokens'] / max(elapsed, 1e-9):.0f}")
+        stats["skipped"] += turns.skipped
         records.sort(key=lambda r: r.index)  # stable: a conversation's turns stay in order
         write_shard(out / shard_name(lo, hi - 1), records, target.vocab_size)
     bar.close()
