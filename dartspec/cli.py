@@ -468,7 +468,10 @@ def cmd_data_regenerate(args: argparse.Namespace) -> int:
     target = load_target(args)
     # Throughput grows with the batch until the device is busy: 2 CPU cores are at ~32 rows, a GPU far later.
     batch_size = args.batch_size or (32 if target.device.type == "cpu" else 256)
-    summary = regenerate(target, cfg, Path(args.out), resume=args.resume, batch_size=batch_size, log=_log)
+    max_seconds = args.max_minutes * 60 if args.max_minutes is not None else None
+    summary = regenerate(
+        target, cfg, Path(args.out), resume=args.resume, batch_size=batch_size, log=_log, max_seconds=max_seconds
+    )
     _log("summary: " + json.dumps(summary))
     return 0
 
@@ -556,6 +559,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="user turns answered per conversation (default 1; turn k follows the target's answers to 1..k-1)",
     )
     p.add_argument("--resume", action="store_true", help="continue an interrupted run (skips finished shards)")
+    p.add_argument(
+        "--max-minutes",
+        type=_positive_minutes,
+        default=None,
+        help="stop after the shard that crosses this time (e.g. a GPU window's slice); --resume goes on",
+    )
     p.set_defaults(func=cmd_data_regenerate)
 
     train = sub.add_parser("train", help="train drafters").add_subparsers(dest="train_command", required=True)

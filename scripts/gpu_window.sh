@@ -4,13 +4,18 @@
 #   here:   scripts/gpu_window.sh prepare       wheels -> .whl/, the SmolLM2 GGUF in pieces -> .window/pN/
 #   device: scripts/gpu_window.sh receive       keep the carried pieces in /tmp/dartspec-window (one call per piece,
 #                                               back to back: a machine idle for 30 s is given back, /tmp with it)
+#   device: scripts/gpu_window.sh data MIN [WINDOW]
+#                                               the target writes fresh training data for MIN minutes: its own
+#                                               requests (data regenerate --source self) numbered from
+#                                               WINDOW x 1,000,000, answered greedily, into /tmp/dartspec-window
 #   device: scripts/gpu_window.sh train MIN [WINDOW]
 #                                               join the model, install the wheels, train (resuming the window's run
 #                                               if one is there) for MIN minutes, evaluate, and leave the drafter
 #                                               (fp16, in pieces of < 16 MB), its config and logs under $OUT
 #   here:   scripts/gpu_window.sh collect DIR   join what came back (files_at) into a drafter folder DIR
 #
-# WINDOW (default 0) seeds the data order, so successive windows see the data in other orders.
+# WINDOW (default 0) seeds the data order and numbers the fresh data, so successive windows see other data and
+# nothing large is stored or carried: a window's data is made and used on the device.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=/tmp/dartspec-window
@@ -49,8 +54,9 @@ receive)
     cp .window/gguf.sha256 "$WORK/" 2>/dev/null || true
     ls -la "$WORK/pieces"
     ;;
-train)
-    minutes=${2:?usage: gpu_window.sh train MINUTES [WINDOW]}
+data | train)
+    phase=$1
+    minutes=${2:?usage: gpu_window.sh $phase MINUTES [WINDOW]}
     window=${3:-0}
     out=${OUT:?OUT is where results come back}
     # The model: joined once per machine into the package cache layout dartspec reads.
@@ -69,11 +75,23 @@ train)
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$WORK/site" .whl/*.whl
     fi
     export PYTHONPATH=$PWD:$WORK/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+    fresh=$WORK/data-w$window
+    if [ "$phase" = data ]; then
+        first=$((window * 1000000))
+        resume=()
+        [ -d "$fresh" ] && resume=(--resume)
+        python3 -m dartspec.cli data regenerate --source self --range "$first:$((first + 1000000))" --out "$fresh" \
+            --seed "$window" --max-new-tokens 256 --shard-size "${DATA_SHARD:-1024}" --device "${DEVICE:-cuda}" \
+            --max-minutes "$minutes" "${resume[@]}" 2>&1 | tee "$out/data.txt"
+        exit 0
+    fi
     ckpt=$WORK/ckpt
     config=$WORK/window.yaml
     sed "s/^seed: .*//" scripts/window.yaml > "$config" && echo "seed: $window" >> "$config"
     data=()
-    for d in data/smollm2-135m-sharegpt-a data/smollm2-135m-sharegpt-b data/smollm2-135m-sharegpt-c; do data+=(--data "$d"); done
+    for d in data/smollm2-135m-sharegpt-a data/smollm2-135m-sharegpt-b data/smollm2-135m-sharegpt-c "$WORK"/data-w*; do
+        [ -d "$d" ] && data+=(--data "$d")
+    done
     resume=()
     [ -f "$ckpt/train_state.pt" ] && resume=(--resume)
     python3 -m dartspec.cli train dart --model smollm2-135m --device "${DEVICE:-cuda}" "${data[@]}" \
@@ -108,7 +126,7 @@ collect)
     echo "drafter in $dest (compare: dartspec bench accuracy --drafter-path $dest --dataset data/smollm2-135m-sharegpt-dev)"
     ;;
 *)
-    sed -n '2,17p' "$0"
+    sed -n '2,22p' "$0"
     exit 2
     ;;
 esac

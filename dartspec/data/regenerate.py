@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -184,9 +184,11 @@ def regenerate(
     resume: bool,
     batch_size: int,
     log: Callable[[str], None],
-    progress: Callable[[Iterable[Any], int], Iterable[Any]] | None = None,
+    max_seconds: float | None = None,
 ) -> dict[str, Any]:
-    """Regenerate answers for ``cfg.start:cfg.stop`` into shards under ``out``; returns a summary."""
+    """Regenerate answers for ``cfg.start:cfg.stop`` into shards under ``out``; returns a summary.
+
+    ``max_seconds``: stop after the shard that crosses this time (a GPU window's slice); ``resume`` goes on."""
     if cfg.source not in DATA_SOURCES:
         raise DartspecError(f"unknown --source {cfg.source!r}: choose one of {', '.join(DATA_SOURCES)}")
     out.mkdir(parents=True, exist_ok=True)
@@ -210,7 +212,15 @@ def regenerate(
     todo = [(lo, hi) for lo, hi in blocks if not (out / shard_name(lo, hi - 1)).exists()]
     if len(todo) < len(blocks):
         log(f"resuming: {len(blocks) - len(todo)} of {len(blocks)} shards already done")
-    stats = {"conversations": 0, "samples": 0, "skipped": 0, "prompt_tokens": 0, "answer_tokens": 0, "eos": 0}
+    stats = {
+        "shards": 0,
+        "conversations": 0,
+        "samples": 0,
+        "skipped": 0,
+        "prompt_tokens": 0,
+        "answer_tokens": 0,
+        "eos": 0,
+    }
     start_time = time.perf_counter()
     from tqdm import tqdm
 
@@ -266,6 +276,10 @@ def regenerate(
         stats["skipped"] += turns.skipped
         records.sort(key=lambda r: r.index)  # stable: a conversation's turns stay in order
         write_shard(out / shard_name(lo, hi - 1), records, target.vocab_size)
+        stats["shards"] += 1
+        if max_seconds is not None and time.perf_counter() - start_time > max_seconds and (lo, hi) != todo[-1]:
+            log(f"time limit reached after shard {shard_name(lo, hi - 1)}: run again with --resume to go on")
+            break
     bar.close()
     elapsed = time.perf_counter() - start_time
     stats["seconds"] = round(elapsed, 1)
