@@ -483,6 +483,22 @@ def cmd_ngram_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train_promote(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from dartspec.drafters import checkpoint_folder
+    from dartspec.train.cli import samples_from
+    from dartspec.train.promote import promote
+
+    if not Path(args.dev).is_dir():
+        raise DartspecError(f"--dev {args.dev!r} is not a folder of regenerated shards")
+    target = load_target(args)
+    into = Path(args.into) if args.into else checkpoint_folder(args.kind, target, None)
+    samples = [(s.tokens, s.prompt_len) for s in samples_from(args.dev)][: args.limit]
+    promote(target, Path(args.candidate), into, samples, kind=args.kind, dry_run=args.dry_run, log=_log)
+    return 0
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from dartspec.train.cli import train_dart, train_eagle3
 
@@ -595,6 +611,18 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--resume", action="store_true", help="continue the run in --out exactly")
         p.add_argument("--init", default=None, help=init_help)
         p.set_defaults(func=cmd_train)
+
+    p = train.add_parser(
+        "promote", help="install a trained drafter over the shipped one only if it scores better on dev"
+    )
+    add_target_args(p, runtime="hf")
+    p.add_argument("--candidate", required=True, help="the trained checkpoint folder")
+    p.add_argument("--kind", default="dart", choices=["dart", "eagle3"])
+    p.add_argument("--into", default=None, help="the installed drafter folder (default: the shipped one)")
+    p.add_argument("--dev", default="data/smollm2-135m-sharegpt-dev", help="regenerated dev shards")
+    p.add_argument("--limit", type=_positive_int, default=200, help="dev answers compared (default 200)")
+    p.add_argument("--dry-run", action="store_true", help="score and report, change nothing")
+    p.set_defaults(func=cmd_train_promote)
 
     ng = sub.add_parser("ngram", help="n-gram models").add_subparsers(dest="ngram_command", required=True)
     p = ng.add_parser("build", help="count n-grams of regenerated data (and optional text files)")

@@ -393,7 +393,7 @@ def convert_gguf(
         if "model.safetensors" not in manifest["files"]:
             raise DartspecError(f"converting {gguf_path.name} wrote no model.safetensors: please report it")
         _write_json_atomic(tmp / MANIFEST_NAME, manifest)
-        _swap_into_place(tmp, dest)
+        swap_into_place(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -442,7 +442,7 @@ def _dequantize_and_save(gguf_path: Path, out_dir: Path) -> str | None:
     return template
 
 
-def _swap_into_place(tmp: Path, dest: Path) -> None:
+def swap_into_place(tmp: Path, dest: Path) -> None:
     """Rename the finished folder ``tmp`` to ``dest``, replacing whatever is there."""
     old: Path | None = None
     if dest.exists():

@@ -1,0 +1,108 @@
+"""``dartspec train promote``: a trained drafter replaces the installed one only when it is better on dev.
+
+Training continues in many places (GPU windows, CPU background runs), and a run can end worse than it started
+(a bad learning rate, too few steps after a warm start). So a checkpoint is never copied over the shipped one by
+hand: both are scored on the same dev answers with the same seed (teacher-forced top-1 per depth, the
+full-vocabulary rule of :mod:`dartspec.train.evaluate`), and the candidate goes in only if its depth-1 top-1 is
+higher and its chain tau estimate is not lower. The installed folder is replaced whole (a finished copy renamed into
+place, keeping the files the candidate lacks, such as the n-gram model and the model card), weights in fp16, and
+every decision is appended to its ``promotions.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dartspec.bench.accuracy import load_drafter_model
+from dartspec.errors import DartspecError
+from dartspec.models import swap_into_place
+from dartspec.train.evaluate import DepthAccuracy, depth_accuracy, model_objective
+
+#: Files of a checkpoint folder that carry the network; everything else in the installed folder is kept.
+_NETWORK_FILES = ("config.json", "model.safetensors")
+
+
+def score(
+    target: Any, kind: str, folder: Path, samples: Sequence[tuple[np.ndarray, int]], anchors: int
+) -> DepthAccuracy:
+    model = load_drafter_model(kind, target, str(folder))
+    target.set_feature_layers(model.cfg.feature_layers)
+    return depth_accuracy(target, samples, model_objective(model, anchors=anchors), depth=model.cfg.depth)
+
+
+def is_better(candidate: DepthAccuracy, installed: DepthAccuracy) -> bool:
+    """Higher depth-1 top-1 and a chain tau estimate at least as high."""
+    return candidate.top1[0] > installed.top1[0] and candidate.chain_tau_est >= installed.chain_tau_est
+
+
+def install(kind: str, target: Any, candidate: Path, into: Path) -> None:
+    """Replace the network in ``into`` by ``candidate``'s (fp16), keeping ``into``'s other files; the folder
+    at ``into`` is always complete (a finished copy is renamed into place)."""
+    model = load_drafter_model(kind, target, str(candidate))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{into.name}.tmp-", dir=into.parent))
+    try:
+        for item in into.iterdir():
+            if item.name not in _NETWORK_FILES and item.is_file():
+                shutil.copy2(item, tmp / item.name)
+        model.save(tmp, dtype=torch.float16)
+        log = candidate / "train_log.jsonl"
+        if log.is_file():  # beside the earlier logs, not over them
+            shutil.copy2(log, tmp / f"train_log_{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
+        swap_into_place(tmp, into)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def promote(
+    target: Any,
+    candidate: Path,
+    into: Path,
+    samples: Sequence[tuple[np.ndarray, int]],
+    *,
+    kind: str = "dart",
+    anchors: int = 256,
+    dry_run: bool = False,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    """Score ``candidate`` and the drafter installed in ``into`` on ``samples``; install it if better."""
+    for folder, what in ((candidate, "candidate"), (into, "installed drafter")):
+        if not (folder / "config.json").is_file():
+            raise DartspecError(f"{folder} is not a drafter checkpoint (no config.json): the {what} is missing")
+    if candidate.resolve() == into.resolve():
+        raise DartspecError("the candidate and the installed drafter are the same folder")
+    if not samples:
+        raise DartspecError("no dev samples to compare on")
+    log(f"scoring the installed drafter ({into}) and the candidate ({candidate}) on {len(samples)} dev answers")
+    installed = score(target, kind, into, samples, anchors)
+    cand = score(target, kind, candidate, samples, anchors)
+    better = is_better(cand, installed)
+    record = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "candidate": str(candidate),
+        "installed": installed.as_dict("installed_"),
+        "candidate_scores": cand.as_dict("candidate_"),
+        "dev_answers": len(samples),
+        "promoted": better and not dry_run,
+    }
+    verdict = "better" if better else "not better"
+    log(
+        f"depth-1 top-1 {installed.top1[0]:.4f} -> {cand.top1[0]:.4f}, chain tau estimate "
+        f"{installed.chain_tau_est:.3f} -> {cand.chain_tau_est:.3f}: {verdict}"
+    )
+    if better and not dry_run:
+        install(kind, target, candidate, into)
+        log(f"installed {candidate} into {into}")
+    if not dry_run:
+        with open(into / "promotions.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+    return record
