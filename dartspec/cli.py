@@ -610,6 +610,11 @@ def build_parser() -> argparse.ArgumentParser:
         )
         p.add_argument("--resume", action="store_true", help="continue the run in --out exactly")
         p.add_argument("--init", default=None, help=init_help)
+        p.add_argument(
+            "--feature-cache",
+            default=None,
+            help="folder of an fp16 cache of the target's features: epochs after the first skip the target (CPU)",
+        )
         p.set_defaults(func=cmd_train)
 
     p = train.add_parser(

@@ -322,7 +322,7 @@ class LeanTarget(CausalRuntime):
         hidden, feats = self._layers(
             F.embedding(ids, self._embed), positions, None, True, TreeKVCache(self.num_layers), True
         )
-        return TargetOutput(self.logits(hidden), feats)
+        return TargetOutput(self.logits(hidden), feats, hidden)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if hidden.shape[0] == 0:

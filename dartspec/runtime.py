@@ -48,10 +48,13 @@ class TargetOutput:
         logits: ``(rows, vocab)`` float32 logits for the requested rows.
         features: ``(q, len(feature_layers) * hidden)`` hidden states entering the feature layers for
             every input position, or None when features were not requested.
+        hidden: the final-norm hidden states the logits come from (whole-sequence scoring; the training
+            feature cache stores them instead of the logits).
     """
 
     logits: torch.Tensor
     features: torch.Tensor | None
+    hidden: torch.Tensor | None = None  # final-norm hidden states (scoring whole sequences only)
 
 
 @runtime_checkable
@@ -363,7 +366,8 @@ class CausalRuntime(ABC):
         def stack(parts: list[torch.Tensor]) -> torch.Tensor:
             return torch.stack([F.pad(t, (0, 0, 0, width - t.shape[0])) for t in parts])
 
-        return TargetOutput(stack([o.logits for o in outs]), stack([o.features for o in outs]))
+        hidden = stack([o.hidden for o in outs]) if all(o.hidden is not None for o in outs) else None
+        return TargetOutput(stack([o.logits for o in outs]), stack([o.features for o in outs]), hidden)
 
     # --- text --------------------------------------------------------------------------------
 

@@ -176,7 +176,8 @@ class Target(CausalRuntime):
         """
         out = self.score_batch([torch.as_tensor(token_ids, dtype=torch.long).reshape(-1)])
         assert out.features is not None
-        return TargetOutput(out.logits[0], out.features[0])
+        assert out.hidden is not None
+        return TargetOutput(out.logits[0], out.features[0], out.hidden[0])
 
     @torch.inference_mode()
     def score_batch(self, sequences: Sequence[Sequence[int] | torch.Tensor]) -> TargetOutput:
@@ -192,7 +193,7 @@ class Target(CausalRuntime):
             feats = torch.cat([self._capture[i][0] for i in self.feature_layers], dim=-1)
         finally:
             self._capture = None
-        return TargetOutput(self.logits(hidden), feats)
+        return TargetOutput(self.logits(hidden), feats, hidden)
 
     def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=allowed.device)

@@ -20,7 +20,8 @@ from dartspec.train.dart import DartTrainer, Sample, TrainConfig
 
 
 def parse_setting(text: str) -> dict[str, Any]:
-    """``pack=1,precision=fp32`` -> TrainConfig overrides (pack: int, precision: str); ValueError if malformed."""
+    """``pack=1,precision=fp32,cache=1`` -> TrainConfig overrides (pack: int, precision: str, feature_cache: bool,
+    which the bench turns into a folder of its own); ValueError if malformed."""
     out: dict[str, Any] = {}
     for part in filter(None, text.split(",")):
         key, _, value = part.partition("=")
@@ -28,8 +29,10 @@ def parse_setting(text: str) -> dict[str, Any]:
             out[key] = int(value)
         elif key == "precision" and value in ("auto", "bf16", "fp32"):
             out[key] = value
+        elif key == "cache" and value in ("0", "1"):
+            out["feature_cache"] = value == "1"
         else:
-            raise ValueError(f"{part!r}: expected pack=N or precision=auto|bf16|fp32")
+            raise ValueError(f"{part!r}: expected pack=N, precision=auto|bf16|fp32 or cache=0|1")
     return out
 
 
@@ -47,10 +50,22 @@ def run_train_bench(
     """Median tokens/s and step seconds of each setting (``pack=N,precision=P``) over ``rounds`` counted steps."""
     trainers = []
     with tempfile.TemporaryDirectory() as tmp:
+        # Every setting trains on the same samples, as many as the rounds use: a cached setting is timed on
+        # what later epochs cost (its cache filled first, untimed), the others on what any step costs.
+        used = list(train[: (rounds + 1) * cfg.seqs_per_step])
         for i, text in enumerate(settings):
-            setting_cfg = replace(cfg, **parse_setting(text))
-            trainer = trainer_cls(target, train, [], Path(tmp) / str(i), setting_cfg, log=lambda m: None)
+            overrides = parse_setting(text)
+            if overrides.get("feature_cache"):
+                overrides["feature_cache"] = str(Path(tmp) / f"cache-{i}")
+            else:
+                overrides.pop("feature_cache", None)
+            setting_cfg = replace(cfg, **overrides)
+            trainer = trainer_cls(target, used, [], Path(tmp) / str(i), setting_cfg, log=lambda m: None)
             trainer.build()
+            if setting_cfg.feature_cache:
+                scorer = trainer.scorer()
+                for s in used:
+                    scorer.score_batch([s.tokens[: setting_cfg.max_seq_len].tolist()])
             trainers.append(trainer)
         timings: list[list[dict[str, Any]]] = [[] for _ in settings]
         for r in range(rounds + 1):

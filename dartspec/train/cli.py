@@ -29,6 +29,8 @@ def _train(
         cfg = replace(cfg, max_steps=args.max_steps)
     if getattr(args, "init", None):
         cfg = replace(cfg, init=args.init)
+    if getattr(args, "feature_cache", None):
+        cfg = replace(cfg, feature_cache=args.feature_cache)
     train = samples_from(args.data)
     dev = samples_from(args.dev) if args.dev else []
     log(f"training on {len(train)} samples ({sum(len(s.tokens) for s in train)} tokens), dev {len(dev)}")

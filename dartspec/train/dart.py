@@ -61,6 +61,9 @@ class TrainConfig:
     # `dartspec bench train` measured packing slower: 0.62x, the padded attention outweighs the saved calls).
     pack: int = 0
     precision: str = "auto"  # bf16 (autocast) or fp32; auto: bf16 on CUDA, fp32 on CPU
+    # A folder for the fp16 feature cache (train/feature_cache.py): epochs after the first skip the target.
+    # Empty: off (the default; the cache rounds the target's values to fp16, which the online path does not).
+    feature_cache: str = ""
     anchors_per_seq: int = 128
     loss: str = "kl"
     depth_decay: float = 0.6
@@ -183,6 +186,7 @@ class DartTrainer:
         self.out = Path(out)
         self.cfg = cfg
         self.log = log
+        self._feature_cache: Any = None
         self.steps_per_epoch = math.ceil(len(train) / cfg.seqs_per_step)
         self.total_steps = cfg.max_steps or max(1, int(cfg.epochs * self.steps_per_epoch))
         self.step = 0
@@ -281,7 +285,7 @@ class DartTrainer:
         saved["betas"] = tuple(saved["betas"])
         now = asdict(self.cfg)
         # Settings that change speed, not what is learned, may differ (older runs did not record them).
-        free = ("extra", "checkpoint_every", "eval_every", "pack", "precision")
+        free = ("extra", "checkpoint_every", "eval_every", "pack", "precision", "feature_cache")
         changed = [k for k in now if k not in free and saved.get(k) != now[k]]
         if changed:
             raise DartspecError(f"the checkpoint in {self.out} was trained with different settings: {changed}")
@@ -327,6 +331,16 @@ class DartTrainer:
         bf16 = self.cfg.precision == "bf16" or (self.cfg.precision == "auto" and device.type == "cuda")
         return torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
+    def scorer(self) -> Any:
+        """What scores the training sequences: the target, or the feature cache in front of it."""
+        if not self.cfg.feature_cache:
+            return self.target
+        if self._feature_cache is None:
+            from dartspec.train.feature_cache import FeatureCache
+
+            self._feature_cache = FeatureCache(self.target, self.cfg.feature_cache)
+        return self._feature_cache
+
     def train_step(self) -> dict[str, Any]:
         """One optimizer step over ``seqs_per_step`` sequences; returns the logged metrics."""
         assert self.model is not None and self.optimizer is not None
@@ -343,7 +357,7 @@ class DartTrainer:
         for first in range(0, len(batch), pack):
             chunk = [(s.tokens[: self.cfg.max_seq_len], s.prompt_len) for s in batch[first : first + pack]]
             with self._autocast():
-                scored = batch_loss(self.target, chunk, objective, self.gen)
+                scored = batch_loss(self.scorer(), chunk, objective, self.gen)
             if scored is None:
                 continue
             res, n = scored
