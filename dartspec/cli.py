@@ -499,6 +499,17 @@ def cmd_train_promote(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train_curve(args: argparse.Namespace) -> int:
+    from dartspec.train.curve import describe, load_curve, plot
+
+    curve = load_curve(args.logs)
+    print(describe(curve))
+    if args.plot:
+        plot(curve, args.plot, args.title)
+        _log(f"saved {args.plot}")
+    return 0
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from dartspec.train.cli import train_dart, train_eagle3
 
@@ -628,6 +639,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=_positive_int, default=200, help="dev answers compared (default 200)")
     p.add_argument("--dry-run", action="store_true", help="score and report, change nothing")
     p.set_defaults(func=cmd_train_promote)
+
+    p = train.add_parser("curve", help="learning curve of one or more training logs (in training order), with a fit")
+    p.add_argument("logs", nargs="+", help="train_log.jsonl files, first run first (warm starts after it)")
+    p.add_argument("--plot", default=None, help="draw it to this PNG (needs matplotlib)")
+    p.add_argument("--title", default="", help="plot title")
+    p.set_defaults(func=cmd_train_curve)
 
     ng = sub.add_parser("ngram", help="n-gram models").add_subparsers(dest="ngram_command", required=True)
     p = ng.add_parser("build", help="count n-grams of regenerated data (and optional text files)")

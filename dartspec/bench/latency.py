@@ -22,7 +22,6 @@ from typing import Any
 import torch
 
 from dartspec.engine import Generator, sync
-from dartspec.errors import require
 from dartspec.targets import describe, wrap_format
 from dartspec.tree_size import verify_cost_curve
 
@@ -92,11 +91,9 @@ def plain_vs_transformers(
 
 def plot_cost_curve(curve: dict[str, dict[int, float]], path: str | Path) -> None:
     """PNG of T(q) per runtime, relative to the first runtime's T(1)."""
-    require("matplotlib", extra="bench", purpose="plotting (--plot)")
-    import matplotlib
+    from dartspec.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot("plotting (--plot)")
 
     first = next(iter(curve.values()))
     ref1 = first[min(first)]

@@ -493,13 +493,9 @@ def markdown(rows: Sequence[dict[str, Any]], title: str) -> str:
 
 def plot(rows: Sequence[dict[str, Any]], out: Path, title: str) -> list[Path]:
     """Speedup bars (with IQR) and acceptance per depth; returns the PNG paths."""
-    try:
-        import matplotlib
+    from dartspec.plotting import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise DartspecError("plots need matplotlib: pip install 'dartspec[bench]'") from None
+    plt = pyplot("plots (--plot)")
     paths = []
     fig, ax = plt.subplots(figsize=(1.2 + 1.1 * len(rows), 3.6))
     names = [r["method"] for r in rows]
