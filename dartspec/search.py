@@ -19,8 +19,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from dartspec.drafters.base import DraftBudget
-from dartspec.tree import Tree
+from dartspec.tree import DraftBudget, Tree
 
 # Drafted EOS nodes rank below every other node (still kept if the budget allows).
 EOS_PENALTY = 1e6
@@ -38,17 +37,6 @@ def top_candidates(logp: torch.Tensor, k: int, d2t: np.ndarray | None) -> tuple[
     vals = vals - torch.logsumexp(vals, dim=-1, keepdim=True)
     ids = idx.cpu().numpy()
     return (d2t[ids] if d2t is not None else ids), vals.cpu().numpy().astype(np.float64)
-
-
-def _tree_from_nodes(root: int, tokens: list[int], parents: list[int], keep: list[int]) -> Tree:
-    """Tree of the kept node indices (into tokens/parents, -1 = root), which must be prefix-closed."""
-    new_index = {-1: 0}
-    out_tokens, out_parents = [root], [-1]
-    for i in sorted(keep):  # creation order is topological
-        new_index[i] = len(out_tokens)
-        out_tokens.append(tokens[i])
-        out_parents.append(new_index[parents[i]])
-    return Tree(np.array(out_tokens), np.array(out_parents))
 
 
 @dataclass(frozen=True)
@@ -153,7 +141,7 @@ class BeamTree:
             beam_scores = flat[top][alive]
             ctx = np.concatenate([beam_ctx[b_idx], new_tokens[:, None]], axis=1)[alive]
             beam_ctx = ctx[:, ctx.shape[1] - (order - 1) :] if order > 1 else ctx[:, :0]
-        return _tree_from_nodes(root, all_tokens, all_parents, self._top_closed(all_parents, all_scores, budget))
+        return Tree.from_nodes(root, all_tokens, all_parents, self._top_closed(all_parents, all_scores, budget))
 
     @staticmethod
     def _top_closed(parents: list[int], scores: list[float], budget: DraftBudget) -> list[int]:

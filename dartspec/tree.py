@@ -13,6 +13,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+@dataclass(frozen=True)
+class DraftBudget:
+    """Limits for one proposal: total tree nodes (root included) and depth below the root."""
+
+    max_nodes: int
+    max_depth: int
+
+
 @dataclass(frozen=True, eq=False)
 class Tree:
     """A draft token tree in topological order.
@@ -97,6 +105,27 @@ class Tree:
                     index[key] = child
                 node = child
         return cls(np.array(tokens), np.array(parents))
+
+    @classmethod
+    def from_nodes(
+        cls, root: int, tokens: Sequence[int], parents: Sequence[int], keep: Sequence[int] | np.ndarray
+    ) -> Tree:
+        """The tree of ``root`` and the kept candidates: ``keep`` indexes ``tokens`` / ``parents`` (parent -1 is the
+        root), must be prefix-closed, and sorted it must list parents before children (the builders' candidate
+        lists are in creation order). Every builder that ranks candidates and keeps some ends here."""
+        kept = sorted(int(i) for i in keep)
+        index = {-1: 0} | {c: i + 1 for i, c in enumerate(kept)}
+        try:
+            return cls(np.array([root, *(tokens[c] for c in kept)]), np.array([-1, *(index[parents[c]] for c in kept)]))
+        except KeyError as missing:
+            raise ValueError(
+                f"kept nodes are not prefix-closed: the parent {missing} of a kept node is not kept"
+            ) from None
+
+    def subtree(self, keep: Sequence[int] | np.ndarray) -> Tree:
+        """The root plus the (prefix-closed) nodes ``keep`` of this tree (the root itself may be listed or not)."""
+        nodes = [int(n) - 1 for n in keep if int(n) > 0]
+        return Tree.from_nodes(int(self.tokens[0]), self.tokens[1:].tolist(), (self.parents[1:] - 1).tolist(), nodes)
 
     # --- queries -------------------------------------------------------------------------------
 

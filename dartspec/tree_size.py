@@ -127,14 +127,6 @@ def node_estimates(tree: Tree, logp: torch.Tensor, t2d: np.ndarray) -> np.ndarra
     return probs
 
 
-def subtree(tree: Tree, keep: np.ndarray) -> Tree:
-    """The tree of the root plus the (prefix-closed) node indices ``keep``."""
-    nodes = np.concatenate([[0], np.sort(keep[keep > 0])])
-    index = {int(n): i for i, n in enumerate(nodes)}
-    parents = [-1] + [index[int(tree.parents[n])] for n in nodes[1:]]
-    return Tree(tree.tokens[nodes], np.array(parents))
-
-
 @dataclass
 class AutoSizer:
     """Cuts each proposed tree to the size with the best expected tokens per second."""
@@ -160,7 +152,7 @@ class AutoSizer:
         best = int(np.argmax(rate))
         self.chosen.append(best + 1)
         self.predicted += float(gain[best] - 1.0)
-        return subtree(tree, np.array(order[:best], dtype=np.int64)), float(gain[best])
+        return tree.subtree(order[:best]), float(gain[best])
 
     def worth_growing(self, estimates: np.ndarray, bound: float, new_nodes: int, extra_s: float) -> bool:
         """Could up to ``new_nodes`` more nodes, none estimated above ``bound``, beat the best rate of the

@@ -72,3 +72,15 @@ def test_from_paths_merges_prefixes_and_respects_budget() -> None:
 def test_invalid_trees(tokens: list[int], parents: list[int], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Tree(np.array(tokens, dtype=np.int64), np.array(parents, dtype=np.int64))
+
+
+def test_from_nodes_reindexes_kept_candidates_and_refuses_orphans() -> None:
+    # Candidates: 0 (root child, token 7), 1 (child of 0, token 8), 2 (root child, token 9), 3 (child of 1, token 5).
+    tokens, parents = [7, 8, 9, 5], [-1, 0, -1, 1]
+    tree = Tree.from_nodes(4, tokens, parents, [3, 0, 1])
+    assert tree.tokens.tolist() == [4, 7, 8, 5] and tree.parents.tolist() == [-1, 0, 1, 2]
+    with pytest.raises(ValueError, match="prefix-closed"):
+        Tree.from_nodes(4, tokens, parents, [1, 2])
+    with pytest.raises(ValueError, match="prefix-closed"):
+        tree.subtree([0, 2])  # node 2 without its parent 1
+    assert tree.subtree([1, 0]).tokens.tolist() == [4, 7]

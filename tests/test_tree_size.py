@@ -14,7 +14,7 @@ from test_dart import model_for
 from dartspec.drafters.dart import DartDrafter
 from dartspec.engine import Generator
 from dartspec.tree import Tree
-from dartspec.tree_size import CALIBRATION_QS, AutoSizer, CostCurve, calibrate, node_estimates, subtree
+from dartspec.tree_size import CALIBRATION_QS, AutoSizer, CostCurve, calibrate, node_estimates
 
 FLAT = CostCurve((1, 32), (0.01, 0.01))
 STEEP = CostCurve((1, 2, 32), (0.01, 0.05, 1.0))
@@ -29,7 +29,7 @@ def test_node_estimates_are_path_products() -> None:
 
 def test_subtree_keeps_tokens_and_parents() -> None:
     tree = Tree(np.array([9, 3, 4, 5, 6]), np.array([-1, 0, 1, 0, 3]))
-    cut = subtree(tree, np.array([3, 1, 4]))
+    cut = tree.subtree(np.array([3, 1, 4]))
     assert cut.tokens.tolist() == [9, 3, 5, 6] and cut.parents.tolist() == [-1, 0, 0, 2]
 
 

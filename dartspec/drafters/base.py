@@ -3,21 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
 
 from dartspec.errors import DartspecError
-from dartspec.tree import Tree
+from dartspec.tree import DraftBudget, Tree
 
-
-@dataclass(frozen=True)
-class DraftBudget:
-    """Limits for one proposal: total tree nodes (root included) and depth below the root."""
-
-    max_nodes: int
-    max_depth: int
+__all__ = ["DraftBudget", "Drafter", "FeatureQueue", "NoDrafter"]
 
 
 @runtime_checkable

@@ -160,11 +160,7 @@ class Eagle3Drafter:
         # Best `keep` by path log-prob; ties go to the earlier node, so parents always come before children.
         order = sorted(range(len(score)), key=lambda c: (-score[c], c))[:keep]
         kept = sorted(order)
-        index = {c: i + 1 for i, c in enumerate(kept)}
-        tree = Tree(
-            np.array([root] + [tok[c] for c in kept]),
-            np.array([-1] + [index[parent[c]] if parent[c] >= 0 else 0 for c in kept]),
-        )
+        tree = Tree.from_nodes(root, tok, parent, kept)
         if self.auto is not None:
             # Path probabilities are EAGLE's own acceptance estimates; the sizer rescales them as it learns.
             estimates = np.exp(np.array([0.0] + [score[c] for c in kept]))
