@@ -620,6 +620,11 @@ def build_parser() -> argparse.ArgumentParser:
             help="stop (evaluated and checkpointed) after the step that ends this many minutes in (resume later)",
         )
         p.add_argument("--resume", action="store_true", help="continue the run in --out exactly")
+        p.add_argument(
+            "--new-data",
+            action="store_true",
+            help="with --resume: continue on other training data than the run's (refused otherwise)",
+        )
         p.add_argument("--init", default=None, help=init_help)
         p.add_argument(
             "--feature-cache",

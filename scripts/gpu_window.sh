@@ -93,7 +93,7 @@ data | train)
         [ -d "$d" ] && data+=(--data "$d")
     done
     resume=()
-    [ -f "$ckpt/train_state.pt" ] && resume=(--resume)
+    [ -f "$ckpt/train_state.pt" ] && resume=(--resume --new-data)  # a data call in between adds shards
     python3 -m dartspec.cli train dart --model smollm2-135m --device "${DEVICE:-cuda}" "${data[@]}" \
         --dev data/smollm2-135m-sharegpt-dev --out "$ckpt" --config "$config" \
         --init dartspec/checkpoints/smollm2-135m-dart --max-minutes "$minutes" "${resume[@]}" 2>&1 | tee "$out/train.txt"

@@ -400,3 +400,41 @@ def test_yaml_exponents_without_a_dot_are_numbers(tmp_path: Path) -> None:
     path.write_text("lr: 2e-5\ndepth_decay: 0.8\n")
     cfg = TrainConfig.from_file(path)
     assert cfg.lr == 2e-5 and cfg.depth_decay == 0.8
+
+
+def test_a_crash_between_state_and_export_resumes_exactly(tmp_path: Path, target: Target) -> None:
+    """The state file is the whole checkpoint: exported weights from another step (a kill after the state's
+    rename, before the export) cannot leak into the resumed run, and log lines of redone steps are cut."""
+    cfg = small_config(max_steps=8, checkpoint_every=3)
+    train, dev = random_samples(10, 0), random_samples(2, 1)
+    full = DartTrainer(target, train, dev, tmp_path / "full", cfg, log=lambda m: None)
+    full.fit()
+    ref = [json.loads(x)["loss"] for x in (tmp_path / "full" / "train_log.jsonl").read_text().splitlines()]
+
+    part = DartTrainer(target, train, dev, tmp_path / "part", cfg, log=lambda m: None)
+    part.fit(stop_after=4)  # checkpoint at step 3 and at the stop, step 4
+    state = torch.load(tmp_path / "part" / STATE_FILE, weights_only=True)
+    assert state["step"] == 4
+    # As if killed later: the export holds other weights, and steps 5-6 were logged but never checkpointed.
+    DartModel.load(tmp_path / "full").save(tmp_path / "part", dtype=torch.float32)
+    with open(tmp_path / "part" / "train_log.jsonl", "a") as f:
+        f.write(json.dumps({"step": 5, "loss": 0.0}) + "\n" + json.dumps({"step": 6, "loss": 0.0}) + "\n{torn")
+    DartTrainer(target, train, dev, tmp_path / "part", cfg, log=lambda m: None).fit(resume=True)
+    rows = [json.loads(x) for x in (tmp_path / "part" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 9))
+    np.testing.assert_allclose([r["loss"] for r in rows], ref, rtol=1e-9, atol=1e-12)
+
+
+def test_resume_refuses_other_data_and_incomplete_state(tmp_path: Path, target: Target) -> None:
+    cfg = small_config(max_steps=4)
+    train, dev = random_samples(10, 0), random_samples(2, 1)
+    DartTrainer(target, train, dev, tmp_path, cfg, log=lambda m: None).fit(stop_after=2)
+    other = random_samples(10, 5)
+    with pytest.raises(DartspecError, match="other data .*--new-data"):
+        DartTrainer(target, other, dev, tmp_path, cfg, log=lambda m: None).fit(resume=True)
+    DartTrainer(target, other, dev, tmp_path, cfg, log=lambda m: None).fit(resume=True, new_data=True, stop_after=1)
+    state = torch.load(tmp_path / STATE_FILE, weights_only=True)
+    del state["optimizer"]
+    torch.save(state, tmp_path / STATE_FILE)
+    with pytest.raises(DartspecError, match="incomplete .*optimizer"):
+        DartTrainer(target, other, dev, tmp_path, cfg, log=lambda m: None).fit(resume=True, new_data=True)

@@ -36,7 +36,9 @@ def _train(
     log(f"training on {len(train)} samples ({sum(len(s.tokens) for s in train)} tokens), dev {len(dev)}")
     trainer = trainer_cls(target, train, dev, args.out, cfg, log=log)
     max_seconds = args.max_minutes * 60 if args.max_minutes is not None else None  # argparse checked it is > 0
-    metrics = trainer.fit(resume=args.resume, stop_after=args.stop_after, max_seconds=max_seconds)
+    metrics = trainer.fit(
+        resume=args.resume, stop_after=args.stop_after, max_seconds=max_seconds, new_data=args.new_data
+    )
     log(f"saved {args.out} at step {trainer.step}/{trainer.total_steps}")
     return metrics
 

@@ -10,6 +10,7 @@ scheduler, data position and RNG states.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
@@ -187,6 +188,7 @@ class DartTrainer:
         self.cfg = cfg
         self.log = log
         self._feature_cache: Any = None
+        self._fingerprint = self.data_fingerprint()
         self.steps_per_epoch = math.ceil(len(train) / cfg.seqs_per_step)
         self.total_steps = cfg.max_steps or max(1, int(cfg.epochs * self.steps_per_epoch))
         self.step = 0
@@ -255,25 +257,43 @@ class DartTrainer:
 
     # --- checkpoints -----------------------------------------------------------------------------
 
+    def data_fingerprint(self) -> str:
+        """What identifies the training data: every sample's tokens and prompt length, in order."""
+        digest = hashlib.sha256()
+        for sample in self.train:
+            digest.update(np.asarray(sample.tokens, dtype=np.int64).tobytes())
+            digest.update(int(sample.prompt_len).to_bytes(8, "little"))
+        return digest.hexdigest()[:16]
+
     def save(self) -> None:
-        """Drafter (safetensors + config) and training state, each written atomically."""
+        """One atomic checkpoint: ``train_state.pt`` holds everything a resume needs (the network's fp32 weights,
+        optimizer, data position, RNG, config, data fingerprint) and is replaced in one rename after an fsync, so
+        a crash leaves the previous checkpoint or the new one, never a mix. The drafter is then exported beside it
+        (``config.json`` + ``model.safetensors``, what ``--drafter-path`` loads); resume never reads the export."""
         assert self.model is not None and self.optimizer is not None
-        self.model.save(self.out, dtype=torch.float32)
         state = {
             "step": self.step,
             "epoch": self.epoch,
             "position": self.position,
             "total_steps": self.total_steps,
+            "model_config": self.model.cfg.to_json(),
+            "model": {k: v.detach().to("cpu", torch.float32).clone() for k, v in self.model.state_dict().items()},
             "optimizer": self.optimizer.state_dict(),
             "generator": self.gen.get_state(),
             "torch_rng": torch.get_rng_state(),
             "config": json.dumps(asdict(self.cfg)),
+            "data": self._fingerprint,
         }
-        tmp = self.out / f".{STATE_FILE}.tmp"
-        torch.save(state, tmp)
+        tmp = self.out / f".{STATE_FILE}.tmp-{os.getpid()}"
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, self.out / STATE_FILE)
+        self.model.save(self.out, dtype=torch.float32)
 
-    def resume(self) -> None:
+    def resume(self, *, new_data: bool = False) -> None:
+        """Continue exactly from ``train_state.pt``; ``new_data`` allows other training data than the run's."""
         path = self.out / STATE_FILE
         if not path.is_file():
             raise DartspecError(f"nothing to resume in {self.out} ({STATE_FILE} not found)")
@@ -281,6 +301,10 @@ class DartTrainer:
             state = torch.load(path, weights_only=True)
         except Exception as err:  # torch raises many types for a damaged file
             raise DartspecError(f"{path} is corrupted ({type(err).__name__}); start again without --resume") from None
+        needed = ("step", "epoch", "position", "total_steps", "optimizer", "generator", "torch_rng", "config")
+        missing = [k for k in needed if k not in state]
+        if missing:
+            raise DartspecError(f"{path} is incomplete (no {', '.join(missing)}); start again without --resume")
         saved = json.loads(state["config"])
         saved["betas"] = tuple(saved["betas"])
         now = asdict(self.cfg)
@@ -289,7 +313,18 @@ class DartTrainer:
         changed = [k for k in now if k not in free and saved.get(k) != now[k]]
         if changed:
             raise DartspecError(f"the checkpoint in {self.out} was trained with different settings: {changed}")
-        self.model = self.model_cls.load(self.out, device=self.target.device, dtype=torch.float32)
+        if state.get("data") not in (None, self._fingerprint) and not new_data:
+            raise DartspecError(
+                f"the run in {self.out} was trained on other data (fingerprint {state['data']}, now "
+                f"{self._fingerprint}): pass --new-data to continue it on this data"
+            )
+        if "model" in state:
+            cfg = DartConfig.from_json(state["model_config"], str(path), self.model_cls.FORMAT)
+            self.model = self.model_cls(cfg)
+            self.model.load_state_dict(state["model"])
+            self.model.to(self.target.device)
+        else:  # checkpoints written before the state carried the weights
+            self.model = self.model_cls.load(self.out, device=self.target.device, dtype=torch.float32)
         self.model.check_target(self.target)
         self.target.set_feature_layers(self.model.cfg.feature_layers)
         self.optimizer = self._optimizer(self.model)
@@ -299,6 +334,22 @@ class DartTrainer:
         self.gen.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
         self.log(f"resumed from step {self.step} (epoch {self.epoch}, sample {self.position})")
+
+    def _cut_log(self, step: int) -> None:
+        """Drop log lines of steps after ``step`` (logged before a crash, then redone by the resume)."""
+        path = self.out / LOG_FILE
+        if not path.exists():
+            return
+        kept = []
+        for line in path.read_text().splitlines():
+            try:
+                if json.loads(line)["step"] <= step:
+                    kept.append(line)
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue  # a torn last line
+        tmp = path.with_name(f".{LOG_FILE}.tmp")
+        tmp.write_text("".join(f"{x}\n" for x in kept))
+        os.replace(tmp, path)
 
     # --- steps -----------------------------------------------------------------------------------
 
@@ -398,14 +449,19 @@ class DartTrainer:
     # --- loop ------------------------------------------------------------------------------------
 
     def fit(
-        self, resume: bool = False, stop_after: int | None = None, max_seconds: float | None = None
+        self,
+        resume: bool = False,
+        stop_after: int | None = None,
+        max_seconds: float | None = None,
+        new_data: bool = False,
     ) -> dict[str, Any]:
         """Train until ``total_steps`` (or ``stop_after`` more steps, or the first step that ends ``max_seconds``
         after the start: GPU windows are short); checkpoint and log as configured, and at the stop."""
         started = time.monotonic()
         self.out.mkdir(parents=True, exist_ok=True)
         if resume:
-            self.resume()
+            self.resume(new_data=new_data)
+            self._cut_log(self.step)
         else:
             if (self.out / STATE_FILE).exists():
                 raise DartspecError(f"{self.out} already holds a training run: pass --resume or choose another --out")
