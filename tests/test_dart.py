@@ -430,11 +430,11 @@ def test_resume_refuses_other_data_and_incomplete_state(tmp_path: Path, target: 
     train, dev = random_samples(10, 0), random_samples(2, 1)
     DartTrainer(target, train, dev, tmp_path, cfg, log=lambda m: None).fit(stop_after=2)
     other = random_samples(10, 5)
-    with pytest.raises(DartspecError, match="other data .*--new-data"):
+    with pytest.raises(DartspecError, match=r"other data .*--new-data"):
         DartTrainer(target, other, dev, tmp_path, cfg, log=lambda m: None).fit(resume=True)
     DartTrainer(target, other, dev, tmp_path, cfg, log=lambda m: None).fit(resume=True, new_data=True, stop_after=1)
     state = torch.load(tmp_path / STATE_FILE, weights_only=True)
     del state["optimizer"]
     torch.save(state, tmp_path / STATE_FILE)
-    with pytest.raises(DartspecError, match="incomplete .*optimizer"):
+    with pytest.raises(DartspecError, match=r"incomplete .*optimizer"):
         DartTrainer(target, other, dev, tmp_path, cfg, log=lambda m: None).fit(resume=True, new_data=True)
