@@ -335,6 +335,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def api_key(args: argparse.Namespace) -> str | None:
+    """The server's API key: --api-key, else --api-key-file, else $DARTSPEC_API_KEY, else none."""
+    from pathlib import Path
+
+    if args.api_key and args.api_key_file:
+        raise DartspecError("give --api-key or --api-key-file, not both")
+    if args.api_key_file:
+        try:
+            lines = Path(args.api_key_file).read_text(encoding="utf-8").splitlines()
+        except OSError as err:
+            raise DartspecError(f"cannot read --api-key-file {args.api_key_file}: {err.strerror}") from None
+        key = lines[0].strip() if lines else ""
+        if not key:
+            raise DartspecError(f"--api-key-file {args.api_key_file} is empty")
+        return key
+    return args.api_key or os.environ.get("DARTSPEC_API_KEY") or None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
@@ -350,6 +368,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         make_drafter(args.drafter, None)  # raises the error that lists the known drafters
     if args.timeout <= 0:
         raise DartspecError("--timeout must be positive")
+    if args.protect_all and not api_key(args):
+        raise DartspecError("--protect-all needs an API key (--api-key, --api-key-file or DARTSPEC_API_KEY)")
     target = load_target(args)
     engine = ServeEngine(
         make_generator(args, target),
@@ -358,7 +378,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         timeout_s=args.timeout,
     )
-    app = create_app(engine, api_key=args.api_key, default_max_tokens=args.default_max_tokens)
+    app = create_app(
+        engine,
+        api_key=api_key(args),
+        protect_all=args.protect_all,
+        default_max_tokens=args.default_max_tokens,
+        max_body_bytes=args.max_body_kb * 1024,
+        aliases=tuple(args.alias),
+    )
     _log(f"serving {target.name} with drafter {args.drafter} on http://{args.host}:{args.port}/ (web demo at /)")
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
@@ -539,9 +566,22 @@ def build_parser() -> argparse.ArgumentParser:
     add_drafter_args(p)
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     p.add_argument("--port", type=_positive_int, default=8000)
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/ endpoints")
-    p.add_argument("--max-queue", type=int, default=64, help="requests that may wait for the engine (then 429)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds a generation may run")
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on /v1/ endpoints (visible in ps: prefer DARTSPEC_API_KEY or "
+        "--api-key-file)",
+    )
+    p.add_argument("--api-key-file", default=None, help="read the API key from this file (first line)")
+    p.add_argument("--protect-all", action="store_true", help="with a key, also guard / and /metrics (not /health)")
+    p.add_argument("--alias", action="append", default=[], help="another model name requests may use (repeatable)")
+    p.add_argument(
+        "--max-body-kb", type=_positive_int, default=1024, help="largest request body in KiB (default 1024; then 413)"
+    )
+    p.add_argument(
+        "--max-queue", type=int, default=64, help="requests that may wait for the engine (0: none wait; then 429)"
+    )
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds a request may take, its wait included")
     p.add_argument("--default-max-tokens", type=_positive_int, default=256)
     p.set_defaults(func=cmd_serve)
 

@@ -15,13 +15,15 @@ import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
+from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dartspec.engine import GenerationResult, StepEvent
@@ -32,11 +34,28 @@ log = logging.getLogger("dartspec.serve")
 T = TypeVar("T")
 #: How often a request that waits (queued, or generating without streaming) checks for its client.
 DISCONNECT_POLL_S = 0.2
+#: Default limit of a request body: a full 8K-token context is ~40 KB of text.
+MAX_BODY_BYTES = 1 << 20
+MAX_MESSAGES = 256
+MAX_STOP_CHARS = 256
+
+
+def _encodable(text: str) -> str:
+    """Text the tokenizer can take: a lone surrogate ("\\ud800" in JSON) is valid JSON but not Unicode text."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("contains an unpaired surrogate: not valid Unicode text") from None
+    return text
+
+
+Text = Annotated[StrictStr, AfterValidator(_encodable)]
+StopText = Annotated[StrictStr, Field(max_length=MAX_STOP_CHARS), AfterValidator(_encodable)]
 
 
 class Message(BaseModel):
     role: Literal["system", "user", "assistant"]
-    content: StrictStr
+    content: Text
 
 
 class DartspecOptions(BaseModel):
@@ -53,19 +72,19 @@ class _Common(BaseModel):
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
     temperature: StrictFloat | StrictInt = 1.0
     top_p: StrictFloat | StrictInt = 1.0
-    seed: StrictInt | None = None
-    stop: StrictStr | list[StrictStr] | None = None
+    seed: StrictInt | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
+    stop: StopText | list[StopText] | None = None
     stream: StrictBool = False
     n: StrictInt = 1
     dartspec: DartspecOptions | None = None
 
 
 class ChatRequest(_Common):
-    messages: list[Message] = Field(min_length=1)
+    messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
 
 
 class CompletionRequest(_Common):
-    prompt: StrictStr
+    prompt: Text
 
 
 def error_body(message: str, kind: str, param: str | None, code: str | None) -> dict[str, Any]:
@@ -80,6 +99,8 @@ def error_response(
     code = {
         400: "invalid_request",
         401: "invalid_api_key",
+        404: "model_not_found",
+        413: "request_too_large",
         429: "rate_limit_exceeded",
         500: "internal_error",
         504: "timeout",
@@ -116,19 +137,68 @@ async def unless_gone(request: Request, awaitable: Awaitable[T]) -> T:
                 task.exception()  # retrieved, so asyncio does not log it: nobody is left to tell
 
 
+class BodyLimitMiddleware:
+    """Refuses request bodies over ``limit`` bytes with a 413 before anything parses them.
+
+    The body is read here (at most ``limit`` + one chunk) and handed on whole; after it, ``receive`` is the
+    client's own again, so a disconnect still reaches the endpoint.
+    """
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD"):
+            await self.app(scope, receive, send)
+            return
+        declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
+        too_large = error_response(413, f"the request body is over {self.limit} bytes", param=None)
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await too_large(scope, receive, send)
+            return
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break  # the client left: the endpoint will see it
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limit:
+                await too_large(scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Any:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
 class ApiKeyMiddleware:
-    """Requires ``Authorization: Bearer KEY`` on ``/v1/`` (the page, health and metrics stay open).
+    """Requires ``Authorization: Bearer KEY`` on ``/v1/`` (the page, health and metrics stay open unless
+    ``everything``: then only ``/health`` does).
 
     A plain ASGI middleware on purpose: Starlette's ``BaseHTTPMiddleware`` (``@app.middleware``) hides
     client disconnects from the endpoints, and the server relies on seeing them to free the engine.
     """
 
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+    def __init__(self, app: ASGIApp, api_key: str, everything: bool = False) -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
+        self.everything = everything
+
+    def _guarded(self, path: str) -> bool:
+        return path != "/health" if self.everything else path.startswith("/v1/")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+        if scope["type"] == "http" and self._guarded(scope["path"]):
             given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
             if not secrets.compare_digest(given, self.expected):
                 await error_response(401, "invalid API key", kind="authentication_error")(scope, receive, send)
@@ -136,9 +206,26 @@ class ApiKeyMiddleware:
         await self.app(scope, receive, send)
 
 
-def create_app(engine: ServeEngine, *, api_key: str | None = None, default_max_tokens: int = 256) -> FastAPI:
-    """The FastAPI application; ``api_key`` (if set) is required as ``Authorization: Bearer KEY``."""
+def create_app(
+    engine: ServeEngine,
+    *,
+    api_key: str | None = None,
+    protect_all: bool = False,
+    default_max_tokens: int = 256,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    aliases: tuple[str, ...] = (),
+) -> FastAPI:
+    """The FastAPI application; ``api_key`` (if set) is required as ``Authorization: Bearer KEY`` on ``/v1/``
+    (everywhere but ``/health`` with ``protect_all``); a request's ``model`` must be the served model's name or
+    one of ``aliases`` (or absent)."""
     app = FastAPI(title="dartspec", docs_url=None, redoc_url=None)
+    served_names = {engine.model_name, *aliases}
+    # Tokenizing a long prompt takes a while: off the event loop (so /health and streams stay live), in one
+    # thread because a fast tokenizer must not be used from two threads at once.
+    tokenize = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dartspec-tokenize")
+
+    async def tokenized(fn: Any, *args: Any) -> list[int]:
+        return await asyncio.get_running_loop().run_in_executor(tokenize, fn, *args)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -151,14 +238,23 @@ def create_app(engine: ServeEngine, *, api_key: str | None = None, default_max_t
         where = ".".join(loc) or None
         return error_response(400, f"{where or 'body'}: {err.get('msg', 'invalid value')}", param=where)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # FastAPI's own refusals (a body it cannot decode, an unknown path) in the shape clients parse.
+        body = error_body(str(exc.detail), "invalid_request_error", None, None)
+        return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
     @app.exception_handler(Exception)
     async def _crash(request: Request, exc: Exception) -> JSONResponse:
         # A bug or a failing model must still answer in the shape clients parse, not as a bare 500 page.
         log.exception("request failed")
-        return error_response(500, f"internal error: {type(exc).__name__}: {exc}", kind="server_error")
+        # The client gets no internal text (paths, library messages); the server log has the details.
+        return error_response(500, "internal error: the server log has the details", kind="server_error")
 
+    # Added last = outermost: the key is checked before a large body is read.
+    app.add_middleware(BodyLimitMiddleware, limit=max_body_bytes)
     if api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key, everything=protect_all)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -177,19 +273,31 @@ def create_app(engine: ServeEngine, *, api_key: str | None = None, default_max_t
     async def index() -> str:
         return resources.files("dartspec.serve").joinpath("static/index.html").read_text(encoding="utf-8")
 
+    def _unknown_model(req: _Common) -> JSONResponse | None:
+        if req.model is None or req.model in served_names:
+            return None
+        names = ", ".join(sorted(served_names))
+        return error_response(
+            404, f"the model {req.model!r} is not served here (this server has: {names})", param="model"
+        )
+
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request):
+        if (refused := _unknown_model(req)) is not None:
+            return refused
         try:
-            ids = engine.target.encode_chat([m.model_dump() for m in req.messages])
+            ids = await tokenized(engine.target.encode_chat, [m.model_dump() for m in req.messages])
         except DartspecError as err:
             return error_response(400, str(err))
         return await _serve(req, ids, chat=True, request=request)
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
+        if (refused := _unknown_model(req)) is not None:
+            return refused
         if not req.prompt:
             return error_response(400, "prompt must not be empty", param="prompt")
-        return await _serve(req, engine.target.encode(req.prompt), chat=False, request=request)
+        return await _serve(req, await tokenized(engine.target.encode, req.prompt), chat=False, request=request)
 
     async def _serve(req: _Common, ids: list[int], *, chat: bool, request: Request) -> Response | dict[str, Any]:
         problem = _check(req, ids, "messages" if chat else "prompt")

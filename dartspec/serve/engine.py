@@ -85,17 +85,22 @@ class ServeEngine:
 
         Closing the iterator early (client gone) cancels the generation.
         """
-        if self._waiting >= self.max_queue:
+        # max_queue counts requests *waiting*: 0 serves a request when the engine is free and refuses it otherwise.
+        if self._lock().locked() and self._waiting >= self.max_queue:
             self.metrics.rejected.inc()
             raise QueueFull(f"{self._waiting} requests are already waiting (limit {self.max_queue})")
+        # The timeout covers the wait for a turn as well as the generation.
+        deadline = time.monotonic() + self.timeout_s
         self._waiting += 1
         try:
-            await self._lock().acquire()
+            await asyncio.wait_for(self._lock().acquire(), timeout=self.timeout_s)
+        except TimeoutError:
+            self.metrics.timeouts.inc()
+            raise GenerationTimeout(f"waited past the server's {self.timeout_s:g} s timeout for a turn") from None
         finally:
             self._waiting -= 1
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Any] = asyncio.Queue()
-        deadline = time.monotonic() + self.timeout_s
         worker = threading.Thread(target=self._work, args=(job, loop, events), daemon=True)
         self.metrics.in_flight.inc()
         try:
