@@ -72,7 +72,7 @@ class _Common(BaseModel):
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
     temperature: StrictFloat | StrictInt = 1.0
     top_p: StrictFloat | StrictInt = 1.0
-    seed: StrictInt | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
+    seed: StrictInt | None = Field(default=None, ge=0, le=2**63 - 1)
     stop: StopText | list[StopText] | None = None
     stream: StrictBool = False
     n: StrictInt = 1
