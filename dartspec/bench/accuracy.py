@@ -13,28 +13,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from dartspec.errors import DartspecError
-from dartspec.train.evaluate import DepthAccuracy, depth_accuracy, greedy_samples, model_objective
-
-KINDS = ("dart", "eagle3")
+from dartspec.train.evaluate import DepthAccuracy, depth_accuracy, greedy_samples, load_drafter_model, model_objective
 
 Progress = Callable[[Iterable[Any], int, str], Iterable[Any]]
-
-
-def load_drafter_model(kind: str, target: Any, path: str | None) -> Any:
-    """The network of a ``dart`` or ``eagle3`` checkpoint (``path`` or the shipped one), float32."""
-    from dartspec.drafters import checkpoint_folder
-    from dartspec.drafters.dart_model import DartModel
-    from dartspec.drafters.eagle3_model import Eagle3Model
-
-    if kind not in KINDS:
-        raise DartspecError(f"--drafter {kind!r}: accuracy is measured for {' or '.join(KINDS)}")
-    cls = Eagle3Model if kind == "eagle3" else DartModel
-    model = cls.load(checkpoint_folder(kind, target, path), device=target.device, dtype=torch.float32)
-    model.check_target(target)
-    return model.eval()
 
 
 def format_report(acc: DepthAccuracy, meta: dict[str, Any]) -> str:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from dartspec.drafters.dart_model import DartModel
+from dartspec.errors import DartspecError
 from dartspec.runtime import pad_sequences
 from dartspec.train.dart_loss import LossOutput, dart_anchor_loss
 
@@ -152,3 +153,21 @@ def greedy_samples(
         answer = gen.generate(ids, max_new_tokens=max_new_tokens, temperature=0.0).token_ids
         out.append((np.asarray(list(ids) + answer, dtype=np.int64), len(ids)))
     return out
+
+
+#: Drafter networks whose accuracy can be measured (and that `train promote` installs).
+KINDS = ("dart", "eagle3")
+
+
+def load_drafter_model(kind: str, target: Any, path: str | None) -> Any:
+    """The network of a ``dart`` or ``eagle3`` checkpoint (``path`` or the shipped one), float32."""
+    from dartspec.drafters import checkpoint_folder
+    from dartspec.drafters.dart_model import DartModel
+    from dartspec.drafters.eagle3_model import Eagle3Model
+
+    if kind not in KINDS:
+        raise DartspecError(f"--drafter {kind!r}: accuracy is measured for {' or '.join(KINDS)}")
+    cls = Eagle3Model if kind == "eagle3" else DartModel
+    model = cls.load(checkpoint_folder(kind, target, path), device=target.device, dtype=torch.float32)
+    model.check_target(target)
+    return model.eval()

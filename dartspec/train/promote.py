@@ -22,10 +22,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from dartspec.bench.accuracy import load_drafter_model
 from dartspec.errors import DartspecError
 from dartspec.models import swap_into_place
-from dartspec.train.evaluate import DepthAccuracy, depth_accuracy, model_objective
+from dartspec.train.evaluate import DepthAccuracy, depth_accuracy, load_drafter_model, model_objective
 
 #: Files of a checkpoint folder that carry the network; everything else in the installed folder is kept.
 _NETWORK_FILES = ("config.json", "model.safetensors")
