@@ -147,28 +147,20 @@ def add_drafter_args(p: argparse.ArgumentParser, default: str = "none") -> None:
 
 def make_generator(args: argparse.Namespace, target):  # -> Generator
     """The generator that :func:`add_drafter_args`' options describe (``--tree-size auto`` included)."""
-    from dartspec.drafters import FEATURE_DRAFTERS, make_drafter
-    from dartspec.engine import Generator, default_tree_size
-    from dartspec.tree_size import AUTO_MAX_SIZE
+    from dartspec.methods import GeneratorSpec, build_generator
 
-    auto = args.tree_size == "auto"
-    sized = args.drafter in FEATURE_DRAFTERS
-    size = (AUTO_MAX_SIZE if sized else 16) if auto else args.tree_size or default_tree_size(target.device, sized)
-    drafter = make_drafter(
-        args.drafter,
-        target,
-        args.drafter_path,
+    spec = GeneratorSpec(
+        drafter=args.drafter,
+        path=args.drafter_path,
+        tree_size=args.tree_size,
+        max_depth=args.max_depth,
         tree=args.tree,
         ngram=args.ngram,
         online_ngram=args.online_ngram,
-        auto_size=auto,
-        drafter_nodes=size,
         ngram_smoothing=args.ngram_smoothing,
         topk=args.topk,
     )
-    if args.drafter == "dart+pld":
-        size += max(args.max_depth, 0)  # room for a lookup span on top of the DART tree
-    return Generator(target, drafter, tree_size=size, max_depth=args.max_depth)
+    return build_generator(target, spec)
 
 
 def load_target(args: argparse.Namespace):  # -> TargetRuntime (imported lazily: torch import is slow)

@@ -197,30 +197,23 @@ def make_runner(spec: MethodSpec, target: Any) -> Runner:
         return _hf_runner(spec, target)
     if spec.kind == "llamacpp-ar":
         return _llamacpp_runner(target, spec)
-    from dartspec.drafters import FEATURE_DRAFTERS, make_drafter
-    from dartspec.engine import Generator, default_tree_size
-    from dartspec.tree_size import AUTO_MAX_SIZE
+    from dartspec.methods import GeneratorSpec, build_generator
 
     name = {"ar": "none"}.get(spec.kind, spec.kind)
-    kw: dict[str, Any] = {}
-    dart_like = name in ("dart", "dart+pld")
-    size = spec.tree_size
-    if size == "auto":
-        size = AUTO_MAX_SIZE if name in FEATURE_DRAFTERS else 16
-    elif size is None:
-        size = default_tree_size(target.device, name in FEATURE_DRAFTERS)
-    if dart_like:
-        kw = {"tree": spec.tree, "online_ngram": spec.online, "auto_size": spec.tree_size == "auto"}
-        kw["drafter_nodes"] = int(size)
-        kw["ngram_smoothing"] = spec.smooth
-        if spec.ngram not in (None, "shipped"):
-            kw["ngram"] = spec.ngram
-    if name == "eagle3":
-        kw = {"topk": spec.topk, "auto_size": spec.tree_size == "auto"}
-    drafter = make_drafter(name, target, spec.path, **kw)
-    if name == "dart+pld":
-        size = int(size) + spec.max_depth  # room for a lookup span on top of the DART tree
-    gen = Generator(target, drafter, tree_size=int(size), max_depth=spec.max_depth)
+    gen = build_generator(
+        target,
+        GeneratorSpec(
+            drafter=name,
+            path=spec.path,
+            tree_size=spec.tree_size,
+            max_depth=spec.max_depth,
+            tree=spec.tree,
+            ngram=None if spec.ngram == "shipped" else spec.ngram,
+            online_ngram=spec.online,
+            ngram_smoothing=spec.smooth,
+            topk=spec.topk,
+        ),
+    )
 
     from dartspec.targets import describe
 

@@ -1,0 +1,57 @@
+"""One way from a method's settings to a ready :class:`~dartspec.engine.Generator`, shared by every front end.
+
+``generate`` and ``serve`` (command-line options), ``bench`` and ``demo`` (method strings such as
+``dart:size=4``) describe a method the same way, as a :class:`GeneratorSpec`, and :func:`build_generator` turns
+it into a drafter and a tree budget, so a sizing rule lives in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dartspec.drafters import FEATURE_DRAFTERS, make_drafter
+from dartspec.engine import Generator, default_tree_size
+from dartspec.tree_size import AUTO_MAX_SIZE
+
+
+@dataclass(frozen=True)
+class GeneratorSpec:
+    """A decoding method: the drafter and its options (see :func:`dartspec.drafters.make_drafter`).
+
+    ``tree_size``: nodes verified per step; None picks the device's default for the drafter
+    (:func:`dartspec.engine.default_tree_size`), ``"auto"`` chooses per step from the machine's cost curve."""
+
+    drafter: str = "none"
+    path: str | None = None
+    tree_size: int | str | None = None
+    max_depth: int = 8
+    tree: str = "beam"
+    ngram: str | None = None
+    online_ngram: bool = False
+    ngram_smoothing: float = 0.0
+    topk: int = 4
+
+
+def build_generator(target: Any, spec: GeneratorSpec) -> Generator:
+    auto = spec.tree_size == "auto"
+    feature = spec.drafter in FEATURE_DRAFTERS
+    if auto:
+        size = AUTO_MAX_SIZE if feature else 16
+    else:
+        size = int(spec.tree_size) if spec.tree_size is not None else default_tree_size(target.device, feature)
+    drafter = make_drafter(
+        spec.drafter,
+        target,
+        spec.path,
+        tree=spec.tree,
+        ngram=spec.ngram,
+        online_ngram=spec.online_ngram,
+        auto_size=auto,
+        drafter_nodes=size,
+        ngram_smoothing=spec.ngram_smoothing,
+        topk=spec.topk,
+    )
+    if spec.drafter == "dart+pld":
+        size += max(spec.max_depth, 0)  # room for a lookup span on top of the DART tree
+    return Generator(target, drafter, tree_size=size, max_depth=spec.max_depth)
