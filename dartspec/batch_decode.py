@@ -87,14 +87,17 @@ def decode_batch(
     for step in range(max_new_tokens):
         tokens = _pick(target.logits(hidden), temperature, generator)
         stopped = torch.isin(tokens, stops)
-        for i, tok, run, stop in zip(live.tolist(), tokens.tolist(), running.tolist(), stopped.tolist(), strict=True):
+        # One transfer a step (each .tolist() on a GPU waits for it): prompt, token, running, stopped per row.
+        still = 0
+        for i, tok, run, stop in torch.stack([live, tokens, running, stopped]).T.tolist():
             if run:
                 answers[i].append(tok)
-                finished[i] = stop
+                finished[i] = bool(stop)
+                still += not stop
         running &= ~stopped
-        if step == max_new_tokens - 1 or not bool(running.any()):
+        if step == max_new_tokens - 1 or not still:
             break
-        if int(running.sum()) <= COMPACT_BELOW * live.numel():
+        if still <= COMPACT_BELOW * live.numel():
             kept = running.nonzero()[:, 0]
             cache.select_rows(kept)
             live, running, tokens = live[kept], running[kept], tokens[kept]

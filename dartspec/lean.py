@@ -221,18 +221,17 @@ class LeanTarget(CausalRuntime):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``x`` ``(q, hidden)`` of one sequence, or ``(B, q, hidden)`` of a batch with ``positions`` ``(B, q)``
         and ``mask`` ``(B, 1, q, context)`` (:meth:`forward_batch`); returns the same leading shape."""
-        lead = x.shape[:-1]
-        batched = len(lead) == 2
-        if batched:  # the weight formats' kernels take rows; only attention needs the (B, q) split
-            x = x.reshape(-1, x.shape[-1])
-        q = lead[-1]
+        batched = x.dim() == 3
+        # The weight formats' kernels take rows; only attention needs the (B, q) split (one sequence: B = 1).
+        b, q = x.shape[:2] if batched else (1, x.shape[0])
+        x = x.reshape(b * q, x.shape[-1])
         H, K, D, eps = self.heads, self.kv_heads, self.head_dim, self.eps
-        rot = self._rot[positions]  # (..., q, D/2) complex
+        rot = self._rot[positions].reshape(b, q, -1)  # complex
         # A few new rows of one sequence (decoding, trees): the whole attention block is one C call
         # (exact.attend); long prefills and batches keep SDPA's kernels.
         fused = self._fused_attention and q <= FUSED_ATTENTION_ROWS and not batched
         if fused:
-            rot_pairs, empty = torch.view_as_real(rot).contiguous(), x.new_empty((1, K, 0, D))
+            rot_pairs, empty = torch.view_as_real(rot[0]).contiguous(), x.new_empty((1, K, 0, D))
         captured = []
         for i, layer in enumerate(self.layers):
             if features and i in self.feature_layers:
@@ -243,10 +242,8 @@ class LeanTarget(CausalRuntime):
                 attn = exact.attend(
                     qkv, H, K, rot_pairs, keys, values, base, mask, layer.q_norm, layer.k_norm, eps, self.scaling
                 )
-            elif batched:
-                attn = self._attention(qkv.view(*lead, -1), rot, cache.layers[i], mask, causal, layer).flatten(0, 1)
             else:
-                attn = self._attention(qkv, rot, cache.layers[i], mask, causal, layer)
+                attn = self._attention(qkv.view(b, q, -1), rot, cache.layers[i], mask, causal, layer).flatten(0, 1)
             x = x + layer.o(attn)
             gu = layer.gate_up(F.rms_norm(x, (x.shape[-1],), layer.ln2, eps))
             half = gu.shape[-1] // 2
@@ -254,8 +251,11 @@ class LeanTarget(CausalRuntime):
         feats = None
         if features:
             by_layer = dict(zip(sorted(set(self.feature_layers)), captured, strict=True))
-            feats = torch.cat([by_layer[i] for i in self.feature_layers], dim=-1).view(*lead, -1)
-        return F.rms_norm(x, (x.shape[-1],), self._norm, eps).view(*lead, -1), feats
+            feats = torch.cat([by_layer[i] for i in self.feature_layers], dim=-1)
+        hidden = F.rms_norm(x, (x.shape[-1],), self._norm, eps)
+        if batched:
+            return hidden.view(b, q, -1), None if feats is None else feats.view(b, q, -1)
+        return hidden, feats
 
     def _attention(
         self,
@@ -266,11 +266,8 @@ class LeanTarget(CausalRuntime):
         causal: bool,
         layer: _Layer,
     ) -> torch.Tensor:
-        """Per-head norms, rotary, cache write and attention in torch operations: ``(q, H D)``, or
-        ``(B, q, H D)`` for a batch."""
-        single = qkv.dim() == 2
-        if single:
-            qkv, rot = qkv[None], rot[None]
+        """Per-head norms, rotary, cache write and attention in torch operations: ``(B, q, H D)`` from ``qkv``
+        ``(B, q, (H + 2 KV) D)`` and ``rot`` ``(B, q, D/2)``."""
         b, q = qkv.shape[:2]
         H, K, D, eps = self.heads, self.kv_heads, self.head_dim, self.eps
         qk = qkv[..., : (H + K) * D].view(b, q, H + K, D)
@@ -291,8 +288,7 @@ class LeanTarget(CausalRuntime):
             scale=self.scaling,
             enable_gqa=H != K,
         )
-        out = attn.transpose(1, 2).reshape(b, q, H * D)
-        return out[0] if single else out
+        return attn.transpose(1, 2).reshape(b, q, H * D)
 
     def _rotate(self, qk: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
         """Rotary embedding as a complex multiply of adjacent pairs (half precisions go through float32)."""

@@ -131,8 +131,10 @@ class Target(CausalRuntime):
         self, ids: torch.Tensor, positions: torch.Tensor, local_mask: torch.Tensor | None, features: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         base = self.cached
-        key_positions = torch.cat([torch.arange(base, device=ids.device), positions])
-        mask = self._masks(self._allowed(base, ids.shape[0], local_mask)[None], positions[None], key_positions[None])
+        key_positions = None
+        if self.sliding_window is not None:  # the decode hot path builds them only where a window needs them
+            key_positions = torch.cat([torch.arange(base, device=ids.device), positions])[None]
+        mask = self._masks(self._allowed(base, ids.shape[0], local_mask)[None], positions[None], key_positions)
         self._capture = {i: [] for i in self.feature_layers} if features else None
         try:
             hidden = self.decoder(
@@ -160,12 +162,14 @@ class Target(CausalRuntime):
             input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
         ).last_hidden_state
 
-    def _masks(self, allowed: torch.Tensor, positions: torch.Tensor, key_positions: torch.Tensor) -> Any:
+    def _masks(self, allowed: torch.Tensor, positions: torch.Tensor, key_positions: torch.Tensor | None) -> Any:
         """Additive ``(B, 1, q, slots)`` masks from a boolean ``(B, q, slots)`` one; models with sliding-window
-        layers get a dict with the window applied too (by position, so padding slots do not count)."""
+        layers get a dict with the window applied too (by position, so padding slots do not count; only they
+        need ``key_positions``)."""
         full = self._additive(allowed)
         if self.sliding_window is None:
             return full
+        assert key_positions is not None
         near = (positions[:, :, None] - key_positions[:, None, :]) < self.sliding_window
         return {"full_attention": full, "sliding_attention": self._additive(allowed & near)}
 

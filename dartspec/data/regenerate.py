@@ -104,7 +104,7 @@ class _SelfWrittenTurns:
     folder holds each request once whatever order its shards were made in."""
 
     def __init__(self, target: Any, cfg: RegenConfig, lo: int, hi: int, seen: set[bytes], batch_size: int) -> None:
-        self.target, self.cfg, self.lo, self.seen, self.batch_size = target, cfg, lo, seen, batch_size
+        self.target, self.cfg, self.seen, self.batch_size = target, cfg, seen, batch_size
         self.indices = list(range(lo, hi))
         self.skipped = 0
 
