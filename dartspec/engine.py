@@ -272,9 +272,7 @@ class Generator:
                 new, final_text = self._truncate(new, limit, text)
                 stats.new_tokens = len(new)
                 stats.seconds = time.perf_counter() - start
-                report = getattr(drafter, "report", None)
-                if callable(report):
-                    stats.extra.update(report())
+                stats.extra.update(drafter.report())
                 result = GenerationResult(final_text, new, finish, stats)
                 last = new[shown_tokens:]
                 yield StepEvent(last, min(drafted, len(last)), text.delta(final_text, True), result)
@@ -291,7 +289,7 @@ class Generator:
                 max_depth=max(0, min(self.max_depth, remaining - 1)),
             )
             tree = drafter.propose(committed, budget)
-            tree_s = float(getattr(drafter, "last_tree_seconds", 0.0))
+            tree_s = drafter.last_tree_seconds
             now = time.perf_counter()
             stats.times["draft"] += now - mark - tree_s
             stats.times["tree"] += tree_s

@@ -12,19 +12,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dartspec.drafters import PromptLookupDrafter
-from dartspec.drafters.base import DraftBudget
+from dartspec.drafters.base import DraftBudget, Drafter, DrafterBase
 from dartspec.engine import Generator
 from dartspec.errors import ContextLengthError, DartspecError
 from dartspec.target import Target
 from dartspec.tree import Tree
 
 
-class RandomDrafter:
+class RandomDrafter(DrafterBase):
     """Random trees of random shape; with probability ``oracle_rate`` one branch follows ``reference`` (the
     true continuation, e.g. plain decoding's output) for a random length, so long acceptances happen too."""
 
     name = "random"
-    needs_features = False
 
     def __init__(self, seed: int, reference: Sequence[int] = (), oracle_rate: float = 0.5) -> None:
         self.rng = np.random.default_rng(seed)
@@ -34,9 +33,6 @@ class RandomDrafter:
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
         self.prompt_len = len(prompt_ids)
-
-    def observe(self, token_ids: Sequence[int], features: torch.Tensor | None) -> None:
-        pass
 
     def propose(self, tokens: Sequence[int], budget: DraftBudget) -> Tree:
         paths = []
@@ -203,5 +199,7 @@ def test_default_tree_size_follows_device_and_drafter(target: Target) -> None:
 
     assert Generator(target, PromptLookupDrafter()).tree_size == 4
     assert Generator(target, NetworkDrafter()).tree_size == 2
+    # The base class fills in the contract's optional parts, so these are whole drafters.
+    assert isinstance(NetworkDrafter(), Drafter) and isinstance(RandomDrafter(0), Drafter)
     assert Generator(target).tree_size == 4
     assert default_tree_size(torch.device("cuda"), True) == default_tree_size("cuda") == 16

@@ -1,16 +1,26 @@
-"""The drafter interface: propose a tree from the current state, observe what was committed."""
+"""The drafter interface: propose a tree from the current state, observe what was committed.
+
+The contract is :class:`Drafter`; :class:`DrafterBase` gives its optional parts their defaults (nothing to set up
+or observe, no report, no separate tree-building time), so a new drafter writes ``propose`` and what differs.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
 from dartspec.errors import DartspecError
 from dartspec.tree import DraftBudget, Tree
 
-__all__ = ["DraftBudget", "Drafter", "FeatureQueue", "NoDrafter"]
+if TYPE_CHECKING:
+    from torch import nn
+
+    from dartspec.runtime import FeatureSource
+    from dartspec.tree_size import AutoSizer
+
+__all__ = ["DraftBudget", "Drafter", "DrafterBase", "FeatureDrafter", "FeatureQueue", "NoDrafter"]
 
 
 @runtime_checkable
@@ -26,6 +36,9 @@ class Drafter(Protocol):
     name: str
     #: Whether :meth:`observe` needs the target's hidden features (costs a little memory traffic).
     needs_features: bool
+    #: Seconds of the last :meth:`propose` spent building the tree from the network's output (the engine reports
+    #: drafting and tree building apart); 0 where there is no such split.
+    last_tree_seconds: float
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
         """Start a new sequence."""
@@ -39,18 +52,35 @@ class Drafter(Protocol):
         """A tree rooted at ``tokens[-1]`` (all committed tokens so far), within ``budget``."""
         ...
 
+    def report(self) -> dict:
+        """Drafter-specific figures for a finished generation (merged into its stats)."""
+        ...
 
-class NoDrafter:
+
+class DrafterBase:
+    """The defaults of the :class:`Drafter` contract; subclasses write :meth:`propose`."""
+
+    name = "base"
+    needs_features = False
+    last_tree_seconds = 0.0
+
+    def begin(self, prompt_ids: Sequence[int]) -> None:
+        """Start a new sequence (nothing to reset by default)."""
+
+    def observe(self, token_ids: Sequence[int], features: torch.Tensor | None) -> None:
+        """Committed tokens (ignored by default)."""
+
+    def propose(self, tokens: Sequence[int], budget: DraftBudget) -> Tree:
+        raise NotImplementedError
+
+    def report(self) -> dict:
+        return {}
+
+
+class NoDrafter(DrafterBase):
     """Plain autoregressive decoding: the tree is the root alone (q = 1)."""
 
     name = "none"
-    needs_features = False
-
-    def begin(self, prompt_ids: Sequence[int]) -> None:
-        pass
-
-    def observe(self, token_ids: Sequence[int], features: torch.Tensor | None) -> None:
-        pass
 
     def propose(self, tokens: Sequence[int], budget: DraftBudget) -> Tree:
         return Tree.root_only(tokens[-1])
@@ -87,3 +117,48 @@ class FeatureQueue:
             raise RuntimeError(f"drafter out of step: {start} cached + {m} new + root != {len(tokens)} tokens")
         self.committed = start + m
         return feats, start, torch.tensor(tokens[start + 1 : start + m + 1], device=feats.device)
+
+
+class FeatureDrafter(DrafterBase):
+    """What DART and EAGLE-3 share: a network over the target's features, fed incrementally.
+
+    Per generation the target is switched to the network's feature layers (before the prefill), the draft KV
+    cache and the feature queue start empty; each verification's committed features wait in the queue for the
+    next :meth:`propose`, and an automatic tree sizer (optional) learns from how many drafts were accepted.
+    """
+
+    needs_features = True
+
+    def __init__(self, model: nn.Module, target: FeatureSource, auto_size: AutoSizer | None) -> None:
+        from dartspec.drafters.dart_model import DraftKV
+        from dartspec.quant import use_fast_linears
+
+        model.check_target(target)
+        self.model = model.to(target.device).eval()
+        use_fast_linears(self.model, target)
+        self.target = target
+        self.embed = target.embed
+        self.d2t = model.d2t.cpu().numpy()
+        self.auto = auto_size
+        self._proposed = False  # the last propose drafted a tree whose outcome the sizer should learn from
+        self._cache = DraftKV()
+        self._queue = FeatureQueue()
+
+    def begin(self, prompt_ids: Sequence[int]) -> None:
+        from dartspec.drafters.dart_model import DraftKV
+
+        self.target.set_feature_layers(self.model.cfg.feature_layers)
+        self._cache = DraftKV()
+        self._queue.reset()
+        self._proposed = False
+        if self.auto is not None:
+            self.auto.begin()
+
+    def observe(self, token_ids: Sequence[int], features: torch.Tensor | None) -> None:
+        self._queue.push(features, self.name)
+        if self.auto is not None and self._proposed:
+            self.auto.observe(len(token_ids) - 1)
+
+    def report(self) -> dict:
+        """Extra ``--json`` figures: the automatic tree size's choices and why."""
+        return {"tree_size_auto": self.auto.report()} if self.auto is not None else {}

@@ -14,10 +14,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dartspec.drafters.base import DraftBudget, FeatureQueue
-from dartspec.drafters.dart_model import DartModel, DraftKV
+from dartspec.drafters.base import DraftBudget, FeatureDrafter
+from dartspec.drafters.dart_model import DartModel
 from dartspec.ngram import MergedNgram, NgramModel, OnlineNgram
-from dartspec.quant import use_fast_linears
 from dartspec.runtime import FeatureSource
 from dartspec.search import make_tree_builder
 from dartspec.tree import Tree
@@ -27,11 +26,10 @@ from dartspec.tree_size import AutoSizer, node_estimates
 TreeBuilder = Callable[[int, torch.Tensor, np.ndarray, Sequence[int], DraftBudget], Tree]
 
 
-class DartDrafter:
+class DartDrafter(FeatureDrafter):
     """DART as a :class:`~dartspec.drafters.base.Drafter`."""
 
     name = "dart"
-    needs_features = True
 
     def __init__(
         self,
@@ -52,11 +50,7 @@ class DartDrafter:
         auto_size: cut each tree to the size with the best expected tokens per second
             (:mod:`dartspec.tree_size`); the engine's budget is then the largest size considered.
         """
-        model.check_target(target)
-        self.model = model.to(target.device).eval()
-        use_fast_linears(self.model, target)
-        self.target = target
-        self.embed = target.embed
+        super().__init__(model, target, auto_size)
         self.online = OnlineNgram(ngram.order if ngram is not None else 3) if online_ngram else None
         scorer = MergedNgram(ngram, self.online) if (ngram is not None or self.online is not None) else None
         self.tree_builder = (
@@ -64,14 +58,8 @@ class DartDrafter:
             if isinstance(tree, str)
             else tree
         )
-        self.d2t = model.d2t.cpu().numpy()
-        self.auto = auto_size
         self.t2d = np.full(max(int(self.d2t.max()) + 1, 1), -1, dtype=np.int64)
         self.t2d[self.d2t] = np.arange(len(self.d2t))
-        self._proposed = False
-        self.last_tree_seconds = 0.0
-        self._cache = DraftKV()
-        self._queue = FeatureQueue()
 
     @classmethod
     def from_pretrained(
@@ -81,24 +69,9 @@ class DartDrafter:
         return cls(model, target, tree, **kw)
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
-        # The target may serve drafters trained on other layers: expose ours before the prefill.
-        self.target.set_feature_layers(self.model.cfg.feature_layers)
+        super().begin(prompt_ids)
         if self.online is not None:
             self.online.reset()
-        self._cache = DraftKV()
-        self._queue.reset()
-        self._proposed = False
-        if self.auto is not None:
-            self.auto.begin()
-
-    def report(self) -> dict:
-        """Extra ``--json`` figures: the automatic tree size's choices and why."""
-        return {"tree_size_auto": self.auto.report()} if self.auto is not None else {}
-
-    def observe(self, token_ids: Sequence[int], features: torch.Tensor | None) -> None:
-        self._queue.push(features, "DART")
-        if self.auto is not None and self._proposed:
-            self.auto.observe(len(token_ids) - 1)
 
     @torch.inference_mode()
     def propose(self, tokens: Sequence[int], budget: DraftBudget) -> Tree:

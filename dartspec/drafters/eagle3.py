@@ -19,21 +19,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dartspec.drafters.base import DraftBudget, FeatureQueue
+from dartspec.drafters.base import DraftBudget, FeatureDrafter
 from dartspec.drafters.dart_model import DraftKV
 from dartspec.drafters.eagle3_model import Eagle3Model
 from dartspec.errors import DartspecError
-from dartspec.quant import use_fast_linears
 from dartspec.runtime import FeatureSource
 from dartspec.tree import Tree
 from dartspec.tree_size import AutoSizer
 
 
-class Eagle3Drafter:
+class Eagle3Drafter(FeatureDrafter):
     """EAGLE-3 as a :class:`~dartspec.drafters.base.Drafter`."""
 
     name = "eagle3"
-    needs_features = True
 
     def __init__(
         self, model: Eagle3Model, target: FeatureSource, *, topk: int = 4, auto_size: AutoSizer | None = None
@@ -47,41 +45,14 @@ class Eagle3Drafter:
         """
         if topk < 1:
             raise DartspecError("eagle3 topk must be >= 1")
-        model.check_target(target)
-        self.model = model.to(target.device).eval()
-        use_fast_linears(self.model, target)
-        self.target = target
+        super().__init__(model, target, auto_size)
         self.topk = topk
-        self.embed = target.embed
-        self.d2t = model.d2t.cpu().numpy()
         self.eos = set(int(t) for t in target.eos_token_ids)
-        self.last_tree_seconds = 0.0
-        self.auto = auto_size
         self._level_s = 0.0  # running time of one tree level's drafter forward (for auto_size)
-        self._proposed = False
-        self._cache = DraftKV()
-        self._queue = FeatureQueue()
 
     @classmethod
     def from_pretrained(cls, folder: str | Path, target: FeatureSource, **kw) -> Eagle3Drafter:
         return cls(Eagle3Model.load(folder, device=target.device, dtype=target.dtype), target, **kw)
-
-    def begin(self, prompt_ids: Sequence[int]) -> None:
-        self.target.set_feature_layers(self.model.cfg.feature_layers)  # ours, before the prefill
-        self._cache = DraftKV()
-        self._queue.reset()
-        self._proposed = False
-        if self.auto is not None:
-            self.auto.begin()
-
-    def report(self) -> dict:
-        """Extra ``--json`` figures: the automatic tree size's choices and why."""
-        return {"tree_size_auto": self.auto.report()} if self.auto is not None else {}
-
-    def observe(self, token_ids: Sequence[int], features: torch.Tensor | None) -> None:
-        self._queue.push(features, "EAGLE-3")
-        if self.auto is not None and self._proposed:
-            self.auto.observe(len(token_ids) - 1)
 
     @torch.inference_mode()
     def propose(self, tokens: Sequence[int], budget: DraftBudget) -> Tree:

@@ -13,12 +13,12 @@ from collections.abc import Sequence
 
 import torch
 
-from dartspec.drafters.base import DraftBudget, Drafter
+from dartspec.drafters.base import DraftBudget, Drafter, DrafterBase
 from dartspec.drafters.pld import PromptLookupDrafter
 from dartspec.tree import Tree
 
 
-class HybridDrafter:
+class HybridDrafter(DrafterBase):
     """Merges a :class:`PromptLookupDrafter`'s paths (first) with another drafter's tree."""
 
     name = "dart+pld"
@@ -30,7 +30,6 @@ class HybridDrafter:
         self.lookup = lookup or PromptLookupDrafter(max_matches=1)
         self.drafter_nodes = drafter_nodes
         self.needs_features = drafter.needs_features
-        self.last_tree_seconds = 0.0
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
         self.drafter.begin(prompt_ids)
@@ -42,7 +41,7 @@ class HybridDrafter:
     def propose(self, tokens: Sequence[int], budget: DraftBudget) -> Tree:
         inner = DraftBudget(max_nodes=min(self.drafter_nodes, budget.max_nodes), max_depth=budget.max_depth)
         tree = self.drafter.propose(tokens, inner)
-        self.last_tree_seconds = float(getattr(self.drafter, "last_tree_seconds", 0.0))
+        self.last_tree_seconds = self.drafter.last_tree_seconds
         spans = self.lookup.continuations(tokens, budget.max_depth) if budget.max_depth > 0 else []
         if not spans:
             return tree
@@ -55,5 +54,4 @@ class HybridDrafter:
         return Tree.from_paths(tokens[-1], [*spans, *guesses], max_nodes=min(budget.max_nodes, cap))
 
     def report(self) -> dict:
-        report = getattr(self.drafter, "report", None)
-        return report() if callable(report) else {}
+        return self.drafter.report()

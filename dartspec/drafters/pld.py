@@ -10,17 +10,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import torch
 
-from dartspec.drafters.base import DraftBudget
+from dartspec.drafters.base import DraftBudget, DrafterBase
 from dartspec.tree import Tree
 
 
-class PromptLookupDrafter:
+class PromptLookupDrafter(DrafterBase):
     """Prompt lookup (PLD) as a tree drafter."""
 
     name = "pld"
-    needs_features = False
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 2, max_matches: int = 3) -> None:
         if not 1 <= min_ngram <= max_ngram:
@@ -28,12 +26,6 @@ class PromptLookupDrafter:
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.max_matches = max_matches
-
-    def begin(self, prompt_ids: Sequence[int]) -> None:
-        pass
-
-    def observe(self, token_ids: Sequence[int], features: torch.Tensor | None) -> None:
-        pass
 
     def continuations(self, tokens: Sequence[int], length: int) -> list[list[int]]:
         """Up to ``max_matches`` distinct continuations of the longest matching suffix, newest first."""
