@@ -18,27 +18,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define KEYS 16 /* keys per score block: one 512-bit vector of fp32 scores */
+#include "vmath.h"
 
-/* exp(x) for x <= 0 (softmax after subtracting the maximum), vectorizable: x = n ln2 + r with |r| <= ln2 / 2,
- * exp(r) by its degree-6 minimax polynomial (Cephes' expf coefficients, ~1 ulp), 2^n through the exponent
- * bits. libm's expf is a scalar call per score: a third of the attention time of a 16-node tree. */
-static inline float exp_nonpositive(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    float n = nearbyintf(x * 1.44269504088896341f);
-    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float scale;
-    memcpy(&scale, &bits, sizeof scale);
-    return p * scale;
-}
+#define KEYS 16  /* keys per score block: one 512-bit vector of fp32 scores */
+#define QUERIES 4 /* queries scored together against a block of keys */
+#define LANES 16 /* partial sums of the softmax and value sums: one 512-bit vector */
 
 static void rms_norm_head(float *x, const float *w, long D, float eps) {
     float s = 0.0f;
@@ -82,6 +66,13 @@ void dartspec_attend(const float *qkv, long q, long H, long KV, long D, const fl
     }
     long group = H / KV, blocks = (total + KEYS - 1) / KEYS;
     float *scores = (float *)malloc(sizeof(float) * q * H * total);
+    long *seen = (long *)malloc(sizeof(long) * q * total), *count = (long *)malloc(sizeof(long) * q);
+    for (long i = 0; i < q; i++) { /* row i's visible positions, in order */
+        long n = 0;
+        for (long j = 0; j < (mask ? total : base + i + 1); j++)
+            if (!mask || mask[i * total + j]) seen[i * total + n++] = j;
+        count[i] = n;
+    }
 #pragma omp parallel
     {
         /* Scores: each block of KEYS keys is transposed once and every query of its kv head is multiplied
@@ -93,51 +84,86 @@ void dartspec_attend(const float *qkv, long q, long H, long KV, long D, const fl
             const float *keys = kc + (g * cap + j0) * D;
             for (long jj = 0; jj < KEYS; jj++)
                 for (long d = 0; d < D; d++) kt[d * KEYS + jj] = jj < n ? keys[jj * D + d] : 0.0f;
-            for (long i = 0; i < q; i++)
-                for (long h = g * group; h < (g + 1) * group; h++) {
-                    const float *x = qs + (i * H + h) * D;
-                    float acc[KEYS] = {0};
-                    for (long d = 0; d < D; d++) {
-                        float xd = x[d];
-#pragma omp simd
-                        for (long jj = 0; jj < KEYS; jj++) acc[jj] += xd * kt[d * KEYS + jj];
-                    }
-                    float *srow = scores + (i * H + h) * total + j0;
-                    for (long jj = 0; jj < n; jj++) srow[jj] = acc[jj] * scale;
+            /* The queries of this kv head QUERIES at a time: one load of each key row serves all of them, and
+             * their sums are independent FMA chains (one query alone waits on its own chain over D). Each score is
+             * still its own sum over d in order, whatever the grouping. */
+            long nq = q * group;
+            for (long u0 = 0; u0 < nq; u0 += QUERIES) {
+                const float *x[QUERIES];
+                float *srow[QUERIES];
+                for (long u = 0; u < QUERIES; u++) { /* past the last query, repeat it (computed, not stored) */
+                    long at = u0 + u < nq ? u0 + u : nq - 1, i = at / group, h = g * group + at % group;
+                    x[u] = qs + (i * H + h) * D;
+                    srow[u] = u0 + u < nq ? scores + (i * H + h) * total + j0 : NULL;
                 }
+                float acc[QUERIES][KEYS] = {{0}};
+                for (long d = 0; d < D; d++)
+                    for (long u = 0; u < QUERIES; u++) {
+                        float xd = x[u][d];
+#pragma omp simd
+                        for (long jj = 0; jj < KEYS; jj++) acc[u][jj] += xd * kt[d * KEYS + jj];
+                    }
+                for (long u = 0; u < QUERIES; u++)
+                    if (srow[u])
+                        for (long jj = 0; jj < n; jj++) srow[u][jj] = acc[u][jj] * scale;
+            }
         }
         free(kt);
-        /* Softmax over the visible positions and the weighted sum of values, per query row and head. */
+        /* Softmax over the visible positions and the weighted sum of values, per query row and head, over the
+         * row's visible positions listed in order. A tree row's list equals the list of the same token decoded
+         * alone (the cached prefix, then its ancestors in depth order), and so do its scores: any fixed
+         * arithmetic over the list, such as sums in LANES interleaved partial sums, computes what decoding
+         * computes, bit for bit. (Summing by cache slot would not: tree slots differ from sequential ones.) */
+        float *e = (float *)malloc(sizeof(float) * total);
 #pragma omp for schedule(static)
         for (long t = 0; t < q * H; t++) {
-            long i = t / H, h = t % H, g = h / group;
-            float *p = scores + t * total;
-            const float *values = vc + g * cap * D;
-            const uint8_t *allowed = mask ? mask + i * total : NULL;
-            long visible = mask ? total : base + i + 1;
+            long i = t / H, h = t % H, g = h / group, n = count[i];
+            const long *pos = seen + i * total;
+            const float *p = scores + t * total, *values = vc + g * cap * D;
             float best = -INFINITY;
-            for (long j = 0; j < visible; j++) {
-                if (allowed && !allowed[j]) p[j] = -INFINITY;
-                if (p[j] > best) best = p[j];
+            for (long k = 0; k < n; k++) best = p[pos[k]] > best ? p[pos[k]] : best;
+#pragma omp simd
+            for (long k = 0; k < n; k++) e[k] = exp_nonpositive(p[pos[k]] - best);
+            float part[LANES] = {0};
+            long k = 0;
+            for (; k + LANES <= n; k += LANES)
+#pragma omp simd
+                for (long l = 0; l < LANES; l++) part[l] += e[k + l];
+            for (; k < n; k++) part[k % LANES] += e[k];
+            for (long w = LANES / 2; w > 0; w /= 2)
+                for (long l = 0; l < w; l++) part[l] += part[l + w];
+            float inv = 1.0f / part[0], *o = out + i * H * D + h * D;
+            /* Values: LANES dimensions at a time, four partial sums over the list (independent FMA chains). */
+            long d0 = 0;
+            for (; d0 + LANES <= D; d0 += LANES) {
+                float a[4][LANES] = {{0}};
+                long kk = 0;
+                for (; kk + 4 <= n; kk += 4)
+                    for (int u = 0; u < 4; u++) {
+                        const float *v = values + pos[kk + u] * D + d0;
+                        float w = e[kk + u] * inv;
+#pragma omp simd
+                        for (long l = 0; l < LANES; l++) a[u][l] += w * v[l];
+                    }
+                for (; kk < n; kk++) {
+                    const float *v = values + pos[kk] * D + d0;
+                    float w = e[kk] * inv;
+#pragma omp simd
+                    for (long l = 0; l < LANES; l++) a[0][l] += w * v[l];
+                }
+#pragma omp simd
+                for (long l = 0; l < LANES; l++) o[d0 + l] = (a[0][l] + a[1][l]) + (a[2][l] + a[3][l]);
             }
-#pragma omp simd
-            for (long j = 0; j < visible; j++) p[j] = p[j] == -INFINITY ? 0.0f : exp_nonpositive(p[j] - best);
-            /* In order, one position at a time: a tree row's masked slots add exact zeros between its ancestors,
-             * so it sums what the same row decoded alone sums, bit for bit (a vectorized sum would give each
-             * position the lane of its cache slot, and tree slots differ from sequential ones). */
-            float sum = 0.0f;
-            for (long j = 0; j < visible; j++) sum += p[j];
-            float *o = out + i * H * D + h * D, inv = 1.0f / sum;
-            for (long d = 0; d < D; d++) o[d] = 0.0f;
-            for (long j = 0; j < visible; j++) {
-                if (p[j] == 0.0f) continue;
-                const float *v = values + j * D;
-                float w = p[j] * inv;
-#pragma omp simd
-                for (long d = 0; d < D; d++) o[d] += w * v[d];
+            for (long d = d0; d < D; d++) { /* a head size that is no multiple of LANES: the rest in order */
+                float acc = 0.0f;
+                for (long kk = 0; kk < n; kk++) acc += e[kk] * inv * values[pos[kk] * D + d];
+                o[d] = acc;
             }
         }
+        free(e);
     }
+    free(seen);
+    free(count);
     free(scores);
     free(qs);
 }

@@ -36,8 +36,8 @@ import torch
 from dartspec.errors import DartspecError
 
 GROUP = 32
-_SOURCES = tuple(Path(__file__).with_name(name) for name in ("qgemm.c", "qdot.c", "attend.c"))
-_HEADERS = (Path(__file__).with_name("rows.h"),)
+_SOURCES = tuple(Path(__file__).with_name(name) for name in ("qgemm.c", "qdot.c", "attend.c", "block.c"))
+_HEADERS = tuple(Path(__file__).with_name(name) for name in ("rows.h", "qdot.h", "vmath.h"))
 
 
 @dataclass(frozen=True)
@@ -230,6 +230,111 @@ def attend(
     return out
 
 
+class _CLinear(ctypes.Structure):
+    """``qdot_linear`` of ``qdot.h``: one linear layer in panels."""
+
+    _fields_ = [
+        ("kind", ctypes.c_int),
+        ("K", ctypes.c_long),
+        ("O", ctypes.c_long),
+        ("w", ctypes.c_void_p),
+        ("d", ctypes.c_void_p),
+        ("m", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+    ]
+
+
+class _CBlock(ctypes.Structure):
+    """``dartspec_block_weights`` of ``block.c``: one decoder block's weights."""
+
+    _fields_ = [
+        ("qkv", _CLinear),
+        ("o", _CLinear),
+        ("gate_up", _CLinear),
+        ("down", _CLinear),
+        ("ln1", ctypes.c_void_p),
+        ("ln2", ctypes.c_void_p),
+        ("q_norm", ctypes.c_void_p),
+        ("k_norm", ctypes.c_void_p),
+        ("heads", ctypes.c_long),
+        ("kv_heads", ctypes.c_long),
+        ("head_dim", ctypes.c_long),
+        ("eps", ctypes.c_float),
+        ("scale", ctypes.c_float),
+    ]
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+class Block:
+    """One decoder block of the lean runtime on ``exact-a16`` weights, run by one C call (``block.c``): both
+    norms, the four projections, the attention block of :func:`attend`, SiLU and both residual adds."""
+
+    def __init__(
+        self,
+        linears: tuple[tuple[ExactWeight, torch.Tensor | None], ...],
+        ln1: torch.Tensor,
+        ln2: torch.Tensor,
+        q_norm: torch.Tensor | None,
+        k_norm: torch.Tensor | None,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        eps: float,
+        scale: float,
+    ) -> None:
+        """``linears``: (packed weight in panels, fp32 bias or None) of qkv, o, gate_up and down, in that order."""
+        # The C struct holds raw pointers: keep every tensor it points to alive (and contiguous fp32).
+        self._keep = [t.contiguous().float() if t is not None else None for t in (ln1, ln2, q_norm, k_norm)]
+        parts = []
+        for packed, bias in linears:
+            if packed.panel == 0:
+                raise ValueError("Block needs weights in panels (exact.to_panels)")
+            b = None if bias is None else bias.detach().contiguous().float()
+            self._keep += [packed.data, packed.scale, packed.offset, b]
+            parts.append(
+                _CLinear(
+                    packed.kind,
+                    packed.in_features,
+                    packed.out_features,
+                    packed.data.data_ptr(),
+                    packed.scale.data_ptr(),
+                    _ptr(packed.offset),
+                    _ptr(b),
+                )
+            )
+        norms = [_ptr(t) for t in self._keep[:4]]
+        self._c = _CBlock(*parts, *norms, heads, kv_heads, head_dim, eps, scale)
+        self._ref = ctypes.byref(self._c)
+        self._run = _library().dartspec_block
+        self.hidden = packed.out_features  # the down projection's outputs: the residual width
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        rot: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        base: int,
+        mask: torch.Tensor | None,
+    ) -> None:
+        """Run the block on ``x`` ``(q, hidden)`` fp32 contiguous, **in place**; ``rot``, ``keys``, ``values``,
+        ``base`` and ``mask`` as for :func:`attend` (the cache rows ``base .. base + q`` are written)."""
+        self._run(
+            self._ref,
+            x.data_ptr(),
+            x.shape[0],
+            rot.data_ptr(),
+            keys.data_ptr(),
+            values.data_ptr(),
+            keys.shape[2],
+            base,
+            None if mask is None else mask.data_ptr(),
+        )
+
+
 def quantize_activations(x: torch.Tensor) -> torch.Tensor:
     """What the ``exact-a16`` kernel does to its input, in torch: each group of 32 rounded to 1/32767 of its
     largest magnitude (the reference the kernel is tested against)."""
@@ -288,6 +393,8 @@ def _library() -> ctypes.CDLL:
     c_long, ptr = ctypes.c_long, ctypes.c_void_p
     lib.dartspec_attend.argtypes = [ptr, c_long, c_long, c_long, c_long, ptr, ptr, ptr, c_long, c_long, ptr, ptr, ptr]
     lib.dartspec_attend.argtypes += [ctypes.c_float, ctypes.c_float, ptr]
+    lib.dartspec_block.restype = None
+    lib.dartspec_block.argtypes = [ptr, ptr, c_long, ptr, ptr, ptr, c_long, c_long, ptr]
     return lib
 
 

@@ -50,6 +50,8 @@ class _Layer:
     down: PackedLinear
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
+    #: The whole block as one C call (exact-a16 on a CPU), for the rows the fused attention takes.
+    block: exact.Block | None = None
 
 
 def _interleave(rows: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
@@ -131,6 +133,27 @@ class LeanTarget(CausalRuntime):
         angles = torch.outer(t, rotary.inv_freq.to(device=embed.device, dtype=real))
         self._rot = torch.polar(torch.full_like(angles, float(rotary.attention_scaling)), angles)
         self._fused_attention = embed.device.type == "cpu" and embed.dtype == torch.float32 and exact.available()
+        if self._fused_attention and quant == "exact-a16":
+            for layer in self.layers:
+                layer.block = self._block(layer)
+
+    def _block(self, layer: _Layer) -> exact.Block:
+        linears = []
+        for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
+            assert lin.packed is not None  # exact-a16: every linear is packed in panels
+            linears.append((lin.packed, lin.bias))
+        return exact.Block(
+            tuple(linears),
+            layer.ln1,
+            layer.ln2,
+            layer.q_norm,
+            layer.k_norm,
+            self.heads,
+            self.kv_heads,
+            self.head_dim,
+            self.eps,
+            self.scaling,
+        )
 
     def _linear(
         self, name: str, weight: torch.Tensor, bias: torch.Tensor | None, saved: SavedWeights | None
@@ -235,7 +258,11 @@ class LeanTarget(CausalRuntime):
         captured = []
         for i, layer in enumerate(self.layers):
             if features and i in self.feature_layers:
-                captured.append(x)
+                captured.append(x.clone() if fused and layer.block is not None else x)
+            if fused and layer.block is not None:  # the whole block in one C call, x updated in place
+                keys, values, base = cache.layers[i].extend(q, empty, empty)
+                layer.block(x, rot_pairs, keys, values, base, mask)
+                continue
             qkv = layer.qkv(F.rms_norm(x, (x.shape[-1],), layer.ln1, eps))
             if fused:
                 keys, values, base = cache.layers[i].extend(q, empty, empty)

@@ -23,14 +23,18 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "qdot.h"
+#include "vmath.h"
+
 #define GROUP 32
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #define PANEL 16
-#define RMAX 8
+#define RMAX 4
 typedef __m512i ivec;
 typedef __m512 fvec;
 #define IZERO() _mm512_setzero_si512()
+#define IADD(a, b) _mm512_add_epi32(a, b)
 #define FZERO() _mm512_setzero_ps()
 #define WIDEN_U8(p) _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(p)))
 #define WIDEN_I8(p) _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(p)))
@@ -54,6 +58,7 @@ typedef __m512 fvec;
 typedef __m256i ivec;
 typedef __m256 fvec;
 #define IZERO() _mm256_setzero_si256()
+#define IADD(a, b) _mm256_add_epi32(a, b)
 #define FZERO() _mm256_setzero_ps()
 #define WIDEN_U8(p) _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(p)))
 #define WIDEN_I8(p) _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p)))
@@ -77,56 +82,118 @@ typedef __m256 fvec;
 
 int dartspec_qdot_panel(void) { return PANEL; }
 
-/* Per row and group: xq (16 int16 pairs read as int32), dx, and the exact fp32 sum of the group. */
-static void quantize_rows(const float *x, long M, long K, int32_t *xq, float *dx, float *sx) {
-    long G = K / GROUP;
-    for (long r = 0; r < M; r++)
-        for (long g = 0; g < G; g++) {
-            const float *p = x + r * K + g * GROUP;
-            float amax = 0.0f, s = 0.0f;
-            for (int j = 0; j < GROUP; j++) {
-                amax = fmaxf(amax, fabsf(p[j]));
-                s += p[j];
-            }
-            float d = amax / 32767.0f, inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
-            int16_t *q = (int16_t *)(xq + (r * G + g) * (GROUP / 2));
-            for (int j = 0; j < GROUP; j++) {
-                float v = nearbyintf(p[j] * inv);
-                q[j] = (int16_t)(v > 32767.0f ? 32767.0f : (v < -32767.0f ? -32767.0f : v));
-            }
-            dx[r * G + g] = d;
-            sx[r * G + g] = s;
+/* One row and its groups: xq (16 int16 pairs read as int32), dx, and the fp32 sum of each group. The int16 values
+ * are round-to-nearest-even of x * 32767 / max|x| on every path; only the order of the group sum differs. */
+static void quantize_row(const float *p, long K, int32_t *xq, float *dx, float *sx) {
+    for (long g = 0; g < K / GROUP; g++, p += GROUP) {
+#if PANEL == 16
+        __m512 a = _mm512_loadu_ps(p), b = _mm512_loadu_ps(p + 16);
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+        float s = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
+        float d = amax / 32767.0f, inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
+        __m512 vi = _mm512_set1_ps(inv);
+        __m512i hi = _mm512_set1_epi32(32767), lo = _mm512_set1_epi32(-32767);
+        /* cvtps rounds by MXCSR: to nearest even, as nearbyintf does. */
+        __m512i qa = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(a, vi)), hi), lo);
+        __m512i qb = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(b, vi)), hi), lo);
+        int16_t *q = (int16_t *)(xq + g * (GROUP / 2));
+        _mm256_storeu_si256((__m256i *)q, _mm512_cvtepi32_epi16(qa));
+        _mm256_storeu_si256((__m256i *)(q + 16), _mm512_cvtepi32_epi16(qb));
+#else
+        float amax = 0.0f, s = 0.0f;
+        for (int j = 0; j < GROUP; j++) {
+            amax = fmaxf(amax, fabsf(p[j]));
+            s += p[j];
         }
+        float d = amax / 32767.0f, inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
+        int16_t *q = (int16_t *)(xq + g * (GROUP / 2));
+        for (int j = 0; j < GROUP; j++) {
+            float v = nearbyintf(p[j] * inv);
+            q[j] = (int16_t)(v > 32767.0f ? 32767.0f : (v < -32767.0f ? -32767.0f : v));
+        }
+#endif
+        dx[g] = d;
+        sx[g] = s;
+    }
 }
 
-/* N rows (a constant at every call site, so the accumulators stay in registers) against one panel. */
+/* The M input rows of a GEMM (row r at x + r * stride), after the prologue `in` (qdot.h), quantized. Each row
+ * is transformed and rounded on its own, so a row's result never depends on the other rows. */
+void qdot_prepare(int in, const float *x, long M, long K, long stride, const float *norm, float eps, qdot_rows *out) {
+    long G = K / GROUP;
+    float *tmp = (float *)malloc(sizeof(float) * K);
+    for (long r = 0; r < M; r++) {
+        const float *row = x + r * stride;
+        if (in == QDOT_RMSNORM) {
+            double ss = 0.0; /* SmolLM2's outlier channels reach the thousands: accumulate in double */
+#pragma omp simd reduction(+ : ss)
+            for (long k = 0; k < K; k++) ss += (double)row[k] * row[k];
+            float inv = (float)(1.0 / sqrt(ss / (double)K + eps));
+#pragma omp simd
+            for (long k = 0; k < K; k++) tmp[k] = row[k] * inv * norm[k];
+            row = tmp;
+        } else if (in == QDOT_SILU_MUL) { /* row = [gate | up], each K wide: silu(gate) * up */
+#pragma omp simd
+            for (long k = 0; k < K; k++) tmp[k] = silu(row[k]) * row[K + k];
+            row = tmp;
+        }
+        quantize_row(row, K, out->xq + r * G * (GROUP / 2), out->dx + r * G, out->sx + r * G);
+    }
+    free(tmp);
+}
+
+void qdot_rows_alloc(qdot_rows *rows, long M, long K) {
+    long G = K / GROUP;
+    rows->xq = (int32_t *)malloc(sizeof(int32_t) * M * G * (GROUP / 2));
+    rows->dx = (float *)malloc(sizeof(float) * M * G);
+    rows->sx = (float *)malloc(sizeof(float) * M * G);
+}
+
+void qdot_rows_free(qdot_rows *rows) {
+    free(rows->xq);
+    free(rows->dx);
+    free(rows->sx);
+}
+
+/* N rows (a constant at every call site, so the accumulators stay in registers) against one panel. Each row
+ * has two integer accumulators (the low and high nibbles' products, or even and odd chunks): the dot products
+ * of a row form two independent chains instead of one, which keeps the VNNI units busy at few rows. */
 static inline __attribute__((always_inline)) void panel_rows(int kind, long N, const int32_t *xq, const float *dx,
                                                              const float *sx, long G, const uint8_t *w,
-                                                             const float *d, const float *m, fvec *out) {
+                                                             const float *d, const float *m, const uint8_t *next,
+                                                             fvec *out) {
     fvec acc[RMAX];
+    long group_bytes = kind == 4 ? 8 * CHUNK : 16 * CHUNK;
     for (long r = 0; r < N; r++) acc[r] = FZERO();
     for (long g = 0; g < G; g++) {
-        ivec s[RMAX];
-        for (long r = 0; r < N; r++) s[r] = IZERO();
+        if (next) /* the next panel's weights, one group a step: DRAM latency hides behind this panel's work */
+            for (long b = 0; b < group_bytes; b += 64) __builtin_prefetch(next + g * group_bytes + b, 0, 0);
+        ivec s0[RMAX], s1[RMAX];
+        for (long r = 0; r < N; r++) s0[r] = s1[r] = IZERO();
         if (kind == 4) {
             const uint8_t *wg = w + g * 8 * CHUNK;
             for (int c = 0; c < 8; c++) {
                 ivec v = WIDEN_U8(wg + c * CHUNK), lo = LOW4(v), hi = HIGH4(v);
                 for (long r = 0; r < N; r++) {
                     const int32_t *xr = xq + (r * G + g) * (GROUP / 2);
-                    DOT(s[r], lo, BCAST(xr + c));
-                    DOT(s[r], hi, BCAST(xr + c + 8));
+                    DOT(s0[r], lo, BCAST(xr + c));
+                    DOT(s1[r], hi, BCAST(xr + c + 8));
                 }
             }
         } else {
             const uint8_t *wg = w + g * 16 * CHUNK;
-            for (int c = 0; c < 16; c++) {
-                ivec v = WIDEN_I8(wg + c * CHUNK);
-                for (long r = 0; r < N; r++) DOT(s[r], v, BCAST(xq + (r * G + g) * (GROUP / 2) + c));
+            for (int c = 0; c < 16; c += 2) {
+                ivec v0 = WIDEN_I8(wg + c * CHUNK), v1 = WIDEN_I8(wg + (c + 1) * CHUNK);
+                for (long r = 0; r < N; r++) {
+                    const int32_t *xr = xq + (r * G + g) * (GROUP / 2);
+                    DOT(s0[r], v0, BCAST(xr + c));
+                    DOT(s1[r], v1, BCAST(xr + c + 1));
+                }
             }
         }
         fvec dv = FLOAD(d + g * PANEL);
-        for (long r = 0; r < N; r++) acc[r] = FMADD(TOFLOAT(s[r]), FMUL(dv, FSET(dx[r * G + g])), acc[r]);
+        for (long r = 0; r < N; r++)
+            acc[r] = FMADD(TOFLOAT(IADD(s0[r], s1[r])), FMUL(dv, FSET(dx[r * G + g])), acc[r]);
         if (kind == 4) {
             fvec mv = FLOAD(m + g * PANEL);
             for (long r = 0; r < N; r++) acc[r] = FMADD(mv, FSET(sx[r * G + g]), acc[r]);
@@ -137,37 +204,49 @@ static inline __attribute__((always_inline)) void panel_rows(int kind, long N, c
 
 #include "rows.h"
 
-/* x (M, K) fp32 contiguous, y (M, O) fp32, w in panels as above (P = ceil(O / PANEL)), bias (O) or NULL. */
-void dartspec_qdot(int kind, const float *x, long M, long K, const void *w, const float *d, const float *m,
-                   const float *bias, float *y, long O) {
-    long G = K / GROUP, P = (O + PANEL - 1) / PANEL;
-    int32_t *xq = (int32_t *)malloc(sizeof(int32_t) * M * G * (GROUP / 2));
-    float *dx = (float *)malloc(sizeof(float) * M * G), *sx = (float *)malloc(sizeof(float) * M * G);
-    quantize_rows(x, M, K, xq, dx, sx);
+/* y (M, O) = rows W^T + bias, or y += that when `accumulate` (a residual connection). */
+void qdot_run(const qdot_linear *L, const qdot_rows *rows, long M, float *y, int accumulate) {
+    int kind = L->kind;
+    long G = L->K / GROUP, O = L->O, P = (O + PANEL - 1) / PANEL;
+    const float *bias = L->bias;
     long panel_bytes = G * GROUP * PANEL / (kind == 4 ? 2 : 1);
 #pragma omp parallel for schedule(static)
     for (long p = 0; p < P; p++) {
-        const uint8_t *wp = (const uint8_t *)w + p * panel_bytes;
-        const float *dp = d + p * G * PANEL, *mp = m ? m + p * G * PANEL : NULL;
+        const uint8_t *wp = (const uint8_t *)L->w + p * panel_bytes;
+        const float *dp = L->d + p * G * PANEL, *mp = L->m ? L->m + p * G * PANEL : NULL;
         long width = O - p * PANEL < PANEL ? O - p * PANEL : PANEL;
         for (long r0 = 0; r0 < M; r0 += RMAX) {
             long R = M - r0 < RMAX ? M - r0 : RMAX;
             fvec out[RMAX];
-            const int32_t *xr = xq + r0 * G * (GROUP / 2);
+            const int32_t *xr = rows->xq + r0 * G * (GROUP / 2);
+            const float *dx = rows->dx + r0 * G, *sx = rows->sx + r0 * G;
+            /* Prefetch during the first pass over the panel only (later passes read it from L1/L2). */
+            const uint8_t *next = r0 == 0 && p + 2 < P ? wp + 2 * panel_bytes : NULL;
             if (kind == 4) {
-                switch (R) { ROWS(panel_rows(4, N, xr, dx + r0 * G, sx + r0 * G, G, wp, dp, mp, out)) }
+                switch (R) { ROWS(panel_rows(4, N, xr, dx, sx, G, wp, dp, mp, next, out)) }
             } else {
-                switch (R) { ROWS(panel_rows(8, N, xr, dx + r0 * G, sx + r0 * G, G, wp, dp, mp, out)) }
+                switch (R) { ROWS(panel_rows(8, N, xr, dx, sx, G, wp, dp, mp, next, out)) }
             }
             for (long r = 0; r < R; r++) {
                 float lanes[PANEL];
                 FSTORE(lanes, out[r]);
                 float *yr = y + (r0 + r) * O + p * PANEL;
-                for (long o = 0; o < width; o++) yr[o] = lanes[o] + (bias ? bias[p * PANEL + o] : 0.0f);
+                for (long o = 0; o < width; o++) {
+                    float v = lanes[o] + (bias ? bias[p * PANEL + o] : 0.0f);
+                    yr[o] = accumulate ? yr[o] + v : v;
+                }
             }
         }
     }
-    free(xq);
-    free(dx);
-    free(sx);
+}
+
+/* x (M, K) fp32 contiguous, y (M, O) fp32, w in panels as above (P = ceil(O / PANEL)), bias (O) or NULL. */
+void dartspec_qdot(int kind, const float *x, long M, long K, const void *w, const float *d, const float *m,
+                   const float *bias, float *y, long O) {
+    qdot_linear L = {kind, K, O, w, d, m, bias};
+    qdot_rows rows;
+    qdot_rows_alloc(&rows, M, K);
+    qdot_prepare(QDOT_PLAIN, x, M, K, K, NULL, 0.0f, &rows);
+    qdot_run(&L, &rows, M, y, 0);
+    qdot_rows_free(&rows);
 }

@@ -264,6 +264,33 @@ def test_exact_runtimes_equal_fp32_and_verify_trees_like_sequential_decoding(qua
 
 
 @pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_fused_block_equals_the_op_by_op_forward(arch: str) -> None:
+    # exact-a16 runs each decoder block as one C call (norms, projections, attention, SiLU, residuals); the same
+    # runtime without it runs them as torch operations around the same kernels. Only the norms' and SiLU's
+    # rounding differs (C's sums and expf against torch's vectorized ones); the 16-bit activation rounding that
+    # follows can turn that into a step of 1/32767 of a group's range, as large as exact-a16's own distance from
+    # fp32 (logits up to ~40 here, measured differences ~1e-3 between any two of fused, op-by-op and fp32;
+    # features up to ~4, differences ~1e-4).
+    model = _with_biases(_gguf_like(tiny_model(arch, seed=8).float()), 8)
+    fused, ops = (LeanTarget(model, tiny_tokenizer(), quant="exact-a16") for _ in range(2))
+    assert all(layer.block is not None for layer in fused.layers)
+    for layer in ops.layers:
+        layer.block = None
+    ids = list(range(3, 43))
+    a, b = fused.score_sequence(ids), ops.score_sequence(ids)
+    torch.testing.assert_close(a.logits, b.logits, rtol=0, atol=5e-3)
+    torch.testing.assert_close(a.features, b.features, rtol=0, atol=5e-4)
+    tree = _random_tree(np.random.default_rng(3), 9, 12)
+    for t in (fused, ops):
+        t.reset()
+        t.prefill(ids[:30], features=True)
+    a, b = fused.verify(tree, features=True), ops.verify(tree, features=True)
+    torch.testing.assert_close(a.logits, b.logits, rtol=0, atol=5e-3)
+    torch.testing.assert_close(a.features, b.features, rtol=0, atol=5e-4)
+
+
+@pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
 def test_packed_weights_are_cached_and_a_damaged_cache_is_a_clear_error(tmp_path, monkeypatch) -> None:
     from transformers import AutoModelForCausalLM
 

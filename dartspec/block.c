@@ -1,0 +1,52 @@
+/* One decoder block of the lean runtime on exact-a16 weights in one call (dartspec/lean.py), in place:
+ *
+ *   x += o(attend(qkv(rms_norm(x, ln1))))
+ *   x += down(silu(gate(h)) * up(h)),  h = rms_norm(x, ln2)
+ *
+ * For a handful of new rows (decoding, a draft tree) each block otherwise costs a dozen small torch
+ * operations and their Python (norms, slices, SiLU, products, residual adds, five kernel calls): about a
+ * fifth of a SmolLM2 decode step. Here the norms and the SiLU product are the prologue of the GEMM that
+ * quantizes its input anyway (qdot_prepare), and the residual adds are its epilogue (qdot_run accumulate).
+ * Every row is computed on its own, so a tree verification computes what one-token decoding computes.
+ */
+#include <stdlib.h>
+
+#include "qdot.h"
+
+/* Field order is the ctypes Structure in exact.py. */
+typedef struct {
+    qdot_linear qkv, o, gate_up, down;
+    const float *ln1, *ln2, *q_norm, *k_norm; /* q_norm / k_norm NULL unless per-head norms (Qwen3) */
+    long heads, kv_heads, head_dim;
+    float eps, scale;
+} dartspec_block_weights;
+
+/* x (q, hidden) fp32; rot (q, D/2, 2); kc, vc (KV, cap, D) with base positions filled; mask (q, base + q) or
+ * NULL (causal). */
+void dartspec_block(const dartspec_block_weights *b, float *x, long q, const float *rot, float *kc, float *vc,
+                    long cap, long base, const uint8_t *mask) {
+    long hidden = b->o.O, inner = b->down.K, width = b->qkv.O, attn_width = b->heads * b->head_dim;
+    long widest = hidden > inner ? hidden : inner;
+    widest = widest > attn_width ? widest : attn_width;
+    float *qkv = (float *)malloc(sizeof(float) * q * width);
+    float *attn = (float *)malloc(sizeof(float) * q * attn_width);
+    float *gu = (float *)malloc(sizeof(float) * q * b->gate_up.O);
+    qdot_rows rows;
+    qdot_rows_alloc(&rows, q, widest);
+
+    qdot_prepare(QDOT_RMSNORM, x, q, hidden, hidden, b->ln1, b->eps, &rows);
+    qdot_run(&b->qkv, &rows, q, qkv, 0);
+    dartspec_attend(qkv, q, b->heads, b->kv_heads, b->head_dim, rot, kc, vc, cap, base, mask, b->q_norm, b->k_norm,
+                    b->eps, b->scale, attn);
+    qdot_prepare(QDOT_PLAIN, attn, q, attn_width, attn_width, NULL, 0.0f, &rows);
+    qdot_run(&b->o, &rows, q, x, 1);
+    qdot_prepare(QDOT_RMSNORM, x, q, hidden, hidden, b->ln2, b->eps, &rows);
+    qdot_run(&b->gate_up, &rows, q, gu, 0);
+    qdot_prepare(QDOT_SILU_MUL, gu, q, inner, 2 * inner, NULL, 0.0f, &rows);
+    qdot_run(&b->down, &rows, q, x, 1);
+
+    qdot_rows_free(&rows);
+    free(gu);
+    free(attn);
+    free(qkv);
+}

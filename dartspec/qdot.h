@@ -1,0 +1,32 @@
+/* The integer-dot GEMM of the exact-a16 format (qdot.c) as building blocks for fused code (block.c). */
+#ifndef DARTSPEC_QDOT_H
+#define DARTSPEC_QDOT_H
+#include <stdint.h>
+
+/* One linear layer in panels (dartspec/exact.py ExactWeight with panel > 0). Field order is the ctypes
+ * Structure in exact.py. */
+typedef struct {
+    int kind; /* 4: d * q + m nibbles, 8: d * q int8 */
+    long K, O;
+    const void *w;
+    const float *d, *m, *bias; /* m NULL for kind 8, bias NULL when none */
+} qdot_linear;
+
+/* Input rows quantized per group of 32: int16 pairs, the group's step dx and its exact fp32 sum sx. */
+typedef struct {
+    int32_t *xq;
+    float *dx, *sx;
+} qdot_rows;
+
+/* What is applied to each input row before it is quantized. */
+enum { QDOT_PLAIN = 0, QDOT_RMSNORM = 1, QDOT_SILU_MUL = 2 };
+
+void qdot_rows_alloc(qdot_rows *rows, long M, long K);
+void qdot_rows_free(qdot_rows *rows);
+void qdot_prepare(int in, const float *x, long M, long K, long stride, const float *norm, float eps, qdot_rows *out);
+void qdot_run(const qdot_linear *L, const qdot_rows *rows, long M, float *y, int accumulate);
+
+void dartspec_attend(const float *qkv, long q, long H, long KV, long D, const float *rot, float *kc, float *vc,
+                     long cap, long base, const uint8_t *mask, const float *q_norm, const float *k_norm, float eps,
+                     float scale, float *out);
+#endif
