@@ -1,6 +1,6 @@
 /* One decoder block of the lean runtime on exact-a16 weights in one call (dartspec/lean.py), in place:
  *
- *   x += o(attend(qkv(rms_norm(x, ln1))))
+ *   x += o(attend(qkv(rms_norm(x, ln1))))          (or qkv(attn_in): a drafter's layer reads a wider input)
  *   x += down(silu(gate(h)) * up(h)),  h = rms_norm(x, ln2)
  *
  * For a handful of new rows (decoding, a draft tree) each block otherwise costs a dozen small torch
@@ -21,20 +21,24 @@ typedef struct {
     float eps, scale;
 } dartspec_block_weights;
 
-/* x (q, hidden) fp32; rot (q, D/2, 2); kc, vc (KV, cap, D) with base positions filled; mask (q, base + q) or
- * NULL (causal). */
-void dartspec_block(const dartspec_block_weights *b, float *x, long q, const float *rot, float *kc, float *vc,
-                    long cap, long base, const uint8_t *mask) {
+/* x (q, hidden) fp32; attn_in (q, qkv.K) or NULL (rms_norm(x, ln1)); rot (q, D/2, 2); kc, vc (KV, cap, D) with
+ * base positions filled; mask (q, base + q) or NULL (causal). */
+void dartspec_block(const dartspec_block_weights *b, float *x, const float *attn_in, long q, const float *rot,
+                    float *kc, float *vc, long cap, long base, const uint8_t *mask) {
     long hidden = b->o.O, inner = b->down.K, width = b->qkv.O, attn_width = b->heads * b->head_dim;
     long widest = hidden > inner ? hidden : inner;
     widest = widest > attn_width ? widest : attn_width;
+    widest = widest > b->qkv.K ? widest : b->qkv.K;
     float *qkv = (float *)malloc(sizeof(float) * q * width);
     float *attn = (float *)malloc(sizeof(float) * q * attn_width);
     float *gu = (float *)malloc(sizeof(float) * q * b->gate_up.O);
     qdot_rows rows;
     qdot_rows_alloc(&rows, q, widest);
 
-    qdot_prepare(QDOT_RMSNORM, x, q, hidden, hidden, b->ln1, b->eps, &rows);
+    if (attn_in)
+        qdot_prepare(QDOT_PLAIN, attn_in, q, b->qkv.K, b->qkv.K, NULL, 0.0f, &rows);
+    else
+        qdot_prepare(QDOT_RMSNORM, x, q, hidden, hidden, b->ln1, b->eps, &rows);
     qdot_run(&b->qkv, &rows, q, qkv, 0);
     dartspec_attend(qkv, q, b->heads, b->kv_heads, b->head_dim, rot, kc, vc, cap, base, mask, b->q_norm, b->k_norm,
                     b->eps, b->scale, attn);

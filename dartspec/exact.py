@@ -86,6 +86,19 @@ def pack(weight: torch.Tensor) -> ExactWeight | None:
     return None
 
 
+def quantize8(weight: torch.Tensor) -> ExactWeight:
+    """``weight`` rounded to 8-bit groups (``d * q``, d = the group's largest magnitude / 127): a lossy copy, for
+    networks whose exact values matter little (drafters: their proposals are verified, never trusted)."""
+    w = weight.detach().to(device="cpu", dtype=torch.float32)
+    out, k = w.shape
+    if k % GROUP:
+        raise ValueError(f"quantize8 needs rows of whole groups of {GROUP} (got {k})")
+    g = w.reshape(out, k // GROUP, GROUP)
+    d = g.abs().amax(-1, keepdim=True) / 127
+    q = torch.where(d > 0, g / torch.where(d > 0, d, 1), 0).round().clamp(-127, 127)
+    return ExactWeight(8, q.to(torch.int8).contiguous(), d[..., 0].contiguous(), None, out, k)
+
+
 def unpack(packed: ExactWeight) -> torch.Tensor:
     """The fp32 weights back (tests)."""
     if packed.kind == 4:
@@ -275,7 +288,7 @@ class Block:
     def __init__(
         self,
         linears: tuple[tuple[ExactWeight, torch.Tensor | None], ...],
-        ln1: torch.Tensor,
+        ln1: torch.Tensor | None,
         ln2: torch.Tensor,
         q_norm: torch.Tensor | None,
         k_norm: torch.Tensor | None,
@@ -285,7 +298,8 @@ class Block:
         eps: float,
         scale: float,
     ) -> None:
-        """``linears``: (packed weight in panels, fp32 bias or None) of qkv, o, gate_up and down, in that order."""
+        """``linears``: (packed weight in panels, fp32 bias or None) of qkv, o, gate_up and down, in that order;
+        ``ln1`` None for a block always called with ``attn_in``."""
         # The C struct holds raw pointers: keep every tensor it points to alive (and contiguous fp32).
         self._keep = [t.contiguous().float() if t is not None else None for t in (ln1, ln2, q_norm, k_norm)]
         parts = []
@@ -319,12 +333,16 @@ class Block:
         values: torch.Tensor,
         base: int,
         mask: torch.Tensor | None,
+        attn_in: torch.Tensor | None = None,
     ) -> None:
         """Run the block on ``x`` ``(q, hidden)`` fp32 contiguous, **in place**; ``rot``, ``keys``, ``values``,
-        ``base`` and ``mask`` as for :func:`attend` (the cache rows ``base .. base + q`` are written)."""
+        ``base`` and ``mask`` as for :func:`attend` (the cache rows ``base .. base + q`` are written).
+        ``attn_in`` ``(q, qkv inputs)``: the attention's input instead of ``rms_norm(x, ln1)`` (a drafter layer
+        whose attention reads more than its residual stream)."""
         self._run(
             self._ref,
             x.data_ptr(),
+            None if attn_in is None else attn_in.data_ptr(),
             x.shape[0],
             rot.data_ptr(),
             keys.data_ptr(),
@@ -394,7 +412,7 @@ def _library() -> ctypes.CDLL:
     lib.dartspec_attend.argtypes = [ptr, c_long, c_long, c_long, c_long, ptr, ptr, ptr, c_long, c_long, ptr, ptr, ptr]
     lib.dartspec_attend.argtypes += [ctypes.c_float, ctypes.c_float, ptr]
     lib.dartspec_block.restype = None
-    lib.dartspec_block.argtypes = [ptr, ptr, c_long, ptr, ptr, ptr, c_long, c_long, ptr]
+    lib.dartspec_block.argtypes = [ptr, ptr, ptr, c_long, ptr, ptr, ptr, c_long, c_long, ptr]
     return lib
 
 

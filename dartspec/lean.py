@@ -31,6 +31,7 @@ from dartspec import exact
 from dartspec.errors import ContextLengthError, DartspecError
 from dartspec.kv_cache import TreeKVCache, TreeKVLayer
 from dartspec.quant import EXACT_FORMATS, PackedLinear, check_format, fuse
+from dartspec.rotary import interleave_rows
 from dartspec.runtime import CausalRuntime, TargetOutput
 from dartspec.weight_cache import PackedCache, SavedWeights
 
@@ -52,12 +53,6 @@ class _Layer:
     k_norm: torch.Tensor | None
     #: The whole block as one C call (exact-a16 on a CPU), for the rows the fused attention takes.
     block: exact.Block | None = None
-
-
-def _interleave(rows: torch.Tensor, heads: int, dim: int) -> torch.Tensor:
-    """Reorder each head's rows from the half-split rotary layout (j, j + D/2) to adjacent pairs."""
-    perm = torch.arange(dim).reshape(2, dim // 2).T.reshape(-1)
-    return rows.reshape(heads, dim, *rows.shape[1:])[:, perm].reshape(rows.shape)
 
 
 def lean_supported(model_type: str) -> bool:
@@ -185,10 +180,10 @@ class LeanTarget(CausalRuntime):
         def detach(p: torch.Tensor | None) -> torch.Tensor | None:
             return None if p is None else p.detach()
 
-        q_w, k_w = _interleave(a.q_proj.weight.detach(), H, D), _interleave(a.k_proj.weight.detach(), K, D)
+        q_w, k_w = interleave_rows(a.q_proj.weight.detach(), H, D), interleave_rows(a.k_proj.weight.detach(), K, D)
         q_b, k_b = detach(a.q_proj.bias), detach(a.k_proj.bias)
         if q_b is not None and k_b is not None:
-            q_b, k_b = _interleave(q_b, H, D), _interleave(k_b, K, D)
+            q_b, k_b = interleave_rows(q_b, H, D), interleave_rows(k_b, K, D)
         qkv_b = fuse(q_b, k_b, detach(a.v_proj.bias))
         q_norm = getattr(a, "q_norm", None)
         k_norm = getattr(a, "k_norm", None)
@@ -204,8 +199,8 @@ class LeanTarget(CausalRuntime):
                 saved,
             ),
             down=self._linear(f"layers.{i}.down", m.down_proj.weight.detach(), detach(m.down_proj.bias), saved),
-            q_norm=None if q_norm is None else _interleave(q_norm.weight.detach(), 1, D),
-            k_norm=None if k_norm is None else _interleave(k_norm.weight.detach(), 1, D),
+            q_norm=None if q_norm is None else interleave_rows(q_norm.weight.detach(), 1, D),
+            k_norm=None if k_norm is None else interleave_rows(k_norm.weight.detach(), 1, D),
         )
 
     @property

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -9,7 +10,9 @@ import numpy as np
 import pytest
 import torch
 
+from dartspec import exact
 from dartspec.drafters.dart import DartDrafter
+from dartspec.drafters.dart_fast import FastDartStep
 from dartspec.drafters.dart_model import DartConfig, DartModel, DraftKV
 from dartspec.engine import Generator
 from dartspec.errors import DartspecError
@@ -125,6 +128,48 @@ def test_training_layout_equals_incremental_drafting(target: Target, num_layers:
         rows = [a] + [lay.n_real + 3 * k + j for j in range(3)]
         torch.testing.assert_close(step, logp[rows], rtol=0, atol=1e-9)
         assert cache.length == a + 1
+
+
+@pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_fast_step_computes_the_network_with_8_bit_weights(target: Target, num_layers: int) -> None:
+    """The C step equals the torch network whose weights are rounded to the same 8-bit groups, step after step
+    (its cache keeps real positions only); what is left is the 16-bit rounding of activations."""
+    model = model_for(target, depth=4, num_layers=num_layers).float().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    rounded = copy.deepcopy(model)
+    with torch.no_grad():
+        for sub in rounded.modules():
+            if isinstance(sub, torch.nn.Linear):
+                sub.weight.copy_(exact.unpack(exact.quantize8(sub.weight)))
+    assert not torch.equal(rounded.fc.weight, model.fc.weight)
+    ids = list(np.random.default_rng(2).integers(2, VOCAB, size=30))
+    feats = target.score_sequence(ids).features.float()
+    embeds = target.model.get_input_embeddings()(torch.tensor(ids[1:])).detach().float()
+    fast, cache = FastDartStep(model), DraftKV()
+    for lo, hi, depth in [(0, 5, 1), (5, 12, 4), (12, 13, 3), (13, 20, 4)]:
+        got = fast.step(feats[lo:hi], embeds[lo:hi], lo, depth)
+        ref = rounded.step(feats[lo:hi], embeds[lo:hi], lo, cache, depth=depth)
+        torch.testing.assert_close(got, ref, rtol=0, atol=2e-3)
+        assert fast.cache.length == cache.length == hi
+    with pytest.raises(RuntimeError, match="out of step"):
+        fast.step(feats[25:27], embeds[25:27], 25, 2)
+
+
+@pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
+def test_dart_drafter_on_the_fast_step_is_lossless() -> None:
+    t32 = tiny_target()
+    t32.model.float()
+    model = model_for(t32, depth=5).float()
+    drafter = DartDrafter(model, t32)
+    assert drafter._fast is not None and DartDrafter(model_for(t32), tiny_target())._fast is None  # float64: torch
+    plain = Generator(t32).generate(list(range(2, 12)), max_new_tokens=40)
+    spec = Generator(t32, drafter, tree_size=8, max_depth=5).generate(list(range(2, 12)), max_new_tokens=40)
+    assert spec.token_ids == plain.token_ids
+    again = Generator(t32, drafter, tree_size=8, max_depth=5).generate(list(range(2, 12)), max_new_tokens=40)
+    assert again.token_ids == plain.token_ids and again.stats.tau == spec.stats.tau  # reset between sequences
 
 
 def test_save_load_round_trip(tmp_path: Path, target: Target) -> None:

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from dartspec.drafters.base import DraftBudget, FeatureDrafter
+from dartspec.drafters.dart_fast import FastDartStep
 from dartspec.drafters.dart_model import DartModel
 from dartspec.ngram import MergedNgram, NgramModel, OnlineNgram
 from dartspec.runtime import FeatureSource
@@ -40,6 +41,7 @@ class DartDrafter(FeatureDrafter):
         ngram: NgramModel | None = None,
         online_ngram: bool = False,
         auto_size: AutoSizer | None = None,
+        fast_step: bool | None = None,
     ) -> None:
         """Args:
         model: the trained network.
@@ -49,6 +51,7 @@ class DartDrafter(FeatureDrafter):
         online_ngram: also score with counts from the current prompt and output.
         auto_size: cut each tree to the size with the best expected tokens per second
             (:mod:`dartspec.tree_size`); the engine's budget is then the largest size considered.
+        fast_step: run the network on the C kernels (:mod:`dartspec.drafters.dart_fast`); None: where supported.
         """
         super().__init__(model, target, auto_size)
         self.online = OnlineNgram(ngram.order if ngram is not None else 3) if online_ngram else None
@@ -60,6 +63,9 @@ class DartDrafter(FeatureDrafter):
         )
         self.t2d = np.full(max(int(self.d2t.max()) + 1, 1), -1, dtype=np.int64)
         self.t2d[self.d2t] = np.arange(len(self.d2t))
+        # On a float32 CPU target the step runs on dartspec's C kernels (8-bit weight groups; dart_fast.py).
+        fast = FastDartStep.supports(model, target.device, target.dtype) if fast_step is None else fast_step
+        self._fast = FastDartStep(self.model) if fast else None
 
     @classmethod
     def from_pretrained(
@@ -72,6 +78,13 @@ class DartDrafter(FeatureDrafter):
         super().begin(prompt_ids)
         if self.online is not None:
             self.online.reset()
+        if self._fast is not None:
+            self._fast.reset()
+
+    def _step(self, feats: torch.Tensor, next_ids: torch.Tensor, start: int, depth: int) -> torch.Tensor:
+        if self._fast is not None:
+            return self._fast.step(feats, self.embed(next_ids), start, depth)
+        return self.model.step(feats, self.embed(next_ids), start, self._cache, depth=depth)
 
     @torch.inference_mode()
     def propose(self, tokens: Sequence[int], budget: DraftBudget) -> Tree:
@@ -82,13 +95,13 @@ class DartDrafter(FeatureDrafter):
             # Nothing to draft (or no room): still absorb the features so the cache stays in step.
             if waiting is not None:
                 feats, start, next_ids = waiting
-                self.model.step(feats, self.embed(next_ids), start, self._cache, depth=1)
+                self._step(feats, next_ids, start, 1)
             self.last_tree_seconds = 0.0
             return Tree.root_only(root)
         feats, start, next_ids = waiting
         # A tree of R nodes reaches depth R-1 at most: rows beyond that are never used.
         depth = min(budget.max_depth, budget.max_nodes - 1)
-        logp = self.model.step(feats, self.embed(next_ids), start, self._cache, depth=depth)
+        logp = self._step(feats, next_ids, start, depth)
         t0 = time.perf_counter()
         if self.online is not None:
             self.online.extend(tokens[len(self.online.history) :])
