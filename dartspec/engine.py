@@ -16,7 +16,7 @@ from typing import Any
 from dartspec.drafters.base import DraftBudget, Drafter, NoDrafter
 from dartspec.errors import ContextLengthError, DartspecError
 from dartspec.runtime import TargetRuntime, sync
-from dartspec.verify import SamplingParams, Verifier
+from dartspec.verify import Acceptance, SamplingParams, Verifier
 
 __all__ = ["GenerationResult", "GenerationStats", "Generator", "StepEvent", "sync"]
 
@@ -121,6 +121,25 @@ class StepEvent:
     result: GenerationResult | None = None
 
 
+class _Clock:
+    """Adds the wall time of each phase of a step to ``GenerationStats.times``."""
+
+    def __init__(self, times: dict[str, float]) -> None:
+        self.times = times
+        self.mark = time.perf_counter()
+
+    def restart(self) -> None:
+        self.mark = time.perf_counter()
+
+    def lap(self, phase: str, tree_seconds: float = 0.0) -> None:
+        """Time since the last lap goes to ``phase``; ``tree_seconds`` of it (a drafter's tree building) to
+        ``tree`` instead."""
+        now = time.perf_counter()
+        self.times[phase] += now - self.mark - tree_seconds
+        self.times["tree"] += tree_seconds
+        self.mark = now
+
+
 class _TextStream:
     """Incremental detokenization that never shows text it may have to take back."""
 
@@ -152,9 +171,9 @@ class _TextStream:
 
 def default_tree_size(device: Any, feature_drafter: bool = False) -> int:
     """The fastest fixed tree size measured for the shipped drafters (BENCHMARKS.md): on a GPU 16 (flat verify
-    cost); on a CPU 2 for drafters that run a network per step (DART, EAGLE-3: their drafting time plus a
-    steeper verify cost outweigh deeper drafts at today's acceptance; 0.92x plain at 2 nodes against 0.79x at
-    4 on the exact-a16 runtime) and 4 for prompt lookup (drafting is free)."""
+    cost); on a CPU 2 for drafters that run a network per step (DART, EAGLE-3: at today's acceptance deeper
+    drafts do not pay for their verification; DART on the exact-a16 runtime, MT-Bench: 1.04x plain at 2 nodes,
+    1.03x at 3, 1.00x at 4) and 4 for prompt lookup (drafting is free)."""
     if str(getattr(device, "type", device)) != "cpu":
         return 16
     return 2 if feature_drafter else 4
@@ -252,7 +271,6 @@ class Generator:
         text = _TextStream(target, stop)
         stats = GenerationStats(prompt_tokens=len(prompt_ids))
         feats = drafter.needs_features
-
         start = time.perf_counter()
         target.reset()
         drafter.begin(prompt_ids)
@@ -265,8 +283,8 @@ class Generator:
         new = [first]
         shown_tokens, drafted = 0, 0
 
+        clock = _Clock(stats.times)
         while True:
-            mark = time.perf_counter()
             finish = self._finish_reason(new, limit, text)
             if finish is not None:
                 new, final_text = self._truncate(new, limit, text)
@@ -279,37 +297,40 @@ class Generator:
                 return
             event = StepEvent(new[shown_tokens:], drafted, text.delta(text.full(new), False))
             shown_tokens = len(new)
-            stats.times["other"] += time.perf_counter() - mark
+            clock.lap("other")
             yield event
+            clock.restart()  # the consumer's time between events is not ours
 
-            mark = time.perf_counter()
-            remaining = limit - len(new)
-            budget = DraftBudget(
-                max_nodes=max(1, min(self.tree_size, target.max_context - target.cached)),
-                max_depth=max(0, min(self.max_depth, remaining - 1)),
-            )
-            tree = drafter.propose(committed, budget)
-            tree_s = drafter.last_tree_seconds
-            now = time.perf_counter()
-            stats.times["draft"] += now - mark - tree_s
-            stats.times["tree"] += tree_s
-            if tree.tokens[0] != committed[-1] or tree.size > budget.max_nodes or tree.max_depth > budget.max_depth:
-                raise RuntimeError(f"drafter {drafter.name!r} proposed a tree outside its budget or root")
-
-            mark = now
-            base = target.cached
-            out = target.verify(tree, features=feats)
-            acc = verifier.accept(tree, out.logits)
-            target.commit(base, acc.path)
-            stats.times["verify"] += time.perf_counter() - mark
-
-            mark = time.perf_counter()
-            drafter.observe(tree.tokens[acc.path].tolist(), out.features[acc.path] if feats else None)
-            stats.record_step(tree.max_depth, acc.accepted_drafts, tree.size)
+            acc = self._step(committed, limit - len(new), verifier, stats, clock)
             committed.extend(acc.tokens)
             new.extend(acc.tokens)
             drafted = acc.accepted_drafts
-            stats.times["other"] += time.perf_counter() - mark
+            clock.lap("other")
+
+    def _step(
+        self, committed: list[int], remaining: int, verifier: Verifier, stats: GenerationStats, clock: _Clock
+    ) -> Acceptance:
+        """One speculative step: the drafter proposes a tree, the target scores it in one forward, the verifier
+        accepts a path, the target keeps that path's cache entries and the drafter sees what was committed."""
+        target, drafter = self.target, self.drafter
+        budget = DraftBudget(
+            max_nodes=max(1, min(self.tree_size, target.max_context - target.cached)),
+            max_depth=max(0, min(self.max_depth, remaining - 1)),
+        )
+        tree = drafter.propose(committed, budget)
+        clock.lap("draft", drafter.last_tree_seconds)
+        if tree.tokens[0] != committed[-1] or tree.size > budget.max_nodes or tree.max_depth > budget.max_depth:
+            raise RuntimeError(f"drafter {drafter.name!r} proposed a tree outside its budget or root")
+
+        base = target.cached
+        out = target.verify(tree, features=drafter.needs_features)
+        acc = verifier.accept(tree, out.logits)
+        target.commit(base, acc.path)
+        clock.lap("verify")
+
+        drafter.observe(tree.tokens[acc.path].tolist(), out.features[acc.path] if drafter.needs_features else None)
+        stats.record_step(tree.max_depth, acc.accepted_drafts, tree.size)
+        return acc
 
     def _finish_reason(self, new: list[int], limit: int, text: _TextStream) -> str | None:
         if any(t in self.target.eos_token_ids for t in new):
