@@ -22,14 +22,23 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+def _int_at_least(minimum: int, what: str) -> Callable[[str], int]:
+    """An argparse type for whole numbers >= ``minimum`` (``what`` names them in the error)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    return parse
+
+
+_positive_int = _int_at_least(1, "a positive integer")
+_count = _int_at_least(0, "a whole number >= 0")
 
 
 def _tree_size(text: str) -> int | str:
@@ -821,7 +830,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--prompts",
-        type=_positive_int,
+        type=_count,
         default=3,
         help="MT-Bench prompts for the decoding comparison (0 skips)",
     )

@@ -108,6 +108,7 @@ def plot_cost_curve(curve: dict[str, dict[int, float]], path: str | Path) -> Non
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
