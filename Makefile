@@ -19,7 +19,7 @@ demo: $(STAMP)
 	$(BIN)/dartspec demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -rs
 
 lint: $(STAMP)
 	$(BIN)/ruff check dartspec tests && $(BIN)/ruff format --check dartspec tests

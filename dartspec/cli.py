@@ -271,6 +271,47 @@ def cmd_bench_latency(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_load(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import httpx
+
+    from dartspec.bench.load import report_json, run_load
+    from dartspec.bench.suite import load_prompts
+
+    key = api_key(args)
+    url = args.url.rstrip("/")
+    try:
+        models = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"} if key else {}, timeout=10)
+        models.raise_for_status()
+        model = models.json()["data"][0]["id"]
+    except (httpx.HTTPError, KeyError, IndexError, ValueError) as err:
+        found = type(err).__name__
+        raise DartspecError(f"no dartspec server answers at {url} ({found}): start one with dartspec serve") from None
+    prompts = [text for _, text in load_prompts(args.dataset, limit=args.limit)]
+    _log(f"{args.requests} requests from {args.clients} clients and 4 hostile ones against {model} at {url}...")
+    report = run_load(
+        url,
+        prompts,
+        model=model,
+        clients=args.clients,
+        requests=args.requests,
+        max_tokens=args.max_new_tokens,
+        api_key=key,
+        timeout_s=args.timeout,
+    )
+    print(report.markdown())
+    for line in report.failures[:3]:
+        _log(f"failed: {line.splitlines()[0]}")
+    if args.out:
+        folder = Path(args.out)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "load.md").write_text(report.markdown() + "\n")
+        (folder / "load.json").write_text(report_json(report))
+    healthy = report.mismatches == 0 and not report.failures and all(400 <= c < 500 for c in report.hostile.values())
+    return 0 if healthy else 1
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from dartspec.bench.demo import demo_peers, run_demo
     from dartspec.drafters import shipped_checkpoint
@@ -810,6 +851,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--questions", type=_positive_int, default=10, help="MT-Bench questions answered greedily")
     p.add_argument("--out", default=None, help="folder for fidelity.md and fidelity.json")
     p.set_defaults(func=cmd_bench_fidelity)
+
+    p = bench.add_parser("load", help="many clients and hostile requests against a running server (loopback)")
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="the server (dartspec serve)")
+    p.add_argument("--clients", type=_positive_int, default=64, help="concurrent clients")
+    p.add_argument("--requests", type=_positive_int, default=128, help="well-formed requests in all")
+    p.add_argument("--dataset", default="mtbench", help="prompts: mtbench, humaneval or a JSONL file")
+    p.add_argument("--limit", type=_positive_int, default=8, help="distinct prompts (cycled over the requests)")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=32)
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds for the whole test")
+    p.add_argument("--api-key", default=None, help="the server's key (or --api-key-file / DARTSPEC_API_KEY)")
+    p.add_argument("--api-key-file", default=None)
+    p.add_argument("--out", default=None, help="folder for load.md and load.json")
+    p.set_defaults(func=cmd_bench_load)
 
     p = bench.add_parser("latency", help="verify cost curve T(q)/T(1) and plain decoding vs transformers generate")
     add_target_args(p)
