@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from dartspec.atomic import atomic_path
 from dartspec.errors import DartspecError
 
 GROUP = 32
@@ -387,17 +388,15 @@ def _library() -> ctypes.CDLL:
         compiler = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
         if compiler is None:
             raise DartspecError("--quant exact / exact-a16 compile small C kernels once and need gcc: use --quant fp16")
-        lib_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = lib_path.with_name(f".{lib_path.name}.{os.getpid()}.tmp")
-        cmd = [compiler, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", *map(str, _SOURCES), "-o", str(tmp)]
-        if gomp is not None:  # share torch's OpenMP runtime and thread pool instead of starting a second one
-            cmd += [f"-Wl,-rpath,{gomp.parent}", str(gomp)]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            tmp.unlink(missing_ok=True)
-            first = (done.stderr.strip().splitlines() or ["no output"])[0]
-            raise DartspecError(f"compiling the exact-format kernels failed ({first}): use --quant fp16")
-        tmp.replace(lib_path)
+        with atomic_path(lib_path) as tmp:
+            cmd = [compiler, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", *map(str, _SOURCES)]
+            cmd += ["-o", str(tmp)]
+            if gomp is not None:  # share torch's OpenMP runtime and thread pool instead of starting a second one
+                cmd += [f"-Wl,-rpath,{gomp.parent}", str(gomp)]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                first = (done.stderr.strip().splitlines() or ["no output"])[0]
+                raise DartspecError(f"compiling the exact-format kernels failed ({first}): use --quant fp16")
     lib = ctypes.CDLL(str(lib_path))
     fn = lib.dartspec_qgemm
     fn.restype = None

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dartspec import atomic
 from dartspec.assets import cache_dir, fetch_package_file
 from dartspec.errors import DartspecError, UnknownModelError
 
@@ -537,6 +538,4 @@ def _sha256(path: Path) -> str:
 
 
 def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.part")
-    tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    atomic.write_text(path, json.dumps(data, indent=2) + "\n")

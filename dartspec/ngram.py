@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dartspec import atomic
 from dartspec.errors import DartspecError
 
 MAGIC = b"DSNGRAM1"
@@ -150,14 +151,12 @@ class NgramModel:
             {"order": self.order, "vocab": self.vocab, "tokenizer": self.tokenizer, "arrays": specs}
         ).encode()
         head_len = -(-(len(MAGIC) + 8 + len(header)) // ALIGN) * ALIGN
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "wb") as f:
+        with atomic.atomic_path(path) as tmp, open(tmp, "wb") as f:
             f.write(MAGIC + len(header).to_bytes(8, "little") + header)
             f.write(b"\0" * (head_len - f.tell()))
             for spec, arr in zip(specs, self.arrays.values(), strict=True):
                 f.write(b"\0" * (head_len + spec["offset"] - f.tell()))
                 f.write(np.ascontiguousarray(arr).tobytes())
-        tmp.replace(path)
         return path.stat().st_size
 
     @classmethod

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dartspec import atomic
 from dartspec.runtime import describe, sync
 from dartspec.tree import Tree
 
@@ -106,10 +107,7 @@ def calibrate(target: Any, *, cache: Path | None = None, repeats: int = 9, ctx: 
     # Not forced monotone: on some CPUs 4 rows really are cheaper than 3 (GEMM kernel shapes), and
     # clamping them up made the sizer avoid the best small trees.
     result = CostCurve(CALIBRATION_QS, tuple(float(curve[q]) for q in CALIBRATION_QS))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps({"qs": list(result.qs), "seconds": list(result.seconds)}))
-    tmp.replace(path)
+    atomic.write_text(path, json.dumps({"qs": list(result.qs), "seconds": list(result.seconds)}))
     return result
 
 

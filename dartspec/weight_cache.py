@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from dartspec import exact
+from dartspec import atomic, exact
 from dartspec.errors import DartspecError
 from dartspec.exact import ExactWeight
 from dartspec.models import _sha256
@@ -110,20 +110,11 @@ class PackedCache:
         from safetensors.torch import save_file
 
         tensors = {f"{name}.{k}": v for name, w in weights.items() for k, v in exact.to_tensors(w).items()}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.part")
-        try:
+        with atomic.atomic_path(self.path) as tmp:
             save_file({k: v.contiguous() for k, v in tensors.items()}, tmp)
-            _fsync(tmp)
             digest, size = _sha256(tmp), tmp.stat().st_size
-            tmp.replace(self.path)
-            manifest = {"version": PACKED_VERSION, "source": self.source, "size": size, "sha256": digest}
-            mtmp = self.manifest.with_name(f".{self.manifest.name}.{os.getpid()}.part")
-            mtmp.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
-            _fsync(mtmp)
-            mtmp.replace(self.manifest)
-        finally:
-            tmp.unlink(missing_ok=True)
+        manifest = {"version": PACKED_VERSION, "source": self.source, "size": size, "sha256": digest}
+        atomic.write_text(self.manifest, json.dumps(manifest, indent=1) + "\n")
 
     def damaged(self, why: str) -> DartspecError:
         return DartspecError(
@@ -145,8 +136,3 @@ class SavedWeights:
         if packed is None or (packed.out_features, packed.in_features) != shape:
             raise self.cache.damaged(f"{name} is missing or does not have the model's shape")
         return packed
-
-
-def _fsync(path: Path) -> None:
-    with path.open("rb") as f:
-        os.fsync(f.fileno())

@@ -374,3 +374,19 @@ def test_resolve_smollm2_real(monkeypatch: pytest.MonkeyPatch) -> None:
     with torch.no_grad():
         logits = model(**inputs).logits
     assert torch.isfinite(logits).all()
+
+
+def test_atomic_writes_leave_the_old_file_or_the_new_one_and_no_temporary(tmp_path: Path) -> None:
+    from dartspec import atomic
+
+    target = tmp_path / "sub" / "cache.json"
+    atomic.write_text(target, "old")
+    with pytest.raises(RuntimeError), atomic.atomic_path(target) as tmp:
+        tmp.write_text("half")
+        raise RuntimeError("killed mid-write")
+    assert target.read_text() == "old" and sorted(p.name for p in target.parent.iterdir()) == ["cache.json"]
+    with atomic.atomic_path(target) as a, atomic.atomic_path(target) as b:
+        assert a != b  # two writers of one entry never share a temporary file
+        a.write_text("first")
+        b.write_text("second")
+    assert target.read_text() == "first" and sorted(p.name for p in target.parent.iterdir()) == ["cache.json"]

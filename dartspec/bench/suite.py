@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dartspec import atomic
 from dartspec.errors import DartspecError
 from dartspec.formats import QUANT_CHOICES, RUNTIMES
 
@@ -310,7 +311,6 @@ def _llamacpp_runner(target: Any, spec: MethodSpec) -> Runner:
 def _llamacpp_requantized(llama_cpp: Any, source: Path, kind: str) -> Path:
     """``source`` converted by llama.cpp's own quantizer to ``kind`` (f16, q8_0, ...), made once next to it."""
     import ctypes
-    import os
 
     dest = source.with_name(f"{source.stem}.{kind.upper()}.gguf")
     if source.name.lower().endswith(f".{kind}.gguf"):
@@ -320,11 +320,9 @@ def _llamacpp_requantized(llama_cpp: Any, source: Path, kind: str) -> Path:
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{kind.upper()}")
     params.allow_requantize = True
-    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-    if llama_cpp.llama_model_quantize(str(source).encode(), str(tmp).encode(), ctypes.byref(params)) != 0:
-        tmp.unlink(missing_ok=True)
-        raise DartspecError(f"llama.cpp could not requantize {source.name} to {kind}")
-    tmp.replace(dest)
+    with atomic.atomic_path(dest) as tmp:
+        if llama_cpp.llama_model_quantize(str(source).encode(), str(tmp).encode(), ctypes.byref(params)) != 0:
+            raise DartspecError(f"llama.cpp could not requantize {source.name} to {kind}")
     return dest
 
 

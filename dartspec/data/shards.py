@@ -10,7 +10,6 @@ One shard covers a contiguous block of source indices and is an uncompressed ``.
 from __future__ import annotations
 
 import json
-import os
 import zipfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from dartspec import atomic
 from dartspec.errors import DartspecError
 
 MANIFEST = "manifest.json"
@@ -45,8 +45,7 @@ def write_shard(path: Path, records: Sequence[Record], vocab_size: int) -> None:
     offsets = np.zeros(len(records) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     tokens = np.concatenate([np.asarray(r.tokens, dtype=dtype) for r in records]) if records else np.zeros(0, dtype)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
+    with atomic.atomic_path(path) as tmp, open(tmp, "wb") as f:
         np.savez(
             f,
             tokens=tokens,
@@ -55,9 +54,6 @@ def write_shard(path: Path, records: Sequence[Record], vocab_size: int) -> None:
             indices=np.array([r.index for r in records], dtype=np.int32),
             finished=np.array([r.finished for r in records], dtype=np.uint8),
         )
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def read_shard(path: Path) -> list[Record]:
@@ -90,9 +86,7 @@ def read_manifest(folder: Path) -> dict[str, Any] | None:
 
 
 def write_manifest(folder: Path, data: dict[str, Any]) -> None:
-    tmp = folder / f".{MANIFEST}.tmp"
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, folder / MANIFEST)
+    atomic.write_text(folder / MANIFEST, json.dumps(data, indent=2))
 
 
 class ShardSet:

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dartspec.atomic import atomic_path, write_text
 from dartspec.errors import DartspecError
 
 FORMAT = "dartspec-dart"
@@ -345,11 +346,10 @@ class DartModel(nn.Module):
             k: (v.detach().to("cpu", dtype) if v.is_floating_point() else v.detach().cpu()).contiguous()
             for k, v in self.state_dict().items()
         }
-        tmp_w, tmp_c = folder / ".model.safetensors.tmp", folder / ".config.json.tmp"
-        save_file(tensors, str(tmp_w), metadata={"format": self.FORMAT})
-        tmp_c.write_text(self.cfg.to_json())
-        tmp_w.replace(folder / "model.safetensors")
-        tmp_c.replace(folder / "config.json")
+        # Weights first, config last: a config only ever describes weights already in place.
+        with atomic_path(folder / "model.safetensors") as tmp:
+            save_file(tensors, str(tmp), metadata={"format": self.FORMAT})
+        write_text(folder / "config.json", self.cfg.to_json())
 
     @classmethod
     def load(cls, folder: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):

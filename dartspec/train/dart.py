@@ -13,7 +13,6 @@ import contextlib
 import hashlib
 import json
 import math
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -23,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dartspec import atomic
 from dartspec.drafters.dart_model import DartConfig, DartModel, init_head_from_target
 from dartspec.errors import DartspecError
 from dartspec.train.evaluate import Objective, batch_loss, depth_accuracy, model_objective
@@ -284,12 +284,8 @@ class DartTrainer:
             "config": json.dumps(asdict(self.cfg)),
             "data": self._fingerprint,
         }
-        tmp = self.out / f".{STATE_FILE}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.out / STATE_FILE)
+        with atomic.atomic_path(self.out / STATE_FILE) as tmp:
+            torch.save(state, tmp)
         self.model.save(self.out, dtype=torch.float32)
 
     def resume(self, *, new_data: bool = False) -> None:
@@ -347,9 +343,7 @@ class DartTrainer:
                     kept.append(line)
             except (json.JSONDecodeError, KeyError, TypeError):
                 continue  # a torn last line
-        tmp = path.with_name(f".{LOG_FILE}.tmp")
-        tmp.write_text("".join(f"{x}\n" for x in kept))
-        os.replace(tmp, path)
+        atomic.write_text(path, "".join(f"{x}\n" for x in kept))
 
     # --- steps -----------------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from dartspec import atomic
 from dartspec.errors import DartspecError
 from dartspec.runtime import TargetOutput
 
@@ -71,9 +72,7 @@ class FeatureCache:
                     f"({found.get('target')}, layers {found.get('feature_layers')}): use another folder"
                 )
         else:
-            tmp = meta_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(signature, indent=2) + "\n")
-            os.replace(tmp, meta_path)
+            atomic.write_text(meta_path, json.dumps(signature, indent=2) + "\n")
         self.width = (len(signature["feature_layers"]) + 1) * signature["hidden_size"]
         self.row_bytes = self.width * 2
         rows_path = self.folder / _ROWS
