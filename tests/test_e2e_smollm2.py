@@ -62,6 +62,24 @@ def test_shipped_drafters_are_lossless_and_get_accepted(smollm2: Target, name: s
     assert spec.stats.tau > 1.2, spec.stats.tau
 
 
+def test_every_drafter_equals_transformers_generate_in_float32(smollm2: Target) -> None:
+    """Against an independent reference: transformers' own greedy `generate` on the real model in fp32."""
+    import torch
+
+    from dartspec.data.sources import load_mtbench
+    from dartspec.drafters import make_drafter
+
+    questions = {q["question_id"]: q for q in load_mtbench()}
+    for qid in (81, 131):  # writing; extraction (where lookup drafts a lot)
+        ids = smollm2.encode_chat([{"role": "user", "content": questions[qid]["turns"][0]}])
+        prompt = torch.tensor([ids])
+        ref = smollm2.model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=64, do_sample=False)
+        ref_ids = ref[0, len(ids) :].tolist()
+        for name in ("none", "pld", "dart", "dart+pld", "eagle3"):
+            out = Generator(smollm2, make_drafter(name, smollm2), tree_size=4).generate(ids, max_new_tokens=64)
+            assert out.token_ids == ref_ids, f"question {qid}: {name} differs from transformers generate"
+
+
 def test_bench_accuracy_of_the_shipped_drafters_on_the_dev_split(tmp_path) -> None:
     import json
     import subprocess
