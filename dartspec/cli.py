@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from dartspec.errors import DartspecError
-from dartspec.formats import DATA_SOURCES, QUANT_CHOICES, RUNTIMES
+from dartspec.formats import DATA_SOURCES, QUANT_CHOICES, RUNTIMES, TREE_BUILDERS
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -133,7 +133,7 @@ def add_drafter_args(p: argparse.ArgumentParser, default: str = "none") -> None:
         "--topk", type=_positive_int, default=4, help="eagle3: nodes expanded per tree level, children per node"
     )
     p.add_argument("--drafter-path", default=None, help="drafter checkpoint folder (default: the shipped one)")
-    p.add_argument("--tree", default="beam", choices=["beam", "ddtree", "chain"], help="tree builder for dart")
+    p.add_argument("--tree", default="beam", choices=TREE_BUILDERS, help="tree builder for dart")
     p.add_argument(
         "--ngram", default=None, help="static n-gram file for the beam search (default: the shipped one; off = none)"
     )

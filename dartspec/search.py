@@ -200,6 +200,7 @@ class DDTree:
 def make_tree_builder(name: str, *, ngram: Scorer | None = None, eos_ids: Sequence[int] = ()):
     """``beam`` (DART), ``ddtree`` or ``chain``."""
     from dartspec.errors import DartspecError
+    from dartspec.formats import TREE_BUILDERS
 
     if name == "beam":
         return BeamTree(ngram=ngram, eos_ids=eos_ids)
@@ -207,4 +208,4 @@ def make_tree_builder(name: str, *, ngram: Scorer | None = None, eos_ids: Sequen
         return DDTree()
     if name == "chain":
         return ChainTree()
-    raise DartspecError(f"unknown tree builder {name!r}: choose beam, ddtree or chain")
+    raise DartspecError(f"unknown tree builder {name!r}: choose one of {', '.join(TREE_BUILDERS)}")

@@ -39,7 +39,7 @@ def test_parse_methods_groups_options() -> None:
         ("ar,medusa", "unknown method 'medusa'"),
         ("eagle3:tree=beam", "bad option 'tree=beam'"),
         ("eagle3:topk=0", "topk must be a positive integer"),
-        ("dart:tree=wide", "tree must be beam, ddtree or chain"),
+        ("dart:tree=wide", "tree must be one of beam, ddtree, chain"),
         ("dart:colour=red", "bad option 'colour=red'"),
         ("size=4", "must follow a method name"),
         ("hf-pld:size=4", "takes no options"),

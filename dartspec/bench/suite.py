@@ -19,7 +19,7 @@ from typing import Any
 
 from dartspec import atomic
 from dartspec.errors import DartspecError
-from dartspec.formats import QUANT_CHOICES, RUNTIMES
+from dartspec.formats import QUANT_CHOICES, RUNTIMES, TREE_BUILDERS
 
 #: Method names ``--methods`` understands; options follow a colon (``dart:tree=ddtree,size=8``).
 METHODS = ("ar", "pld", "dart", "dart+pld", "eagle3", "hf-ar", "hf-pld", "llamacpp-ar")
@@ -102,8 +102,8 @@ def _spec(group: list[str], tree_size: int | str | None) -> MethodSpec:
         if key not in allowed or not value:
             raise DartspecError(f"bad option {opt!r} in {label}: use {', '.join(sorted(allowed))} as key=value")
         if key == "tree":
-            if value not in ("beam", "ddtree", "chain"):
-                raise DartspecError(f"{label}: tree must be beam, ddtree or chain")
+            if value not in TREE_BUILDERS:
+                raise DartspecError(f"{label}: tree must be one of {', '.join(TREE_BUILDERS)}")
             kw["tree"] = value
         elif key == "size" and value == "auto":
             kw["tree_size"] = "auto"
