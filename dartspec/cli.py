@@ -122,12 +122,13 @@ def add_target_args(p: argparse.ArgumentParser, runtime: str = "auto") -> None:
     )
 
 
-def add_drafter_args(p: argparse.ArgumentParser, default: str = "none") -> None:
+def add_drafter_args(p: argparse.ArgumentParser, default: str = "auto") -> None:
     """Options choosing and sizing the drafter (generate, serve)."""
     p.add_argument(
         "--drafter",
         default=default,
-        help="none (plain decoding), pld (prompt lookup), dart, dart+pld (both in one tree), or eagle3 (baseline)",
+        help="auto (default: pld on a CPU, the fastest measured there; none elsewhere), none (plain decoding), pld "
+        "(prompt lookup), dart, dart+pld (both in one tree), or eagle3 (baseline)",
     )
     p.add_argument(
         "--topk", type=_positive_int, default=4, help="eagle3: nodes expanded per tree level, children per node"
@@ -413,8 +414,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.protect_all and not api_key(args):
         raise DartspecError("--protect-all needs an API key (--api-key, --api-key-file or DARTSPEC_API_KEY)")
     target = load_target(args)
+    generator = make_generator(args, target)
     engine = ServeEngine(
-        make_generator(args, target),
+        generator,
         Generator(target, NoDrafter()),
         target.name,
         max_queue=args.max_queue,
@@ -428,7 +430,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_kb * 1024,
         aliases=tuple(args.alias),
     )
-    _log(f"serving {target.name} with drafter {args.drafter} on http://{args.host}:{args.port}/ (web demo at /)")
+    where = f"http://{args.host}:{args.port}/"
+    _log(f"serving {target.name} with drafter {generator.drafter.name} on {where} (web demo at /)")
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 

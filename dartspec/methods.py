@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dartspec.drafters import FEATURE_DRAFTERS, make_drafter
+from dartspec.drafters import FEATURE_DRAFTERS, default_drafter, make_drafter
 from dartspec.engine import Generator, default_tree_size
 from dartspec.tree_size import AUTO_MAX_SIZE
 
@@ -19,7 +19,8 @@ from dartspec.tree_size import AUTO_MAX_SIZE
 class GeneratorSpec:
     """A decoding method: the drafter and its options (see :func:`dartspec.drafters.make_drafter`).
 
-    ``tree_size``: nodes verified per step; None picks the device's default for the drafter
+    ``drafter``: a name of :func:`dartspec.drafters.make_drafter`, ``auto`` included. ``tree_size``: nodes verified
+    per step; None picks the device's default for the drafter
     (:func:`dartspec.engine.default_tree_size`), ``"auto"`` chooses per step from the machine's cost curve."""
 
     drafter: str = "none"
@@ -34,14 +35,15 @@ class GeneratorSpec:
 
 
 def build_generator(target: Any, spec: GeneratorSpec) -> Generator:
+    name = default_drafter(target.device) if spec.drafter == "auto" else spec.drafter
     auto = spec.tree_size == "auto"
-    feature = spec.drafter in FEATURE_DRAFTERS
+    feature = name in FEATURE_DRAFTERS
     if auto:
         size = AUTO_MAX_SIZE if feature else 16
     else:
         size = int(spec.tree_size) if spec.tree_size is not None else default_tree_size(target.device, feature)
     drafter = make_drafter(
-        spec.drafter,
+        name,
         target,
         spec.path,
         tree=spec.tree,
@@ -52,6 +54,6 @@ def build_generator(target: Any, spec: GeneratorSpec) -> Generator:
         ngram_smoothing=spec.ngram_smoothing,
         topk=spec.topk,
     )
-    if spec.drafter == "dart+pld":
+    if name == "dart+pld":
         size += max(spec.max_depth, 0)  # room for a lookup span on top of the DART tree
     return Generator(target, drafter, tree_size=size, max_depth=spec.max_depth)

@@ -203,3 +203,13 @@ def test_default_tree_size_follows_device_and_drafter(target: Target) -> None:
     assert isinstance(NetworkDrafter(), Drafter) and isinstance(RandomDrafter(0), Drafter)
     assert Generator(target).tree_size == 4
     assert default_tree_size(torch.device("cuda"), True) == default_tree_size("cuda") == 16
+
+
+def test_auto_drafter_is_prompt_lookup_on_a_cpu_and_plain_decoding_elsewhere(target: Target) -> None:
+    from dartspec.drafters import default_drafter, make_drafter
+    from dartspec.methods import GeneratorSpec, build_generator
+
+    gen = build_generator(target, GeneratorSpec(drafter="auto"))
+    assert gen.drafter.name == "pld" and gen.tree_size == 4  # lookup's CPU default size
+    assert make_drafter("auto", target).name == "pld"
+    assert default_drafter(torch.device("cuda")) == "none" and default_drafter("cpu") == "pld"

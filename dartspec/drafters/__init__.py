@@ -17,7 +17,17 @@ FEATURE_DRAFTERS = ("dart", "dart+pld", "eagle3")
 
 
 def drafter_names() -> list[str]:
-    return list(DRAFTER_NAMES)
+    """What ``--drafter`` accepts: ``auto`` and every drafter's name."""
+    return ["auto", *DRAFTER_NAMES]
+
+
+def default_drafter(device) -> str:
+    """What ``--drafter auto`` (the command line's default) means on ``device``: prompt lookup on a CPU, where it
+    was the fastest drafter and never meaningfully slower than plain decoding (BENCHMARKS.md, exact-a16 runtime,
+    first 10 prompts: median 1.09x on MT-Bench, worst prompt 0.98x; 1.20x on HumanEval, worst 1.10x; lookup costs
+    no model and its output is bit-identical to plain decoding there); plain decoding elsewhere (not measured on a
+    GPU yet, where bfloat16 tree verification may also tip near-ties)."""
+    return "pld" if str(getattr(device, "type", device)) == "cpu" else "none"
 
 
 def shipped_checkpoint(kind: str, model_name: str) -> Path | None:
@@ -54,7 +64,8 @@ def make_drafter(
     ngram_smoothing: float = 0.0,
     topk: int = 4,
 ) -> Drafter:
-    """A drafter for ``target`` by name: ``none``, ``pld``, or ``dart`` (``checkpoint`` or the shipped one).
+    """A drafter for ``target`` by name: ``none``, ``pld``, or ``dart`` (``checkpoint`` or the shipped one);
+    ``auto`` is :func:`default_drafter` for the target's device.
 
     For ``dart``: ``tree`` picks the builder (beam, ddtree, chain), ``ngram`` a static n-gram file (default:
     the one shipped next to the drafter, if any; ``"off"`` for none), ``online_ngram`` adds prompt/output n-grams,
@@ -65,6 +76,8 @@ def make_drafter(
     ``eagle3`` is the EAGLE-3 baseline (``checkpoint`` or the shipped one) with EAGLE-2's dynamic tree, expanding
     ``topk`` nodes per level (``auto_size`` cuts it by path probability, as for ``dart``).
     """
+    if name == "auto":
+        name = default_drafter(target.device)
     if name == "none":
         return NoDrafter()
     if name == "pld":
@@ -106,7 +119,7 @@ def make_drafter(
         return DartDrafter.from_pretrained(
             folder, target, tree, ngram=static, online_ngram=online_ngram, auto_size=_auto_sizer(target, auto_size)
         )
-    raise DartspecError(f"unknown drafter {name!r}: choose one of {', '.join(DRAFTER_NAMES)}")
+    raise DartspecError(f"unknown drafter {name!r}: choose one of {', '.join(drafter_names())}")
 
 
 def _auto_sizer(target, wanted: bool):  # -> AutoSizer | None
