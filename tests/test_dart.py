@@ -12,7 +12,7 @@ import torch
 
 from dartspec import exact
 from dartspec.drafters.dart import DartDrafter
-from dartspec.drafters.dart_fast import FastDartStep
+from dartspec.drafters.dart_fast import FastDraftNet
 from dartspec.drafters.dart_model import DartConfig, DartModel, DraftKV
 from dartspec.engine import Generator
 from dartspec.errors import DartspecError
@@ -148,14 +148,14 @@ def test_fast_step_computes_the_network_with_8_bit_weights(target: Target, num_l
     ids = list(np.random.default_rng(2).integers(2, VOCAB, size=30))
     feats = target.score_sequence(ids).features.float()
     embeds = target.model.get_input_embeddings()(torch.tensor(ids[1:])).detach().float()
-    fast, cache = FastDartStep(model), DraftKV()
+    fast, cache = FastDraftNet(model), DraftKV()
     for lo, hi, depth in [(0, 5, 1), (5, 12, 4), (12, 13, 3), (13, 20, 4)]:
-        got = fast.step(feats[lo:hi], embeds[lo:hi], lo, depth)
+        got = fast.dart_step(feats[lo:hi], embeds[lo:hi], lo, depth)
         ref = rounded.step(feats[lo:hi], embeds[lo:hi], lo, cache, depth=depth)
         torch.testing.assert_close(got, ref, rtol=0, atol=2e-3)
         assert fast.cache.length == cache.length == hi
     with pytest.raises(RuntimeError, match="out of step"):
-        fast.step(feats[25:27], embeds[25:27], 25, 2)
+        fast.dart_step(feats[25:27], embeds[25:27], 25, 2)
 
 
 @pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")

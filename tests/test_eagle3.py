@@ -174,3 +174,48 @@ def test_warm_start_from_dart(tmp_path: Path, target: Target) -> None:
             small_config(num_layers=2, init=str(tmp_path / "dart")),
             log=lambda m: None,
         ).fit()
+
+
+@pytest.mark.skipif(not __import__("dartspec.exact").exact.available(), reason="needs gcc and an AVX2 CPU")
+def test_fast_steps_compute_the_network_with_8_bit_weights_and_stay_lossless() -> None:
+    """On a float32 CPU target the context and tree steps run on the C kernels: they equal the torch network
+    with the same 8-bit-rounded weights (level after level, then the next context step with the tree dropped)."""
+    import copy
+
+    from dartspec import exact
+
+    t32 = tiny_target("llama")
+    t32.model.float()
+    model = eagle_for(t32, noise=0.1).float()
+    rounded = copy.deepcopy(model)
+    with torch.no_grad():
+        for sub in rounded.modules():
+            if isinstance(sub, torch.nn.Linear):
+                sub.weight.copy_(exact.unpack(exact.quantize8(sub.weight)))
+    fast, ref = Eagle3Drafter(model, t32), Eagle3Drafter(rounded, t32, fast_step=False)
+    assert fast._fast is not None and ref._fast is None
+    ids = list(np.random.default_rng(3).integers(2, VOCAB, size=20))
+    feats = t32.score_sequence(ids).features
+    emb = t32.embed(torch.tensor(ids[1:]))
+    for d in (fast, ref):
+        d.begin(ids)
+    (a, ha), (b, hb) = fast._context_step(feats[:10], emb[:10], 0), ref._context_step(feats[:10], emb[:10], 0)
+    torch.testing.assert_close(a, b, rtol=0, atol=2e-3)
+    kids, pos = t32.embed(torch.tensor([5, 7])), torch.tensor([10, 10])
+    kv_f, kv_r = DraftKV(), DraftKV()  # the C path keeps tree nodes in its own cache, after the committed ones
+    (la, oa), (lb, ob) = (
+        fast._tree_step(torch.stack([ha, ha]), kids, pos, torch.eye(2, dtype=torch.bool), kv_f),
+        ref._tree_step(torch.stack([hb, hb]), kids, pos, torch.eye(2, dtype=torch.bool), kv_r),
+    )
+    torch.testing.assert_close(la, lb, rtol=0, atol=2e-3)
+    mask, kid = torch.tensor([[True, False, True]]), t32.embed(torch.tensor([9]))  # a child of the first node
+    (la, _), (lb, _) = (
+        fast._tree_step(oa[:1], kid, torch.tensor([11]), mask, kv_f),
+        ref._tree_step(ob[:1], kid, torch.tensor([11]), mask, kv_r),
+    )
+    torch.testing.assert_close(la, lb, rtol=0, atol=2e-3)
+    (a, _), (b, _) = fast._context_step(feats[10:14], emb[10:14], 10), ref._context_step(feats[10:14], emb[10:14], 10)
+    torch.testing.assert_close(a, b, rtol=0, atol=2e-3)
+    plain = Generator(t32).generate(list(range(2, 12)), max_new_tokens=40)
+    spec = Generator(t32, fast, tree_size=8, max_depth=4).generate(list(range(2, 12)), max_new_tokens=40)
+    assert spec.token_ids == plain.token_ids

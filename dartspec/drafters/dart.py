@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from dartspec.drafters.base import DraftBudget, FeatureDrafter
-from dartspec.drafters.dart_fast import FastDartStep
+from dartspec.drafters.dart_fast import FastDraftNet
 from dartspec.drafters.dart_model import DartModel
 from dartspec.ngram import MergedNgram, NgramModel, OnlineNgram
 from dartspec.runtime import FeatureSource
@@ -64,8 +64,8 @@ class DartDrafter(FeatureDrafter):
         self.t2d = np.full(max(int(self.d2t.max()) + 1, 1), -1, dtype=np.int64)
         self.t2d[self.d2t] = np.arange(len(self.d2t))
         # On a float32 CPU target the step runs on dartspec's C kernels (8-bit weight groups; dart_fast.py).
-        fast = FastDartStep.supports(model, target.device, target.dtype) if fast_step is None else fast_step
-        self._fast = FastDartStep(self.model) if fast else None
+        fast = FastDraftNet.supports(model, target.device, target.dtype) if fast_step is None else fast_step
+        self._fast = FastDraftNet(self.model) if fast else None
 
     @classmethod
     def from_pretrained(
@@ -83,7 +83,7 @@ class DartDrafter(FeatureDrafter):
 
     def _step(self, feats: torch.Tensor, next_ids: torch.Tensor, start: int, depth: int) -> torch.Tensor:
         if self._fast is not None:
-            return self._fast.step(feats, self.embed(next_ids), start, depth)
+            return self._fast.dart_step(feats, self.embed(next_ids), start, depth)
         return self.model.step(feats, self.embed(next_ids), start, self._cache, depth=depth)
 
     @torch.inference_mode()

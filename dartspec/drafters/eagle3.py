@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from dartspec.drafters.base import DraftBudget, FeatureDrafter
+from dartspec.drafters.dart_fast import FastDraftNet
 from dartspec.drafters.dart_model import DraftKV
 from dartspec.drafters.eagle3_model import Eagle3Model
 from dartspec.errors import DartspecError
@@ -34,7 +35,13 @@ class Eagle3Drafter(FeatureDrafter):
     name = "eagle3"
 
     def __init__(
-        self, model: Eagle3Model, target: FeatureSource, *, topk: int = 4, auto_size: AutoSizer | None = None
+        self,
+        model: Eagle3Model,
+        target: FeatureSource,
+        *,
+        topk: int = 4,
+        auto_size: AutoSizer | None = None,
+        fast_step: bool | None = None,
     ) -> None:
         """Args:
         model: the trained network (its ``cfg.depth`` bounds the tree depth it drafts).
@@ -46,6 +53,9 @@ class Eagle3Drafter(FeatureDrafter):
         if topk < 1:
             raise DartspecError("eagle3 topk must be >= 1")
         super().__init__(model, target, auto_size)
+        # On a float32 CPU target the network runs on dartspec's C kernels, as DART's does (dart_fast.py).
+        fast = FastDraftNet.supports(model, target.device, target.dtype) if fast_step is None else fast_step
+        self._fast = FastDraftNet(self.model) if fast else None
         self.topk = topk
         self.eos = set(int(t) for t in target.eos_token_ids)
         self._level_s = 0.0  # running time of one tree level's drafter forward (for auto_size)
@@ -53,6 +63,36 @@ class Eagle3Drafter(FeatureDrafter):
     @classmethod
     def from_pretrained(cls, folder: str | Path, target: FeatureSource, **kw) -> Eagle3Drafter:
         return cls(Eagle3Model.load(folder, device=target.device, dtype=target.dtype), target, **kw)
+
+    def begin(self, prompt_ids: Sequence[int]) -> None:
+        super().begin(prompt_ids)
+        if self._fast is not None:
+            self._fast.reset()
+
+    def _context_step(self, feats: torch.Tensor, embeds: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Committed positions into the draft cache: depth-1 log-probs and the last residual (as context_step)."""
+        if self._fast is None:
+            return self.model.context_step(feats, embeds, start, self._cache)
+        net = self._fast
+        net.cache.truncate(start)  # the last tree's nodes followed the committed positions: not context
+        if net.cache.length != start:
+            raise RuntimeError(f"draft cache out of step: {net.cache.length} cached, step starts at {start}")
+        h = net.features(feats)
+        out = net.run(net.inputs(h, embeds), h, torch.arange(start, start + feats.shape[0]), None)
+        self._committed = start + feats.shape[0]
+        return net.logprobs(out[-1:])[0], out[-1].clone()
+
+    def _tree_step(
+        self, parents: torch.Tensor, embeds: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, tree: DraftKV
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One tree level (as tree_step): ``mask`` ``(n, T + n)`` over the earlier tree nodes and these."""
+        if self._fast is None:
+            return self.model.tree_step(parents, embeds, positions, mask, self._cache, tree)
+        net = self._fast
+        # The C block's mask covers the whole cache: committed positions (all visible), then the tree nodes.
+        full = torch.cat([torch.ones(mask.shape[0], self._committed, dtype=torch.bool), mask.cpu()], dim=1)
+        out = net.run(net.inputs(parents, embeds), parents.clone(), positions.cpu(), full.contiguous())
+        return net.logprobs(out), out
 
     @torch.inference_mode()
     def propose(self, tokens: Sequence[int], budget: DraftBudget) -> Tree:
@@ -64,7 +104,7 @@ class Eagle3Drafter(FeatureDrafter):
         if waiting is None:
             return Tree.root_only(root)
         feats, start, next_ids = waiting
-        logp0, h0 = self.model.context_step(feats, self.embed(next_ids), start, self._cache)
+        logp0, h0 = self._context_step(feats, self.embed(next_ids), start)
         keep = budget.max_nodes - 1
         max_depth = min(budget.max_depth, keep, self.model.cfg.depth)
         if keep < 1 or max_depth < 1:
@@ -119,7 +159,7 @@ class Eagle3Drafter(FeatureDrafter):
                     mask[row, slot[a]] = True
                     a = parent[a]
                 mask[row, n_old + row] = True
-            logp, out = self.model.tree_step(torch.stack(prev), self.embed(ids), positions, mask, self._cache, tree_kv)
+            logp, out = self._tree_step(torch.stack(prev), self.embed(ids), positions, mask, tree_kv)
             for row, c in enumerate(frontier):
                 slot[c] = n_old + row
                 hidden[c] = out[row]
