@@ -13,6 +13,7 @@
  * Each row is computed the same way whatever the other rows are, so a tree verification computes what
  * one-token decoding computes.
  */
+#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -39,6 +40,67 @@ static void rotate(float *x, const float *rot, long D) {
         x[2 * j + 1] = a * s + b * c;
     }
 }
+
+/* acc[u][j] = sum over d, in order, of x[u][d] * kt[d][j] for QUERIES queries and a block of KEYS transposed keys:
+ * QUERIES independent FMA chains sharing each load of a key row. */
+static void score_block(const float *const *x, const float *kt, long D, float acc[QUERIES][KEYS]) {
+#if defined(__AVX512F__) && KEYS == 16 && QUERIES == 4
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (long d = 0; d < D; d++) {
+        __m512 k = _mm512_loadu_ps(kt + d * KEYS);
+        a0 = _mm512_fmadd_ps(_mm512_set1_ps(x[0][d]), k, a0);
+        a1 = _mm512_fmadd_ps(_mm512_set1_ps(x[1][d]), k, a1);
+        a2 = _mm512_fmadd_ps(_mm512_set1_ps(x[2][d]), k, a2);
+        a3 = _mm512_fmadd_ps(_mm512_set1_ps(x[3][d]), k, a3);
+    }
+    _mm512_storeu_ps(acc[0], a0);
+    _mm512_storeu_ps(acc[1], a1);
+    _mm512_storeu_ps(acc[2], a2);
+    _mm512_storeu_ps(acc[3], a3);
+#else
+    for (long u = 0; u < QUERIES; u++)
+        for (long jj = 0; jj < KEYS; jj++) acc[u][jj] = 0.0f;
+    for (long d = 0; d < D; d++)
+        for (long u = 0; u < QUERIES; u++) {
+            float xd = x[u][d];
+#pragma omp simd
+            for (long jj = 0; jj < KEYS; jj++) acc[u][jj] += xd * kt[d * KEYS + jj];
+        }
+#endif
+}
+
+#if defined(__AVX512F__)
+/* o (64) = sum over the list of w[k] * values[pos[k]]: for each position its whole row at once (4 vectors), even and
+ * odd positions in separate accumulators (8 independent FMA chains), added at the end. */
+static void value_sum_64(const float *values, const long *pos, const float *w, long n, long D, float *o) {
+    __m512 e0 = _mm512_setzero_ps(), e1 = e0, e2 = e0, e3 = e0, o0 = e0, o1 = e0, o2 = e0, o3 = e0;
+    long k = 0;
+    for (; k + 2 <= n; k += 2) {
+        const float *a = values + pos[k] * D, *b = values + pos[k + 1] * D;
+        __m512 wa = _mm512_set1_ps(w[k]), wb = _mm512_set1_ps(w[k + 1]);
+        e0 = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a), e0);
+        e1 = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a + 16), e1);
+        e2 = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a + 32), e2);
+        e3 = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a + 48), e3);
+        o0 = _mm512_fmadd_ps(wb, _mm512_loadu_ps(b), o0);
+        o1 = _mm512_fmadd_ps(wb, _mm512_loadu_ps(b + 16), o1);
+        o2 = _mm512_fmadd_ps(wb, _mm512_loadu_ps(b + 32), o2);
+        o3 = _mm512_fmadd_ps(wb, _mm512_loadu_ps(b + 48), o3);
+    }
+    if (k < n) {
+        const float *a = values + pos[k] * D;
+        __m512 wa = _mm512_set1_ps(w[k]);
+        e0 = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a), e0);
+        e1 = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a + 16), e1);
+        e2 = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a + 32), e2);
+        e3 = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a + 48), e3);
+    }
+    _mm512_storeu_ps(o, _mm512_add_ps(e0, o0));
+    _mm512_storeu_ps(o + 16, _mm512_add_ps(e1, o1));
+    _mm512_storeu_ps(o + 32, _mm512_add_ps(e2, o2));
+    _mm512_storeu_ps(o + 48, _mm512_add_ps(e3, o3));
+}
+#endif
 
 /* qkv (q, (H + 2 KV) D); rot (q, D/2, 2) cos/sin of each row's position; kc, vc (KV, cap, D) cache buffers
  * holding base positions; mask (q, base + q) or NULL; q_norm / k_norm (D) or NULL; out (q, H D). */
@@ -96,13 +158,8 @@ void dartspec_attend(const float *qkv, long q, long H, long KV, long D, const fl
                     x[u] = qs + (i * H + h) * D;
                     srow[u] = u0 + u < nq ? scores + (i * H + h) * total + j0 : NULL;
                 }
-                float acc[QUERIES][KEYS] = {{0}};
-                for (long d = 0; d < D; d++)
-                    for (long u = 0; u < QUERIES; u++) {
-                        float xd = x[u][d];
-#pragma omp simd
-                        for (long jj = 0; jj < KEYS; jj++) acc[u][jj] += xd * kt[d * KEYS + jj];
-                    }
+                float acc[QUERIES][KEYS];
+                score_block(x, kt, D, acc);
                 for (long u = 0; u < QUERIES; u++)
                     if (srow[u])
                         for (long jj = 0; jj < n; jj++) srow[u][jj] = acc[u][jj] * scale;
@@ -133,21 +190,29 @@ void dartspec_attend(const float *qkv, long q, long H, long KV, long D, const fl
             for (long w = LANES / 2; w > 0; w /= 2)
                 for (long l = 0; l < w; l++) part[l] += part[l + w];
             float inv = 1.0f / part[0], *o = out + i * H * D + h * D;
-            /* Values: LANES dimensions at a time, four partial sums over the list (independent FMA chains). */
-            long d0 = 0;
+#pragma omp simd
+            for (long k = 0; k < n; k++) e[k] *= inv; /* the weights, once (not per dimension block) */
+            /* Values: a weighted sum over the list; a fixed-order scheme per head size, so deterministic per list. */
+#if defined(__AVX512F__)
+            if (D == 64) {
+                value_sum_64(values, pos, e, n, D, o);
+                continue;
+            }
+#endif
+            long d0 = 0; /* LANES dimensions at a time, four partial sums over the list (independent FMA chains) */
             for (; d0 + LANES <= D; d0 += LANES) {
                 float a[4][LANES] = {{0}};
                 long kk = 0;
                 for (; kk + 4 <= n; kk += 4)
                     for (int u = 0; u < 4; u++) {
                         const float *v = values + pos[kk + u] * D + d0;
-                        float w = e[kk + u] * inv;
+                        float w = e[kk + u];
 #pragma omp simd
                         for (long l = 0; l < LANES; l++) a[u][l] += w * v[l];
                     }
                 for (; kk < n; kk++) {
                     const float *v = values + pos[kk] * D + d0;
-                    float w = e[kk] * inv;
+                    float w = e[kk];
 #pragma omp simd
                     for (long l = 0; l < LANES; l++) a[0][l] += w * v[l];
                 }
@@ -156,7 +221,7 @@ void dartspec_attend(const float *qkv, long q, long H, long KV, long D, const fl
             }
             for (long d = d0; d < D; d++) { /* a head size that is no multiple of LANES: the rest in order */
                 float acc = 0.0f;
-                for (long kk = 0; kk < n; kk++) acc += e[kk] * inv * values[pos[kk] * D + d];
+                for (long kk = 0; kk < n; kk++) acc += e[kk] * values[pos[kk] * D + d];
                 o[d] = acc;
             }
         }

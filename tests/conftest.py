@@ -21,7 +21,7 @@ def tiny_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="t1", unk_token="t0")
 
 
-def tiny_model(arch: str, seed: int = 0, layers: int = 6, max_positions: int = 512):
+def tiny_model(arch: str, seed: int = 0, layers: int = 6, max_positions: int = 512, head_dim: int = 8):
     import transformers as tf
 
     torch.manual_seed(seed)
@@ -41,7 +41,7 @@ def tiny_model(arch: str, seed: int = 0, layers: int = 6, max_positions: int = 5
     elif arch == "qwen2":
         model = tf.Qwen2ForCausalLM(tf.Qwen2Config(**common))
     elif arch == "qwen3":
-        model = tf.Qwen3ForCausalLM(tf.Qwen3Config(head_dim=8, **common))
+        model = tf.Qwen3ForCausalLM(tf.Qwen3Config(head_dim=head_dim, **common))
     elif arch == "gemma3":
         cfg = tf.Gemma3TextConfig(
             head_dim=8,

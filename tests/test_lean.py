@@ -54,11 +54,13 @@ def test_lean_logits_and_features_equal_transformers(arch: str) -> None:
 
 
 @pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "qwen3-d64"])
 def test_fused_attention_equals_transformers_in_float32(arch: str) -> None:
     # float32 on CPU: up to 64 new rows take the C attention block (per-head norms, rotary, cache write,
-    # masked softmax), longer prefills SDPA; both against transformers' own forward.
-    model = _with_biases(tiny_model(arch, seed=7), 7).float()
+    # masked softmax), longer prefills SDPA; both against transformers' own forward. 64-dimension heads have
+    # their own value sum in C.
+    arch, head_dim = ("qwen3", 64) if arch == "qwen3-d64" else (arch, 8)
+    model = _with_biases(tiny_model(arch, seed=7, head_dim=head_dim), 7).float()
     lean = LeanTarget(model, tiny_tokenizer())
     assert lean._fused_attention
     ids = torch.randint(2, VOCAB, (100,), generator=torch.Generator().manual_seed(1))
@@ -91,10 +93,12 @@ def _step_by_step(t: LeanTarget, prompt: list[int], seq: list[int]) -> torch.Ten
 @pytest.mark.parametrize(
     ("arch", "quant"),
     [("llama", "none"), ("qwen3", "none"), ("llama", "fp16"), ("qwen2", "int8")]
-    + ([(a, q) for a in LEAN_ARCHS for q in ("exact", "exact-a16")] if exact.available() else []),
+    + ([(a, q) for a in [*LEAN_ARCHS, "qwen3-d64"] for q in ("exact", "exact-a16")] if exact.available() else []),
 )
 def test_tree_verification_equals_sequential_decoding(arch: str, quant: str) -> None:
-    model = _with_biases(tiny_model(arch, seed=5), 5)
+    # "qwen3-d64": heads of 64 dimensions, the size the C attention has a dedicated value sum for (SmolLM2's).
+    arch, head_dim = ("qwen3", 64) if arch == "qwen3-d64" else (arch, 8)
+    model = _with_biases(tiny_model(arch, seed=5, head_dim=head_dim), 5)
     if quant != "none":
         model = model.float()  # the quantized kernels take float32 activations
     if quant.startswith("exact"):
