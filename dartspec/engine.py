@@ -18,7 +18,7 @@ from dartspec.errors import ContextLengthError, DartspecError
 from dartspec.runtime import TargetRuntime, sync
 from dartspec.verify import Acceptance, SamplingParams, Verifier
 
-__all__ = ["GenerationResult", "GenerationStats", "Generator", "StepEvent", "sync"]
+__all__ = ["GenerationResult", "GenerationStats", "Generator", "SequenceState", "StepEvent", "sync"]
 
 Prompt = str | Sequence[dict[str, str]] | Sequence[int]
 
@@ -169,6 +169,28 @@ class _TextStream:
         return out
 
 
+@dataclass
+class SequenceState:
+    """One generation's state in the engine: what was asked (prompt, limit, sampling with its RNG, stop strings),
+    what is committed, what has been shown, and its timings. :meth:`Generator.start` makes one,
+    :meth:`Generator.advance` steps it, :meth:`Generator.emit` reports it. (The target's KV cache and the
+    drafter's own state still live in the runtime and the drafter, one sequence at a time; moving them here is
+    what a batched step over many sequences needs next.)"""
+
+    prompt_ids: list[int]
+    limit: int
+    verifier: Verifier
+    text: _TextStream
+    stats: GenerationStats
+    started: float
+    committed: list[int]
+    new: list[int]
+    clock: _Clock
+    shown: int = 0
+    drafted: int = 0
+    result: GenerationResult | None = None
+
+
 def default_tree_size(device: Any, feature_drafter: bool = False) -> int:
     """The fastest fixed tree size measured for the shipped drafters (BENCHMARKS.md): on a GPU 16 (flat verify
     cost); on a CPU 2 for drafters that run a network per step (DART, EAGLE-3: at today's acceptance deeper
@@ -255,6 +277,38 @@ class Generator:
 
         Closing the iterator early (e.g. a client disconnect) simply ends the generation.
         """
+        seq = self.start(
+            prompt,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            seed=seed,
+            stop=stop,
+            chat=chat,
+        )
+        while True:
+            event = self.emit(seq)
+            yield event
+            if event.result is not None:
+                return
+            seq.clock.restart()  # the consumer's time between events is not ours
+            self.advance(seq)
+
+    def start(
+        self,
+        prompt: Prompt,
+        *,
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+        chat: bool | None = None,
+    ) -> SequenceState:
+        """Check the request, prefill the prompt and take the first token: a sequence for :meth:`emit` and
+        :meth:`advance` (arguments as for :meth:`stream`)."""
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise DartspecError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
@@ -266,70 +320,75 @@ class Generator:
                 f"the prompt is {len(prompt_ids)} tokens but {target.name} has a context window of "
                 f"{target.max_context} tokens"
             )
-        limit = min(max_new_tokens, room)
         verifier = Verifier(params)
-        text = _TextStream(target, stop)
         stats = GenerationStats(prompt_tokens=len(prompt_ids))
-        feats = drafter.needs_features
-        start = time.perf_counter()
+        started = time.perf_counter()
         target.reset()
         drafter.begin(prompt_ids)
-        out = target.prefill(prompt_ids, features=feats)
+        out = target.prefill(prompt_ids, features=drafter.needs_features)
         drafter.observe(prompt_ids, out.features)
         first = verifier.next_token(out.logits[0])
         stats.target_forwards = 1
-        stats.times["prefill"] = time.perf_counter() - start
-        committed = [*prompt_ids, first]
-        new = [first]
-        shown_tokens, drafted = 0, 0
+        stats.times["prefill"] = time.perf_counter() - started
+        return SequenceState(
+            prompt_ids=list(prompt_ids),
+            limit=min(max_new_tokens, room),
+            verifier=verifier,
+            text=_TextStream(target, stop),
+            stats=stats,
+            started=started,
+            committed=[*prompt_ids, first],
+            new=[first],
+            clock=_Clock(stats.times),
+        )
 
-        clock = _Clock(stats.times)
-        while True:
-            finish = self._finish_reason(new, limit, text)
-            if finish is not None:
-                new, final_text = self._truncate(new, limit, text)
-                stats.new_tokens = len(new)
-                stats.seconds = time.perf_counter() - start
-                stats.extra.update(drafter.report())
-                result = GenerationResult(final_text, new, finish, stats)
-                last = new[shown_tokens:]
-                yield StepEvent(last, min(drafted, len(last)), text.delta(final_text, True), result)
-                return
-            event = StepEvent(new[shown_tokens:], drafted, text.delta(text.full(new), False))
-            shown_tokens = len(new)
-            clock.lap("other")
-            yield event
-            clock.restart()  # the consumer's time between events is not ours
+    def emit(self, seq: SequenceState) -> StepEvent:
+        """What ``seq`` has to show now; when it is finished (EOS, a stop string, the limit) the event carries the
+        result and ``seq.result`` is set."""
+        finish = self._finish_reason(seq.new, seq.limit, seq.text)
+        if finish is not None:
+            new, final_text = self._truncate(seq.new, seq.limit, seq.text)
+            stats = seq.stats
+            stats.new_tokens = len(new)
+            stats.seconds = time.perf_counter() - seq.started
+            stats.extra.update(self.drafter.report())
+            seq.result = GenerationResult(final_text, new, finish, stats)
+            last = new[seq.shown :]
+            return StepEvent(last, min(seq.drafted, len(last)), seq.text.delta(final_text, True), seq.result)
+        event = StepEvent(seq.new[seq.shown :], seq.drafted, seq.text.delta(seq.text.full(seq.new), False))
+        seq.shown = len(seq.new)
+        seq.clock.lap("other")
+        return event
 
-            acc = self._step(committed, limit - len(new), verifier, stats, clock)
-            committed.extend(acc.tokens)
-            new.extend(acc.tokens)
-            drafted = acc.accepted_drafts
-            clock.lap("other")
+    def advance(self, seq: SequenceState) -> None:
+        """One step of ``seq``: propose, verify, accept, commit (see :meth:`_step`)."""
+        acc = self._step(seq)
+        seq.committed.extend(acc.tokens)
+        seq.new.extend(acc.tokens)
+        seq.drafted = acc.accepted_drafts
+        seq.clock.lap("other")
 
-    def _step(
-        self, committed: list[int], remaining: int, verifier: Verifier, stats: GenerationStats, clock: _Clock
-    ) -> Acceptance:
+    def _step(self, seq: SequenceState) -> Acceptance:
         """One speculative step: the drafter proposes a tree, the target scores it in one forward, the verifier
         accepts a path, the target keeps that path's cache entries and the drafter sees what was committed."""
-        target, drafter = self.target, self.drafter
+        target, drafter, clock = self.target, self.drafter, seq.clock
         budget = DraftBudget(
             max_nodes=max(1, min(self.tree_size, target.max_context - target.cached)),
-            max_depth=max(0, min(self.max_depth, remaining - 1)),
+            max_depth=max(0, min(self.max_depth, seq.limit - len(seq.new) - 1)),
         )
-        tree = drafter.propose(committed, budget)
+        tree = drafter.propose(seq.committed, budget)
         clock.lap("draft", drafter.last_tree_seconds)
-        if tree.tokens[0] != committed[-1] or tree.size > budget.max_nodes or tree.max_depth > budget.max_depth:
+        if tree.tokens[0] != seq.committed[-1] or tree.size > budget.max_nodes or tree.max_depth > budget.max_depth:
             raise RuntimeError(f"drafter {drafter.name!r} proposed a tree outside its budget or root")
 
         base = target.cached
         out = target.verify(tree, features=drafter.needs_features)
-        acc = verifier.accept(tree, out.logits)
+        acc = seq.verifier.accept(tree, out.logits)
         target.commit(base, acc.path)
         clock.lap("verify")
 
         drafter.observe(tree.tokens[acc.path].tolist(), out.features[acc.path] if drafter.needs_features else None)
-        stats.record_step(tree.max_depth, acc.accepted_drafts, tree.size)
+        seq.stats.record_step(tree.max_depth, acc.accepted_drafts, tree.size)
         return acc
 
     def _finish_reason(self, new: list[int], limit: int, text: _TextStream) -> str | None:

@@ -213,3 +213,18 @@ def test_auto_drafter_is_prompt_lookup_on_a_cpu_and_plain_decoding_elsewhere(tar
     assert gen.drafter.name == "pld" and gen.tree_size == 4  # lookup's CPU default size
     assert make_drafter("auto", target).name == "pld"
     assert default_drafter(torch.device("cuda")) == "none" and default_drafter("cpu") == "pld"
+
+
+def test_a_sequence_stepped_by_hand_equals_the_stream(target: Target) -> None:
+    """start / emit / advance (the per-sequence steps the stream is made of) give the same tokens and events."""
+    gen = Generator(target, PromptLookupDrafter(min_ngram=1))
+    prompt = [3, 4, 5, 3, 4, 5, 3, 4]
+    ref = list(gen.stream(prompt, max_new_tokens=24))
+    seq = gen.start(prompt, max_new_tokens=24)
+    events = []
+    while seq.result is None:
+        events.append(gen.emit(seq))
+        if seq.result is None:
+            gen.advance(seq)
+    assert seq.result.token_ids == ref[-1].result.token_ids and seq.committed[: len(prompt)] == prompt
+    assert [(e.token_ids, e.drafted, e.text) for e in events] == [(e.token_ids, e.drafted, e.text) for e in ref]
