@@ -261,32 +261,13 @@ class Generator:
                 return event.result
         raise AssertionError("the stream ended without a result")
 
-    def stream(
-        self,
-        prompt: Prompt,
-        *,
-        max_new_tokens: int = 256,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        seed: int | None = None,
-        stop: Sequence[str] = (),
-        chat: bool | None = None,
-    ) -> Iterator[StepEvent]:
-        """Yield a :class:`StepEvent` per target forward; the last one carries the result.
+    def stream(self, prompt: Prompt, **params: Any) -> Iterator[StepEvent]:
+        """Yield a :class:`StepEvent` per target forward; the last one carries the result. Keyword arguments as
+        for :meth:`start` (``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop``, ``chat``).
 
         Closing the iterator early (e.g. a client disconnect) simply ends the generation.
         """
-        seq = self.start(
-            prompt,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            seed=seed,
-            stop=stop,
-            chat=chat,
-        )
+        seq = self.start(prompt, **params)
         while True:
             event = self.emit(seq)
             yield event
@@ -308,7 +289,8 @@ class Generator:
         chat: bool | None = None,
     ) -> SequenceState:
         """Check the request, prefill the prompt and take the first token: a sequence for :meth:`emit` and
-        :meth:`advance` (arguments as for :meth:`stream`)."""
+        :meth:`advance`. ``prompt``: text (``chat`` applies the chat template), chat messages or token ids;
+        ``stop``: strings that end the text (not included)."""
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise DartspecError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")

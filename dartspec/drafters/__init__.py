@@ -24,8 +24,8 @@ def drafter_names() -> list[str]:
 def default_drafter(device) -> str:
     """What ``--drafter auto`` (the command line's default) means on ``device``: prompt lookup on a CPU, where it
     was the fastest drafter and never meaningfully slower than plain decoding (BENCHMARKS.md, exact-a16 runtime,
-    first 10 prompts, two runs: median 1.09-1.15x on MT-Bench, worst prompt 0.96-0.98x; 1.20-1.22x on HumanEval,
-    worst 1.06-1.10x; lookup costs
+    first 10 prompts, three runs: median 1.05-1.15x on MT-Bench, worst prompt 0.96-0.98x; 1.16-1.22x on HumanEval,
+    worst 1.03-1.10x; lookup costs
     no model and its output is bit-identical to plain decoding there); plain decoding elsewhere (not measured on a
     GPU yet, where bfloat16 tree verification may also tip near-ties)."""
     return "pld" if str(getattr(device, "type", device)) == "cpu" else "none"
