@@ -382,14 +382,17 @@ def _library() -> ctypes.CDLL:
         raise DartspecError("--quant exact / exact-a16 need an x86-64 CPU with AVX2 and FMA: use --quant fp16")
     source = b"".join(src.read_bytes() for src in (*_SOURCES, *_HEADERS))
     gomp = _torch_libgomp()
-    key = hashlib.sha256(source + str(sorted(flags)).encode() + str(gomp).encode()).hexdigest()[:16]
+    # DARTSPEC_MARCH (default native) builds for another instruction set, e.g. x86-64-v3 (AVX2 without AVX-512), so
+    # that the AVX2 code paths can be tested on an AVX-512 machine.
+    march = os.environ.get("DARTSPEC_MARCH", "native")
+    key = hashlib.sha256(source + str(sorted(flags)).encode() + str(gomp).encode() + march.encode()).hexdigest()[:16]
     lib_path = cache_dir() / "kernels" / f"qgemm-{key}.so"
     if not lib_path.is_file():
         compiler = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
         if compiler is None:
             raise DartspecError("--quant exact / exact-a16 compile small C kernels once and need gcc: use --quant fp16")
         with atomic_path(lib_path) as tmp:
-            cmd = [compiler, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", *map(str, _SOURCES)]
+            cmd = [compiler, "-O3", f"-march={march}", "-fopenmp", "-shared", "-fPIC", *map(str, _SOURCES)]
             cmd += ["-o", str(tmp)]
             if gomp is not None:  # share torch's OpenMP runtime and thread pool instead of starting a second one
                 cmd += [f"-Wl,-rpath,{gomp.parent}", str(gomp)]
