@@ -5,6 +5,8 @@ them in its help before anything heavy is loaded). What they mean: :mod:`dartspe
 RUNTIMES = ("auto", "lean", "hf")
 QUANT_FORMATS = ("none", "fp16", "int8", "exact", "exact-a16")
 QUANT_CHOICES = ("auto", *QUANT_FORMATS)
+#: Drafters by name (:func:`dartspec.drafters.make_drafter`); ``none`` is plain decoding.
+DRAFTER_NAMES = ("none", "pld", "dart", "dart+pld", "eagle3")
 #: Tree builders for a parallel drafter's rows (:func:`dartspec.search.make_tree_builder`).
 TREE_BUILDERS = ("beam", "ddtree", "chain")
 #: Where ``data regenerate`` takes user turns from: ShareGPT conversations, or requests the target writes itself.

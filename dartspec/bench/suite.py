@@ -19,10 +19,13 @@ from typing import Any
 
 from dartspec import atomic
 from dartspec.errors import DartspecError
-from dartspec.formats import QUANT_CHOICES, RUNTIMES, TREE_BUILDERS
+from dartspec.formats import DRAFTER_NAMES, QUANT_CHOICES, RUNTIMES, TREE_BUILDERS
 
-#: Method names ``--methods`` understands; options follow a colon (``dart:tree=ddtree,size=8``).
-METHODS = ("ar", "pld", "dart", "dart+pld", "eagle3", "hf-ar", "hf-pld", "llamacpp-ar")
+#: Rows run by other decoders (peers): transformers generate, plain and with prompt lookup, and llama.cpp.
+_PEERS = ("hf-ar", "hf-pld", "llamacpp-ar")
+#: Method names ``--methods`` understands (``ar`` is the drafter ``none``, plain decoding, then every other drafter,
+#: then the peers); options follow a colon (``dart:tree=ddtree,size=8``).
+METHODS = ("ar", *(d for d in DRAFTER_NAMES if d != "none"), *_PEERS)
 #: Every method of dartspec's own engine may run on another runtime / weight format than the main target.
 _RUNTIME_OPTIONS = {"runtime", "quant"}
 _DART_OPTIONS = {"tree", "size", "depth", "ngram", "online", "path", "smooth", *_RUNTIME_OPTIONS}
@@ -35,8 +38,7 @@ _OPTIONS = {
     "eagle3": {"size", "depth", "path", "topk", *_RUNTIME_OPTIONS},
     "llamacpp-ar": {"gguf"},
 }
-#: Rows run by dartspec's engine (the others are peers with their own decoders).
-_PEERS = ("hf-ar", "hf-pld", "llamacpp-ar")
+#: Rows run by dartspec's engine.
 _ENGINE_METHODS = tuple(m for m in METHODS if m not in _PEERS)
 #: llama.cpp weight types the ``llamacpp-ar`` row can requantize the model's GGUF to (llama.cpp's own quantizer).
 LLAMACPP_TYPES = ("f16", "q8_0", "q4_1")

@@ -7,11 +7,11 @@ from pathlib import Path
 from dartspec.drafters.base import DraftBudget, Drafter, NoDrafter
 from dartspec.drafters.pld import PromptLookupDrafter
 from dartspec.errors import DartspecError
+from dartspec.formats import DRAFTER_NAMES
 
 #: Drafter checkpoints that ship inside the package, by target model name.
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "checkpoints"
 
-DRAFTER_NAMES = ("none", "pld", "dart", "dart+pld", "eagle3")
 #: The drafters that run a network over the target's features each step (``--tree-size auto`` applies to them).
 FEATURE_DRAFTERS = ("dart", "dart+pld", "eagle3")
 
