@@ -10,7 +10,9 @@ forward. This forward does the same arithmetic with fewer, larger operations:
   permutation), and the rotation table is computed once for the whole context;
 - one ``scaled_dot_product_attention`` per layer over the tree KV cache (GQA inside the kernel), with no
   mask at all for a single token or a causal prefill;
-- fused ``F.rms_norm``.
+- fused ``F.rms_norm``;
+- on a CPU in float32 with the ``exact-a16`` format, for up to 64 new rows (decoding, draft trees), each decoder
+  block is one C call (:class:`dartspec.exact.Block`): norms, projections, attention, SiLU and residual adds.
 
 Transformers still loads the model, tokenizes and is the reference this forward is tested against
 (``tests/test_lean.py``: logits equal transformers' forward on tiny random configs and on SmolLM2).
