@@ -143,14 +143,41 @@ class _Clock:
 class _TextStream:
     """Incremental detokenization that never shows text it may have to take back."""
 
+    #: Tokens before the newest ones that are decoded again with them (the window's context: a SentencePiece
+    #: token's leading space, or the bytes of a character split over tokens).
+    WINDOW = 6
+
     def __init__(self, target: TargetRuntime, stop: Sequence[str]) -> None:
         self.target = target
         self.stop = [s for s in stop if s]
         self.hold = max((len(s) - 1 for s in self.stop), default=0)
         self.shown = 0
+        # Decoding every committed token again at each step costs O(n^2) over an answer. Where decoding
+        # concatenates (no clean-up of spaces around punctuation, which rewrites text already decoded), the text is
+        # extended from a short window instead; elsewhere (or unknown tokenizers) it is decoded whole.
+        tokenizer = getattr(target, "tokenizer", None)
+        self.incremental = getattr(tokenizer, "clean_up_tokenization_spaces", True) is False
+        self._ids: list[int] = []
+        self._text = ""
+        self._prefix = self._read = 0
 
     def full(self, token_ids: Sequence[int]) -> str:
         return self.target.decode(token_ids)
+
+    def current(self, token_ids: list[int]) -> str:
+        """The text of ``token_ids`` (which extend the previous call's), but for an incomplete last character;
+        shown text only ever grows, and always as a prefix of :meth:`full`."""
+        if not self.incremental or token_ids[: len(self._ids)] != self._ids:
+            return self.full(token_ids)
+        self._ids = list(token_ids)
+        # Incremental detokenization (as vLLM's): decode the window [prefix:] and keep what it adds to [prefix:read],
+        # once it does not end in an incomplete character; the window keeps WINDOW tokens of context.
+        before = self.target.decode(self._ids[self._prefix : self._read])
+        after = self.target.decode(self._ids[self._prefix :])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self._text += after[len(before) :]
+            self._prefix, self._read = max(0, len(self._ids) - self.WINDOW), len(self._ids)
+        return self._text
 
     def find_stop(self, text: str) -> int | None:
         hits = [i for i in (text.find(s) for s in self.stop) if i >= 0]
@@ -337,7 +364,7 @@ class Generator:
             seq.result = GenerationResult(final_text, new, finish, stats)
             last = new[seq.shown :]
             return StepEvent(last, min(seq.drafted, len(last)), seq.text.delta(final_text, True), seq.result)
-        event = StepEvent(seq.new[seq.shown :], seq.drafted, seq.text.delta(seq.text.full(seq.new), False))
+        event = StepEvent(seq.new[seq.shown :], seq.drafted, seq.text.delta(seq.text.current(seq.new), False))
         seq.shown = len(seq.new)
         seq.clock.lap("other")
         return event
@@ -376,7 +403,7 @@ class Generator:
     def _finish_reason(self, new: list[int], limit: int, text: _TextStream) -> str | None:
         if any(t in self.target.eos_token_ids for t in new):
             return "stop"
-        if text.stop and text.find_stop(text.full(new)) is not None:
+        if text.stop and text.find_stop(text.current(new)) is not None:
             return "stop"
         if len(new) >= limit:
             return "length"

@@ -80,6 +80,31 @@ def test_every_drafter_equals_transformers_generate_in_float32(smollm2: Target) 
             assert out.token_ids == ref_ids, f"question {qid}: {name} differs from transformers generate"
 
 
+def test_incremental_text_is_always_a_prefix_of_the_full_decode(smollm2: Target) -> None:
+    """The engine extends an answer's text from a short window of tokens instead of decoding it whole at every step:
+    on SmolLM2's byte-level tokenizer (characters split over tokens, random byte soup) the text shown is always a
+    prefix of the full decode and equals it once the last character is complete."""
+    import random
+
+    from dartspec.engine import _TextStream
+
+    texts = ["Hello, world! Ünïcödé 你好 🙂 . , ok\n\ndef f(x):\n    return x ** 2  # ✓", "Ça va? 日本語 🎉🎉 end."]
+    for trial in range(60):
+        rng = random.Random(trial)
+        if trial % 2:
+            ids = smollm2.encode(rng.choice(texts) * 3)
+        else:
+            ids = [rng.randrange(smollm2.vocab_size) for _ in range(60)]
+        stream = _TextStream(smollm2, [])
+        assert stream.incremental
+        n = 0
+        while n < len(ids):
+            n = min(len(ids), n + rng.choice([1, 1, 2, 5]))
+            text, full = stream.current(ids[:n]), smollm2.decode(ids[:n])
+            assert full.startswith(text), (trial, n)
+        assert full.endswith("\ufffd") or text == full
+
+
 def test_bench_accuracy_of_the_shipped_drafters_on_the_dev_split(tmp_path) -> None:
     import json
     import subprocess
