@@ -157,26 +157,26 @@ class _TextStream:
         # extended from a short window instead; elsewhere (or unknown tokenizers) it is decoded whole.
         tokenizer = getattr(target, "tokenizer", None)
         self.incremental = getattr(tokenizer, "clean_up_tokenization_spaces", True) is False
-        self._ids: list[int] = []
         self._text = ""
-        self._prefix = self._read = 0
+        self._prefix = self._read = 0  # the window: tokens [prefix:read] made the end of _text
 
     def full(self, token_ids: Sequence[int]) -> str:
         return self.target.decode(token_ids)
 
-    def current(self, token_ids: list[int]) -> str:
-        """The text of ``token_ids`` (which extend the previous call's), but for an incomplete last character;
-        shown text only ever grows, and always as a prefix of :meth:`full`."""
-        if not self.incremental or token_ids[: len(self._ids)] != self._ids:
+    def current(self, token_ids: Sequence[int]) -> str:
+        """The text of ``token_ids``, one sequence that only grows between calls (the engine's answer), but for
+        an incomplete last character; always a prefix of :meth:`full`. Work per call is a window, not the answer."""
+        if not self.incremental or len(token_ids) < self._read:
             return self.full(token_ids)
-        self._ids = list(token_ids)
+        if len(token_ids) == self._read:
+            return self._text  # nothing new since the last call (the stop check and the event share a step)
         # Incremental detokenization (as vLLM's): decode the window [prefix:] and keep what it adds to [prefix:read],
         # once it does not end in an incomplete character; the window keeps WINDOW tokens of context.
-        before = self.target.decode(self._ids[self._prefix : self._read])
-        after = self.target.decode(self._ids[self._prefix :])
+        before = self.target.decode(token_ids[self._prefix : self._read])
+        after = self.target.decode(token_ids[self._prefix :])
         if len(after) > len(before) and not after.endswith("\ufffd"):
             self._text += after[len(before) :]
-            self._prefix, self._read = max(0, len(self._ids) - self.WINDOW), len(self._ids)
+            self._prefix, self._read = max(0, len(token_ids) - self.WINDOW), len(token_ids)
         return self._text
 
     def find_stop(self, text: str) -> int | None:

@@ -324,7 +324,6 @@ class Block:
         self._c = _CBlock(*parts, *norms, heads, kv_heads, head_dim, eps, scale)
         self._ref = ctypes.byref(self._c)
         self._run = _library().dartspec_block
-        self.hidden = packed.out_features  # the down projection's outputs: the residual width
 
     def __call__(
         self,

@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
+from dartspec.drafters.dart_model import DraftKV
 from dartspec.errors import DartspecError
+from dartspec.quant import use_fast_linears
 from dartspec.tree import DraftBudget, Tree
 
 if TYPE_CHECKING:
@@ -130,9 +132,6 @@ class FeatureDrafter(DrafterBase):
     needs_features = True
 
     def __init__(self, model: nn.Module, target: FeatureSource, auto_size: AutoSizer | None) -> None:
-        from dartspec.drafters.dart_model import DraftKV
-        from dartspec.quant import use_fast_linears
-
         model.check_target(target)
         self.model = model.to(target.device).eval()
         use_fast_linears(self.model, target)
@@ -145,8 +144,6 @@ class FeatureDrafter(DrafterBase):
         self._queue = FeatureQueue()
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
-        from dartspec.drafters.dart_model import DraftKV
-
         self.target.set_feature_layers(self.model.cfg.feature_layers)
         self._cache = DraftKV()
         self._queue.reset()

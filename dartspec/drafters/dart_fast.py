@@ -27,9 +27,9 @@ from dartspec.kv_cache import TreeKVCache
 from dartspec.rotary import interleave_rows
 
 
-def _panels(linears: list[torch.nn.Module]) -> exact.ExactWeight:
-    """The linears' weights stacked along outputs, rounded to 8-bit groups, laid out for the kernel."""
-    return exact.to_panels(exact.quantize8(torch.cat([_values(lin.weight) for lin in linears])))
+def _panels(*weights: torch.Tensor) -> exact.ExactWeight:
+    """Weight matrices stacked along outputs, rounded to 8-bit groups, laid out for the kernel."""
+    return exact.to_panels(exact.quantize8(torch.cat([_values(w) for w in weights])))
 
 
 def _values(t: torch.Tensor) -> torch.Tensor:
@@ -48,12 +48,11 @@ class FastDraftNet:
             # Rotary in the kernel's adjacent-pair layout: q and k rows permuted per head (see dartspec.rotary).
             q_rows = interleave_rows(_values(layer.q_proj.weight), cfg.num_attention_heads, D)
             k_rows = interleave_rows(_values(layer.k_proj.weight), cfg.num_key_value_heads, D)
-            qkv = exact.to_panels(exact.quantize8(torch.cat([q_rows, k_rows, _values(layer.v_proj.weight)])))
             linears = (
-                (qkv, None),
-                (_panels([layer.o_proj]), None),
-                (_panels([layer.gate_proj, layer.up_proj]), None),
-                (_panels([layer.down_proj]), None),
+                (_panels(q_rows, k_rows, layer.v_proj.weight), None),
+                (_panels(layer.o_proj.weight), None),
+                (_panels(layer.gate_proj.weight, layer.up_proj.weight), None),
+                (_panels(layer.down_proj.weight), None),
             )
             ln1 = None if i == 0 else model.input_norms[i - 1].weight.detach()
             self.blocks.append(
@@ -70,8 +69,8 @@ class FastDraftNet:
                     D**-0.5,
                 )
             )
-        self.fc = _panels([model.fc])
-        self.head = _panels([model.lm_head])
+        self.fc = _panels(model.fc.weight)
+        self.head = _panels(model.lm_head.weight)
         self.norm_feat, self.norm_embed, self.norm = (
             _values(n.weight) for n in (model.norm_feat, model.norm_embed, model.norm)
         )

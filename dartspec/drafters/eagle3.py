@@ -59,6 +59,7 @@ class Eagle3Drafter(FeatureDrafter):
         self.topk = topk
         self.eos = set(int(t) for t in target.eos_token_ids)
         self._level_s = 0.0  # running time of one tree level's drafter forward (for auto_size)
+        self._committed = 0  # real positions in the C path's draft cache (its tree nodes follow them)
 
     @classmethod
     def from_pretrained(cls, folder: str | Path, target: FeatureSource, **kw) -> Eagle3Drafter:
