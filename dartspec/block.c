@@ -21,11 +21,16 @@ typedef struct {
     float eps, scale;
 } dartspec_block_weights;
 
-/* x (q, hidden) fp32; attn_in (q, qkv.K) or NULL (rms_norm(x, ln1)); rot (q, D/2, 2); kc, vc (KV, cap, D) with
- * base positions filled; mask (q, base + q) or NULL (causal). */
-void dartspec_block(const dartspec_block_weights *b, float *x, const float *attn_in, long q, const float *rot,
-                    float *kc, float *vc, long cap, long base, const uint8_t *mask) {
+/* Many sequences' new rows in one call: the projections run over all ``q`` rows of x together (the weights are
+ * read once), attention per sequence against its own cache. Sequence s owns rows starts[s] .. starts[s + 1]; its
+ * cache is kc[s], vc[s] (KV, cap[s], D) with base[s] positions filled, its mask (rows, base + rows) or NULL
+ * (causal). x (q, hidden) fp32; attn_in (q, qkv.K) or NULL (rms_norm(x, ln1)); rot (q, D/2, 2). Every row is
+ * computed on its own, so a sequence's rows are what a call with that sequence alone computes. */
+void dartspec_block_many(const dartspec_block_weights *b, float *x, const float *attn_in, long q, const float *rot,
+                         long nseq, const long *starts, float *const *kc, float *const *vc, const long *cap,
+                         const long *base, const uint8_t *const *mask) {
     long hidden = b->o.O, inner = b->down.K, width = b->qkv.O, attn_width = b->heads * b->head_dim;
+    long half = b->head_dim / 2;
     long widest = hidden > inner ? hidden : inner;
     widest = widest > attn_width ? widest : attn_width;
     widest = widest > b->qkv.K ? widest : b->qkv.K;
@@ -40,8 +45,11 @@ void dartspec_block(const dartspec_block_weights *b, float *x, const float *attn
     else
         qdot_prepare(QDOT_RMSNORM, x, q, hidden, hidden, b->ln1, b->eps, &rows);
     qdot_run(&b->qkv, &rows, q, qkv, 0);
-    dartspec_attend(qkv, q, b->heads, b->kv_heads, b->head_dim, rot, kc, vc, cap, base, mask, b->q_norm, b->k_norm,
-                    b->eps, b->scale, attn);
+    for (long s = 0; s < nseq; s++) {
+        long r0 = starts[s], n = starts[s + 1] - starts[s];
+        dartspec_attend(qkv + r0 * width, n, b->heads, b->kv_heads, b->head_dim, rot + r0 * half * 2, kc[s], vc[s],
+                        cap[s], base[s], mask[s], b->q_norm, b->k_norm, b->eps, b->scale, attn + r0 * attn_width);
+    }
     qdot_prepare(QDOT_PLAIN, attn, q, attn_width, attn_width, NULL, 0.0f, &rows);
     qdot_run(&b->o, &rows, q, x, 1);
     qdot_prepare(QDOT_RMSNORM, x, q, hidden, hidden, b->ln2, b->eps, &rows);
@@ -53,4 +61,12 @@ void dartspec_block(const dartspec_block_weights *b, float *x, const float *attn
     free(gu);
     free(attn);
     free(qkv);
+}
+
+/* One sequence: x (q, hidden) fp32; attn_in (q, qkv.K) or NULL (rms_norm(x, ln1)); rot (q, D/2, 2); kc, vc
+ * (KV, cap, D) with base positions filled; mask (q, base + q) or NULL (causal). */
+void dartspec_block(const dartspec_block_weights *b, float *x, const float *attn_in, long q, const float *rot,
+                    float *kc, float *vc, long cap, long base, const uint8_t *mask) {
+    long starts[2] = {0, q};
+    dartspec_block_many(b, x, attn_in, q, rot, 1, starts, &kc, &vc, &cap, &base, &mask);
 }

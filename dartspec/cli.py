@@ -313,6 +313,57 @@ def cmd_bench_load(args: argparse.Namespace) -> int:
     return 0 if healthy else 1
 
 
+def cmd_bench_serve(args: argparse.Namespace) -> int:
+    try:
+        import openai  # noqa: F401
+
+        from dartspec.serve.app import create_app
+        from dartspec.serve.engine import ServeEngine
+    except ImportError as err:
+        raise DartspecError(f"bench serve needs {err.name}: pip install 'dartspec[serve]'") from None
+    from dartspec.bench.serve import local_server, markdown, run_serve_bench, write_results
+    from dartspec.bench.suite import load_prompts
+    from dartspec.drafters import NoDrafter
+    from dartspec.engine import Generator
+    from dartspec.errors import require
+    from dartspec.runtime import describe
+
+    if args.plot:
+        require("matplotlib", extra="bench", purpose="plotting (--plot)")
+    prompts = [text for _, text in load_prompts(args.dataset, limit=args.limit)]
+    target = load_target(args)
+    engine = ServeEngine(
+        make_generator(args, target),
+        Generator(target, NoDrafter()),
+        target.name,
+        max_queue=max(args.concurrency) + 8,
+        max_batch=args.max_batch or max(args.concurrency),
+        step_rows=args.step_rows,
+    )
+    meta = {
+        "model": target.name,
+        "runtime": describe(target),
+        "drafter": engine.drafter_name,
+        "max_batch": engine.max_batch,
+        "step_rows": engine.step_rows,
+        "dataset": args.dataset,
+        "prompts": len(prompts),
+        "max_new_tokens": args.max_new_tokens,
+    }
+    _log(f"{len(prompts)} prompts at concurrency {', '.join(map(str, sorted(set(args.concurrency) | {1})))}...")
+    with local_server(create_app(engine)) as url:
+        levels = run_serve_bench(
+            url, prompts, model=target.name, concurrency=args.concurrency, max_tokens=args.max_new_tokens
+        )
+    print(markdown(levels, meta))
+    for level in levels:
+        for line in level.failures[:3]:
+            _log(f"failed at {level.concurrency} clients: {line.splitlines()[0]}")
+    if args.out:
+        write_results(levels, meta, args.out, args.plot)
+    return 0 if all(not lv.failures and not lv.mismatches for lv in levels) else 1
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from dartspec.bench.demo import demo_peers, run_demo
     from dartspec.drafters import shipped_checkpoint
@@ -421,6 +472,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         target.name,
         max_queue=args.max_queue,
         timeout_s=args.timeout,
+        max_batch=args.max_batch,
+        step_rows=args.step_rows,
     )
     app = create_app(
         engine,
@@ -624,7 +677,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-body-kb", type=_positive_int, default=1024, help="largest request body in KiB (default 1024; then 413)"
     )
     p.add_argument(
-        "--max-queue", type=int, default=64, help="requests that may wait for the engine (0: none wait; then 429)"
+        "--max-queue", type=int, default=64, help="requests that may wait for a place (0: none wait; then 429)"
+    )
+    p.add_argument(
+        "--max-batch",
+        type=_positive_int,
+        default=8,
+        help="requests decoded together, one target forward per step (default 8; 1: one at a time)",
+    )
+    p.add_argument(
+        "--step-rows",
+        type=_positive_int,
+        default=None,
+        help="rows of one batched forward: each request's tree gets rows / requests nodes (default: 4 on a CPU, "
+        "64 on a GPU; trees shrink to plain decoding as the batch fills)",
     )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds a request may take, its wait included")
     p.add_argument("--default-max-tokens", type=_positive_int, default=256)
@@ -867,6 +933,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key-file", default=None)
     p.add_argument("--out", default=None, help="folder for load.md and load.json")
     p.set_defaults(func=cmd_bench_load)
+
+    p = bench.add_parser("serve", help="aggregate tokens/s and latency of the server under 1..N concurrent clients")
+    add_target_args(p)
+    add_drafter_args(p)
+    p.add_argument(
+        "--concurrency", type=_int_list, default=[1, 2, 4, 8], help="concurrent clients per level (default 1,2,4,8)"
+    )
+    p.add_argument("--dataset", default="mtbench", help="prompts: mtbench, humaneval or a JSONL file")
+    p.add_argument("--limit", type=_positive_int, default=16, help="prompts sent at each level (default 16)")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=128)
+    p.add_argument(
+        "--max-batch", type=_positive_int, default=None, help="the server's batch (default: the most clients)"
+    )
+    p.add_argument("--step-rows", type=_positive_int, default=None, help="rows of a batched step (default: serve's)")
+    p.add_argument("--out", default=None, help="folder for serve.md, serve.json (and serve.png with --plot)")
+    p.add_argument("--plot", action="store_true", help="also draw serve.png")
+    p.set_defaults(func=cmd_bench_serve)
 
     p = bench.add_parser("latency", help="verify cost curve T(q)/T(1) and plain decoding vs transformers generate")
     add_target_args(p)

@@ -15,8 +15,10 @@ from typing import Any
 
 from dartspec.drafters.base import DraftBudget, Drafter, NoDrafter
 from dartspec.errors import ContextLengthError, DartspecError
-from dartspec.runtime import TargetRuntime, sync
-from dartspec.verify import Acceptance, SamplingParams, Verifier
+from dartspec.kv_cache import TreeKVCache
+from dartspec.runtime import TargetOutput, TargetRuntime, sync
+from dartspec.tree import Tree
+from dartspec.verify import SamplingParams, Verifier
 
 __all__ = ["GenerationResult", "GenerationStats", "Generator", "SequenceState", "StepEvent", "sync"]
 
@@ -131,6 +133,10 @@ class _Clock:
     def restart(self) -> None:
         self.mark = time.perf_counter()
 
+    def add(self, phase: str, seconds: float) -> None:
+        """Time measured elsewhere (a batched step's shared forward) goes to ``phase``."""
+        self.times[phase] += seconds
+
     def lap(self, phase: str, tree_seconds: float = 0.0) -> None:
         """Time since the last lap goes to ``phase``; ``tree_seconds`` of it (a drafter's tree building) to
         ``tree`` instead."""
@@ -198,15 +204,18 @@ class _TextStream:
 
 @dataclass
 class SequenceState:
-    """One generation's state in the engine: what was asked (prompt, limit, sampling with its RNG, stop strings),
-    what is committed, what has been shown, and its timings. :meth:`Generator.start` makes one,
-    :meth:`Generator.advance` steps it, :meth:`Generator.emit` reports it. (The target's KV cache and the
-    drafter's own state still live in the runtime and the drafter, one sequence at a time; moving them here is
-    what a batched step over many sequences needs next.)"""
+    """One generation's state in the engine: what was asked (prompt, limit, sampling with its RNG, stop strings,
+    tree size), its target KV cache and its drafter (with the drafter's state), what is committed, what has been
+    shown, and its timings. :meth:`Generator.start` makes one, :meth:`Generator.advance` steps it (or
+    :meth:`Generator.advance_many` steps many in one target forward), :meth:`Generator.emit` reports it."""
 
     prompt_ids: list[int]
     limit: int
     verifier: Verifier
+    drafter: Drafter
+    cache: TreeKVCache
+    tree_size: int
+    max_depth: int
     text: _TextStream
     stats: GenerationStats
     started: float
@@ -314,10 +323,14 @@ class Generator:
         seed: int | None = None,
         stop: Sequence[str] = (),
         chat: bool | None = None,
+        own_state: bool = False,
     ) -> SequenceState:
         """Check the request, prefill the prompt and take the first token: a sequence for :meth:`emit` and
         :meth:`advance`. ``prompt``: text (``chat`` applies the chat template), chat messages or token ids;
-        ``stop``: strings that end the text (not included)."""
+        ``stop``: strings that end the text (not included). ``own_state``: the sequence gets a KV cache and a
+        drafter (:meth:`~dartspec.drafters.base.Drafter.fork`) of its own, so that it can be stepped beside others
+        (:meth:`advance_many`); otherwise it uses the runtime's cache and the generator's drafter (one sequence at
+        a time, their buffers and learned settings reused)."""
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise DartspecError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
@@ -332,9 +345,13 @@ class Generator:
         verifier = Verifier(params)
         stats = GenerationStats(prompt_tokens=len(prompt_ids))
         started = time.perf_counter()
-        target.reset()
+        if own_state:
+            cache, drafter = target.new_cache(), drafter.fork()
+        else:
+            cache = target.cache
+            cache.truncate(0)
         drafter.begin(prompt_ids)
-        out = target.prefill(prompt_ids, features=drafter.needs_features)
+        out = target.prefill(prompt_ids, features=drafter.needs_features, cache=cache)
         drafter.observe(prompt_ids, out.features)
         first = verifier.next_token(out.logits[0])
         stats.target_forwards = 1
@@ -343,6 +360,10 @@ class Generator:
             prompt_ids=list(prompt_ids),
             limit=min(max_new_tokens, room),
             verifier=verifier,
+            drafter=drafter,
+            cache=cache,
+            tree_size=self.tree_size,
+            max_depth=self.max_depth,
             text=_TextStream(target, stop),
             stats=stats,
             started=started,
@@ -360,7 +381,7 @@ class Generator:
             stats = seq.stats
             stats.new_tokens = len(new)
             stats.seconds = time.perf_counter() - seq.started
-            stats.extra.update(self.drafter.report())
+            stats.extra.update(seq.drafter.report())
             seq.result = GenerationResult(final_text, new, finish, stats)
             last = new[seq.shown :]
             return StepEvent(last, min(seq.drafted, len(last)), seq.text.delta(final_text, True), seq.result)
@@ -370,35 +391,55 @@ class Generator:
         return event
 
     def advance(self, seq: SequenceState) -> None:
-        """One step of ``seq``: propose, verify, accept, commit (see :meth:`_step`)."""
-        acc = self._step(seq)
+        """One step of ``seq``: propose, verify, accept, commit (see :meth:`advance_many`)."""
+        self.advance_many([seq])
+
+    def advance_many(self, seqs: Sequence[SequenceState], step_rows: int | None = None) -> None:
+        """One speculative step of every sequence in ``seqs`` (unfinished, each with its own cache) with one target
+        forward: each drafter proposes a tree, the target scores them all together, each verifier accepts a path,
+        the target keeps that path's cache entries and the drafter sees what was committed. ``step_rows`` caps the
+        rows of the forward: each sequence's tree gets ``step_rows // len(seqs)`` nodes at most (at least its
+        root), so trees shrink as the batch grows."""
+        if len({id(s.cache) for s in seqs}) != len(seqs):
+            raise DartspecError("sequences stepped together need KV caches of their own (start(own_state=True))")
+        share = max(1, step_rows // len(seqs)) if step_rows else None
+        trees = [self._propose(seq, share) for seq in seqs]
+        items = [(tree, seq.cache) for tree, seq in zip(trees, seqs, strict=True)]
+        bases = [seq.cache.length for seq in seqs]
+        t0 = time.perf_counter()
+        outs = self.target.verify_many(items, features=any(s.drafter.needs_features for s in seqs))
+        verify_s = time.perf_counter() - t0
+        for seq, tree, base, out in zip(seqs, trees, bases, outs, strict=True):
+            seq.clock.add("verify", verify_s)  # each sequence waited for the whole forward
+            self._accept(seq, tree, base, out)
+
+    def _propose(self, seq: SequenceState, share: int | None) -> Tree:
+        """``seq``'s drafter proposes a tree within the budget (checked)."""
+        seq.clock.restart()
+        drafter = seq.drafter
+        budget = DraftBudget(
+            max_nodes=max(1, min(seq.tree_size, share or seq.tree_size, self.target.max_context - seq.cache.length)),
+            max_depth=max(0, min(seq.max_depth, seq.limit - len(seq.new) - 1)),
+        )
+        tree = drafter.propose(seq.committed, budget)
+        seq.clock.lap("draft", drafter.last_tree_seconds)
+        if tree.tokens[0] != seq.committed[-1] or tree.size > budget.max_nodes or tree.max_depth > budget.max_depth:
+            raise RuntimeError(f"drafter {drafter.name!r} proposed a tree outside its budget or root")
+        return tree
+
+    def _accept(self, seq: SequenceState, tree: Tree, base: int, out: TargetOutput) -> None:
+        """The verifier accepts a path of ``tree``; the cache keeps it, the drafter and the sequence take it."""
+        seq.clock.restart()
+        acc = seq.verifier.accept(tree, out.logits)
+        self.target.commit(base, acc.path, seq.cache)
+        seq.clock.lap("verify")
+        drafter = seq.drafter
+        drafter.observe(tree.tokens[acc.path].tolist(), out.features[acc.path] if drafter.needs_features else None)
+        seq.stats.record_step(tree.max_depth, acc.accepted_drafts, tree.size)
         seq.committed.extend(acc.tokens)
         seq.new.extend(acc.tokens)
         seq.drafted = acc.accepted_drafts
         seq.clock.lap("other")
-
-    def _step(self, seq: SequenceState) -> Acceptance:
-        """One speculative step: the drafter proposes a tree, the target scores it in one forward, the verifier
-        accepts a path, the target keeps that path's cache entries and the drafter sees what was committed."""
-        target, drafter, clock = self.target, self.drafter, seq.clock
-        budget = DraftBudget(
-            max_nodes=max(1, min(self.tree_size, target.max_context - target.cached)),
-            max_depth=max(0, min(self.max_depth, seq.limit - len(seq.new) - 1)),
-        )
-        tree = drafter.propose(seq.committed, budget)
-        clock.lap("draft", drafter.last_tree_seconds)
-        if tree.tokens[0] != seq.committed[-1] or tree.size > budget.max_nodes or tree.max_depth > budget.max_depth:
-            raise RuntimeError(f"drafter {drafter.name!r} proposed a tree outside its budget or root")
-
-        base = target.cached
-        out = target.verify(tree, features=drafter.needs_features)
-        acc = seq.verifier.accept(tree, out.logits)
-        target.commit(base, acc.path)
-        clock.lap("verify")
-
-        drafter.observe(tree.tokens[acc.path].tolist(), out.features[acc.path] if drafter.needs_features else None)
-        seq.stats.record_step(tree.max_depth, acc.accepted_drafts, tree.size)
-        return acc
 
     def _finish_reason(self, new: list[int], limit: int, text: _TextStream) -> str | None:
         if any(t in self.target.eos_token_ids for t in new):

@@ -31,6 +31,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from dartspec.atomic import atomic_path
@@ -324,6 +325,7 @@ class Block:
         self._c = _CBlock(*parts, *norms, heads, kv_heads, head_dim, eps, scale)
         self._ref = ctypes.byref(self._c)
         self._run = _library().dartspec_block
+        self._run_many = _library().dartspec_block_many
 
     def __call__(
         self,
@@ -351,6 +353,42 @@ class Block:
             base,
             None if mask is None else mask.data_ptr(),
         )
+
+    def many(self, x: torch.Tensor, rot: torch.Tensor, seqs: SequenceSlots) -> None:
+        """The block on the new rows of many sequences, **in place**: ``x`` ``(q, hidden)`` and ``rot`` hold every
+        sequence's rows one after another; ``seqs`` says which rows are whose and where their caches are (this
+        layer's row of its arrays). The projections run over all rows at once, attention per sequence."""
+        layer = seqs.layer
+        self._run_many(
+            self._ref,
+            x.data_ptr(),
+            None,
+            x.shape[0],
+            rot.data_ptr(),
+            seqs.count,
+            seqs.starts.ctypes.data,
+            seqs.keys[layer].ctypes.data,
+            seqs.values[layer].ctypes.data,
+            seqs.caps[layer].ctypes.data,
+            seqs.bases.ctypes.data,
+            seqs.masks.ctypes.data,
+        )
+
+
+@dataclass
+class SequenceSlots:
+    """Where :meth:`Block.many` finds each sequence: its rows (``starts``, ``count + 1`` offsets), its cache buffers
+    per layer (``keys``/``values`` pointers and ``caps`` capacities, ``(layers, count)``), the cached positions
+    before its rows (``bases``) and its mask pointer (0: causal); ``layer`` picks the row the next call reads."""
+
+    count: int
+    starts: np.ndarray
+    keys: np.ndarray
+    values: np.ndarray
+    caps: np.ndarray
+    bases: np.ndarray
+    masks: np.ndarray
+    layer: int = 0
 
 
 def quantize_activations(x: torch.Tensor) -> torch.Tensor:
@@ -414,6 +452,8 @@ def _library() -> ctypes.CDLL:
     lib.dartspec_attend.argtypes += [ctypes.c_float, ctypes.c_float, ptr]
     lib.dartspec_block.restype = None
     lib.dartspec_block.argtypes = [ptr, ptr, ptr, c_long, ptr, ptr, ptr, c_long, c_long, ptr]
+    lib.dartspec_block_many.restype = None
+    lib.dartspec_block_many.argtypes = [ptr, ptr, ptr, c_long, ptr, c_long, ptr, ptr, ptr, ptr, ptr, ptr]
     return lib
 
 

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -34,7 +35,8 @@ from dartspec.errors import ContextLengthError, DartspecError
 from dartspec.kv_cache import TreeKVCache, TreeKVLayer
 from dartspec.quant import EXACT_FORMATS, PackedLinear, check_format, fuse
 from dartspec.rotary import interleave_rows
-from dartspec.runtime import CausalRuntime, TargetOutput
+from dartspec.runtime import CausalRuntime, TargetOutput, tree_mask
+from dartspec.tree import Tree
 from dartspec.weight_cache import PackedCache, SavedWeights
 
 #: ``config.model_type`` values the lean forward implements (same block; Qwen3 adds per-head q/k norms).
@@ -221,14 +223,19 @@ class LeanTarget(CausalRuntime):
     # --- forwards ----------------------------------------------------------------------------
 
     def _run(
-        self, ids: torch.Tensor, positions: torch.Tensor, local_mask: torch.Tensor | None, features: bool
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        local_mask: torch.Tensor | None,
+        features: bool,
+        cache: TreeKVCache,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        q, base = ids.shape[0], self.cached
+        q, base = ids.shape[0], cache.length
         # Without a tree mask the new tokens are causal among themselves: one token sees everything and a
         # prefill into an empty cache takes SDPA's own causal path, so neither builds a mask.
         plain = local_mask is None and (q == 1 or base == 0)
         mask = None if plain else self._allowed(base, q, local_mask)
-        return self._layers(F.embedding(ids, self._embed), positions, mask, plain and q > 1, self.cache, features)
+        return self._layers(F.embedding(ids, self._embed), positions, mask, plain and q > 1, cache, features)
 
     def _layers(
         self,
@@ -280,6 +287,61 @@ class LeanTarget(CausalRuntime):
         if batched:
             return hidden.view(b, q, -1), None if feats is None else feats.view(b, q, -1)
         return hidden, feats
+
+    @torch.inference_mode()
+    def verify_many(self, items: Sequence[tuple[Tree, TreeKVCache]], *, features: bool = False) -> list[TargetOutput]:
+        """Many sequences' trees in one forward (continuous batching): each decoder block is one C call whose
+        projections run over every sequence's rows together (the weights are streamed once per step, not once per
+        sequence) and whose attention runs per sequence against its own cache. Each sequence's logits are those of
+        its own :meth:`verify`, bit for bit (every row is computed on its own). Elsewhere (no fused blocks:
+        another format or device) the sequences are verified one after another."""
+        fused = self.layers[0].block is not None and all(t.size <= FUSED_ATTENTION_ROWS for t, _ in items)
+        if len(items) < 2 or not fused:
+            return super().verify_many(items, features=features)
+        for tree, cache in items:
+            self._check_room(cache, tree)
+        caches = [cache for _, cache in items]
+        sizes = [tree.size for tree, _ in items]
+        bases = np.array([cache.length for cache in caches], dtype=np.int64)
+        masks = [  # kept alive for the C calls; a chain is causal (NULL)
+            None if (m := tree_mask(tree)) is None else self._allowed(int(b), tree.size, m)
+            for (tree, _), b in zip(items, bases, strict=True)
+        ]
+        n, layers = len(items), len(self.layers)
+        slots = exact.SequenceSlots(
+            count=n,
+            starts=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
+            keys=np.zeros((layers, n), dtype=np.int64),
+            values=np.zeros((layers, n), dtype=np.int64),
+            caps=np.zeros((layers, n), dtype=np.int64),
+            bases=bases,
+            masks=np.array([0 if m is None else m.data_ptr() for m in masks], dtype=np.int64),
+        )
+        ids = torch.from_numpy(np.concatenate([tree.tokens for tree, _ in items])).to(torch.long)
+        depths = [tree.depth + b for (tree, _), b in zip(items, bases, strict=True)]
+        positions = torch.from_numpy(np.concatenate(depths))
+        rot = torch.view_as_real(self._rot[positions.to(torch.long)]).contiguous()
+        x = F.embedding(ids, self._embed)
+        empty = x.new_empty((1, self.kv_heads, 0, self.head_dim))
+        captured = {}
+        try:
+            for i, layer in enumerate(self.layers):
+                if features and i in self.feature_layers:
+                    captured[i] = x.clone()
+                for s, (cache, q) in enumerate(zip(caches, sizes, strict=True)):
+                    keys, values, _ = cache.layers[i].extend(q, empty, empty)
+                    slots.keys[i, s], slots.values[i, s] = keys.data_ptr(), values.data_ptr()
+                    slots.caps[i, s] = keys.shape[2]
+                slots.layer = i
+                assert layer.block is not None
+                layer.block.many(x, rot, slots)
+        except BaseException:
+            for cache, base in zip(caches, bases, strict=True):  # no half-written entries left behind
+                cache.truncate(int(base))
+            raise
+        logits = self.logits(F.rms_norm(x, (x.shape[-1],), self._norm, self.eps)).split(sizes)
+        feats = torch.cat([captured[i] for i in self.feature_layers], dim=-1).split(sizes) if features else None
+        return [TargetOutput(logits[s], None if feats is None else feats[s]) for s in range(n)]
 
     def _attention(
         self,

@@ -59,12 +59,17 @@ class TargetOutput:
 
 @runtime_checkable
 class TargetRuntime(Protocol):
-    """What the engine needs from a target: one sequence's KV cache driven by prefill / verify / commit."""
+    """What the engine needs from a target: KV caches driven by prefill / verify / commit.
+
+    Every cache operation takes the sequence's ``cache`` (:meth:`new_cache`); without one it acts on the runtime's
+    own (one sequence at a time, as the single-stream API and the tools use it). :meth:`verify_many` scores many
+    sequences' trees in one step (continuous batching)."""
 
     name: str
     vocab_size: int
     max_context: int
     eos_token_ids: frozenset[int]
+    cache: TreeKVCache  # the runtime's own, for one sequence at a time
 
     @property
     def device(self) -> torch.device: ...
@@ -72,13 +77,21 @@ class TargetRuntime(Protocol):
     @property
     def cached(self) -> int: ...
 
+    def new_cache(self) -> TreeKVCache: ...
+
     def reset(self) -> None: ...
 
-    def prefill(self, token_ids: Sequence[int], *, features: bool = False) -> TargetOutput: ...
+    def prefill(
+        self, token_ids: Sequence[int], *, features: bool = False, cache: TreeKVCache | None = None
+    ) -> TargetOutput: ...
 
-    def verify(self, tree: Tree, *, features: bool = False) -> TargetOutput: ...
+    def verify(self, tree: Tree, *, features: bool = False, cache: TreeKVCache | None = None) -> TargetOutput: ...
 
-    def commit(self, base: int, nodes: Sequence[int]) -> None: ...
+    def verify_many(
+        self, items: Sequence[tuple[Tree, TreeKVCache]], *, features: bool = False
+    ) -> list[TargetOutput]: ...
+
+    def commit(self, base: int, nodes: Sequence[int], cache: TreeKVCache | None = None) -> None: ...
 
     def truncate(self, length: int) -> None: ...
 
@@ -118,6 +131,11 @@ class FeatureSource(Protocol):
     def score_sequence(self, token_ids: Sequence[int] | torch.Tensor) -> TargetOutput: ...
 
     def score_batch(self, sequences: Sequence[Sequence[int] | torch.Tensor]) -> TargetOutput: ...
+
+
+def tree_mask(tree: Tree) -> torch.Tensor | None:
+    """A tree's ancestor mask ``(q, q)``, or None for a chain (plain causal)."""
+    return None if bool(np.array_equal(tree.depth, np.arange(tree.size))) else torch.from_numpy(tree.ancestors)
 
 
 def pad_sequences(sequences: Sequence[Sequence[int] | torch.Tensor], device: torch.device) -> torch.Tensor:
@@ -214,8 +232,12 @@ class CausalRuntime(ABC):
 
     @property
     def cached(self) -> int:
-        """Number of positions whose keys and values are in the cache."""
+        """Number of positions whose keys and values are in the runtime's own cache."""
         return self.cache.length
+
+    def new_cache(self) -> TreeKVCache:
+        """An empty KV cache for another sequence (pass it as ``cache`` to prefill / verify / commit)."""
+        return TreeKVCache(self.num_layers)
 
     def reset(self) -> None:
         """Forget the cached sequence (the buffers are kept for reuse)."""
@@ -227,11 +249,15 @@ class CausalRuntime(ABC):
 
     # --- forwards ----------------------------------------------------------------------------
 
-    def prefill(self, token_ids: Sequence[int], *, features: bool = False) -> TargetOutput:
-        """Append ``token_ids`` to the cache (chunked causal forwards); logits of the last position only."""
+    def prefill(
+        self, token_ids: Sequence[int], *, features: bool = False, cache: TreeKVCache | None = None
+    ) -> TargetOutput:
+        """Append ``token_ids`` to ``cache`` (default: the runtime's own; chunked causal forwards); logits of the last
+        position only."""
+        cache = self.cache if cache is None else cache
         if len(token_ids) == 0:
             raise DartspecError("the prompt is empty")
-        if self.cached + len(token_ids) > self.max_context:
+        if cache.length + len(token_ids) > self.max_context:
             raise ContextLengthError(
                 f"the prompt is {len(token_ids)} tokens but {self.name} has a context window of "
                 f"{self.max_context} tokens"
@@ -242,32 +268,46 @@ class CausalRuntime(ABC):
             n = len(chunk)
             last = start + n == len(token_ids)
             outs.append(
-                self._forward(chunk, torch.arange(n), None, logit_rows=[n - 1] if last else [], features=features)
+                self._forward(
+                    chunk, torch.arange(n), None, cache, logit_rows=[n - 1] if last else [], features=features
+                )
             )
         feats = torch.cat([o.features for o in outs]) if features else None
         return TargetOutput(outs[-1].logits, feats)
 
-    def verify(self, tree: Tree, *, features: bool = False) -> TargetOutput:
-        """Score every node of ``tree`` in one forward; logits row i predicts the token after node i."""
-        if self.cached + tree.size > self.max_context:
-            raise ContextLengthError(f"the sequence reached {self.name}'s context window of {self.max_context} tokens")
-        chain = bool(np.array_equal(tree.depth, np.arange(tree.size)))  # a chain's mask is plain causal
+    def verify(self, tree: Tree, *, features: bool = False, cache: TreeKVCache | None = None) -> TargetOutput:
+        """Score every node of ``tree`` in one forward against ``cache`` (default: the runtime's own); logits row i
+        predicts the token after node i."""
+        cache = self.cache if cache is None else cache
+        self._check_room(cache, tree)
         return self._forward(
             tree.tokens.tolist(),
             torch.from_numpy(tree.depth),
-            None if chain else torch.from_numpy(tree.ancestors),
+            tree_mask(tree),
+            cache,
             logit_rows=None,
             features=features,
         )
 
+    def verify_many(self, items: Sequence[tuple[Tree, TreeKVCache]], *, features: bool = False) -> list[TargetOutput]:
+        """:meth:`verify` of each ``(tree, cache)`` of many sequences; runtimes that score them in one forward
+        override it (the lean runtime on a CPU), the results are the same."""
+        return [self.verify(tree, features=features, cache=cache) for tree, cache in items]
+
+    def _check_room(self, cache: TreeKVCache, tree: Tree) -> None:
+        if cache.length + tree.size > self.max_context:
+            raise ContextLengthError(f"the sequence reached {self.name}'s context window of {self.max_context} tokens")
+
     @torch.inference_mode()
-    def commit(self, base: int, nodes: Sequence[int]) -> None:
-        """After a verify at cache length ``base``, keep the entries of ``nodes`` (the accepted path)."""
+    def commit(self, base: int, nodes: Sequence[int], cache: TreeKVCache | None = None) -> None:
+        """After a verify at cache length ``base``, keep the entries of ``nodes`` (the accepted path) in ``cache``
+        (default: the runtime's own)."""
+        cache = self.cache if cache is None else cache
         n = len(nodes)
         if list(nodes) == list(range(n)):
-            self.cache.truncate(base + n)
+            cache.truncate(base + n)
         else:
-            self.cache.keep(base, torch.as_tensor(nodes, dtype=torch.long, device=self.device))
+            cache.keep(base, torch.as_tensor(nodes, dtype=torch.long, device=self.device))
 
     @torch.inference_mode()
     def _forward(
@@ -275,21 +315,22 @@ class CausalRuntime(ABC):
         token_ids: list[int],
         offsets: torch.Tensor,
         local_mask: torch.Tensor | None,
+        cache: TreeKVCache,
         *,
         logit_rows: list[int] | None,
         features: bool,
     ) -> TargetOutput:
-        """q new tokens at positions ``cached + offsets`` that see the whole cache plus ``local_mask``
+        """q new tokens at positions ``cache.length + offsets`` that see the whole cache plus ``local_mask``
         (None: causal among themselves)."""
-        base = self.cached
+        base = cache.length
         device = self.device
         ids = torch.tensor(token_ids, dtype=torch.long, device=device)
         positions = offsets.to(device=device, dtype=torch.long) + base
         try:
-            hidden, feats = self._run(ids, positions, local_mask, features)
+            hidden, feats = self._run(ids, positions, local_mask, features, cache)
         except BaseException:
             # A failed forward must not leave half-written entries that later steps would attend to.
-            self.cache.truncate(base)
+            cache.truncate(base)
             raise
         rows = hidden if logit_rows is None else hidden[logit_rows]
         return TargetOutput(self.logits(rows), feats)
@@ -336,9 +377,14 @@ class CausalRuntime(ABC):
 
     @abstractmethod
     def _run(
-        self, ids: torch.Tensor, positions: torch.Tensor, local_mask: torch.Tensor | None, features: bool
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        local_mask: torch.Tensor | None,
+        features: bool,
+        cache: TreeKVCache,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Run ``ids`` at ``positions``, appending their keys/values to the cache; ``(final hidden (q, H),
+        """Run ``ids`` at ``positions``, appending their keys/values to ``cache``; ``(final hidden (q, H),
         features (q, F*H) or None)``."""
 
     @abstractmethod

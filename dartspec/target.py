@@ -128,9 +128,14 @@ class Target(CausalRuntime):
     # --- forwards ----------------------------------------------------------------------------
 
     def _run(
-        self, ids: torch.Tensor, positions: torch.Tensor, local_mask: torch.Tensor | None, features: bool
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        local_mask: torch.Tensor | None,
+        features: bool,
+        cache: TreeKVCache,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        base = self.cached
+        base = cache.length
         key_positions = None
         if self.sliding_window is not None:  # the decode hot path builds them only where a window needs them
             key_positions = torch.cat([torch.arange(base, device=ids.device), positions])[None]
@@ -141,7 +146,7 @@ class Target(CausalRuntime):
                 input_ids=ids[None],
                 attention_mask=mask,
                 position_ids=positions[None],
-                past_key_values=self.cache,
+                past_key_values=cache,
                 use_cache=True,
             ).last_hidden_state[0]
             feats = torch.cat([self._capture[i][0][0] for i in self.feature_layers], dim=-1) if features else None

@@ -51,6 +51,7 @@ def serving(drafter=None, *, target=None, **kw) -> Iterator[str]:
         "tiny",
         max_queue=kw.pop("max_queue", 64),
         timeout_s=kw.pop("timeout_s", 60.0),
+        max_batch=kw.pop("max_batch", 8),
     )
     app = create_app(engine, **kw)
     with socket.socket() as s:
@@ -123,6 +124,31 @@ def test_twenty_concurrent_streams_match_single_requests(url: str) -> None:
     assert together == single
 
 
+def test_requests_decode_together_and_one_leaving_disturbs_no_other() -> None:
+    with serving(SlowDrafter(), max_batch=4) as u:
+        c = client(u)
+        alone = [stream_text(c, prompt(i), max_tokens=40) for i in range(3)]
+        chat = f"{u}/v1/chat/completions"
+        with ThreadPoolExecutor(3) as pool, httpx.Client(timeout=30) as h:
+            body = {"messages": prompt(7), "max_tokens": 400, "temperature": 0, "stream": True}
+            with h.stream("POST", chat, json=body) as leaving:
+                lines = leaving.iter_lines()
+                assert next(lines).startswith("data: ")  # decoding now; the others join it mid-generation
+                others = [pool.submit(stream_text, client(u), prompt(i), max_tokens=40) for i in range(3)]
+                time.sleep(0.3)
+            # The first stream is closed mid-generation: it leaves the batch, the others go on undisturbed.
+            assert [f.result() for f in others] == alone
+        metrics = httpx.get(f"{u}/metrics").text
+        assert "dartspec_cancelled_requests_total 1.0" in metrics and "dartspec_in_flight 0.0" in metrics
+        sizes = {
+            line.split()[0]: float(line.split()[1])
+            for line in metrics.splitlines()
+            if line.startswith("dartspec_step_batch_size_")
+        }
+        # Steps ran with several requests at once: the mean batch size is well above one.
+        assert sizes["dartspec_step_batch_size_sum"] / sizes["dartspec_step_batch_size_count"] > 1.5
+
+
 HI = [{"role": "user", "content": "t5"}]
 
 
@@ -182,7 +208,7 @@ def test_api_key() -> None:
 
 
 def test_queue_overflow_is_429_and_disconnect_frees_the_engine() -> None:
-    with serving(SlowDrafter(), max_queue=1) as u:
+    with serving(SlowDrafter(), max_queue=1, max_batch=1) as u:
         body = {"messages": prompt(2), "max_tokens": 400, "temperature": 0, "stream": True}
         with httpx.Client(timeout=30) as h:
             with h.stream("POST", f"{u}/v1/chat/completions", json=body) as running:
@@ -205,7 +231,7 @@ def test_queue_overflow_is_429_and_disconnect_frees_the_engine() -> None:
 
 
 def test_clients_that_give_up_free_their_queue_place_and_the_engine() -> None:
-    with serving(SlowDrafter(), max_queue=1) as u:
+    with serving(SlowDrafter(), max_queue=1, max_batch=1) as u:
         long = {"messages": prompt(2), "max_tokens": 480, "temperature": 0}  # 480 steps: about 10 s here
         chat = f"{u}/v1/chat/completions"
         with httpx.Client(timeout=30) as h:
@@ -407,7 +433,7 @@ def test_oversized_bodies_are_413_while_health_stays_fast() -> None:
 
 
 def test_zero_queue_serves_a_free_engine_and_the_wait_counts_against_the_timeout() -> None:
-    with serving(SlowDrafter(), max_queue=0, timeout_s=1.5) as u:
+    with serving(SlowDrafter(), max_queue=0, timeout_s=1.5, max_batch=1) as u:
         chat = f"{u}/v1/chat/completions"
         assert httpx.post(chat, json={"messages": HI, "max_tokens": 2, "temperature": 0}).status_code == 200
         long = {"messages": prompt(3), "max_tokens": 400, "temperature": 0, "stream": True}
@@ -416,7 +442,7 @@ def test_zero_queue_serves_a_free_engine_and_the_wait_counts_against_the_timeout
             assert next(lines).startswith("data: ")
             refused = httpx.post(chat, json={"messages": HI, "max_tokens": 2})
             assert refused.status_code == 429  # 0 waiting places: busy means refused
-    with serving(SlowDrafter(), max_queue=4, timeout_s=1.0) as u:
+    with serving(SlowDrafter(), max_queue=4, timeout_s=1.0, max_batch=1) as u:
         chat = f"{u}/v1/chat/completions"
         long = {"messages": prompt(3), "max_tokens": 400, "temperature": 0}
         with ThreadPoolExecutor(2) as pool:
@@ -484,3 +510,17 @@ def test_load_of_64_clients_with_hostile_requests_stays_exact_and_live() -> None
     # /health is served by the event loop while generation runs in a worker thread: it must stay live. (A
     # liveness bound, not a speed figure: `dartspec bench load` measures the real one, README "Serving".)
     assert rep.health_worst_ms < 2000
+
+
+def test_bench_serve_measures_levels_and_checks_answers(tmp_path: Path) -> None:
+    from dartspec.bench.serve import markdown, run_serve_bench, write_results
+
+    texts = [prompt(i)[0]["content"] for i in range(6)]
+    with serving(SlowDrafter(), max_batch=4) as u:
+        levels = run_serve_bench(u, texts, model="tiny", concurrency=[4, 2], max_tokens=12)
+    assert [lv.concurrency for lv in levels] == [1, 2, 4]
+    assert all(lv.requests == 6 and not lv.failures and lv.mismatches == 0 for lv in levels)
+    assert levels[0].mean_batch == 1.0 and levels[2].mean_batch > 1.5
+    assert levels[0].vs_one == 1.0 and all(lv.tokens > 0 and lv.per_token_ms[0] > 0 for lv in levels)
+    write_results(levels, {"drafter": "slow"}, tmp_path, plot=False)
+    assert "| 4 |" in (tmp_path / "serve.md").read_text() and "mismatches" in markdown(levels, {})

@@ -6,8 +6,10 @@ or observe, no report, no separate tree-building time), so a new drafter writes 
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
 
 import torch
 
@@ -58,6 +60,11 @@ class Drafter(Protocol):
         """Drafter-specific figures for a finished generation (merged into its stats)."""
         ...
 
+    def fork(self) -> Drafter:
+        """A drafter for another sequence stepped beside this one (continuous batching): the same networks and
+        settings, its own per-sequence state."""
+        ...
+
 
 class DrafterBase:
     """The defaults of the :class:`Drafter` contract; subclasses write :meth:`propose`."""
@@ -77,6 +84,15 @@ class DrafterBase:
 
     def report(self) -> dict:
         return {}
+
+    def fork(self) -> Self:
+        twin = copy.copy(self)  # networks and settings are shared, never written while drafting
+        twin._own_state()
+        return twin
+
+    def _own_state(self) -> None:
+        """Replace, in a fresh shallow copy, every mutable per-sequence object it would share with the original
+        (nothing by default: a drafter without state, such as prompt lookup, is a function of the tokens)."""
 
 
 class NoDrafter(DrafterBase):
@@ -142,6 +158,13 @@ class FeatureDrafter(DrafterBase):
         self._proposed = False  # the last propose drafted a tree whose outcome the sizer should learn from
         self._cache = DraftKV()
         self._queue = FeatureQueue()
+
+    def _own_state(self) -> None:
+        self._cache = DraftKV()
+        self._queue = FeatureQueue()
+        self._proposed = False
+        if self.auto is not None:  # the learned calibration carries over, the size history does not
+            self.auto = dataclasses.replace(self.auto, chosen=[])
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
         self.target.set_feature_layers(self.model.cfg.feature_layers)

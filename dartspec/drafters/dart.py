@@ -54,18 +54,30 @@ class DartDrafter(FeatureDrafter):
         fast_step: run the network on the C kernels (:mod:`dartspec.drafters.dart_fast`); None: where supported.
         """
         super().__init__(model, target, auto_size)
+        self._tree, self._ngram = tree, ngram
         self.online = OnlineNgram(ngram.order if ngram is not None else 3) if online_ngram else None
-        scorer = MergedNgram(ngram, self.online) if (ngram is not None or self.online is not None) else None
-        self.tree_builder = (
-            make_tree_builder(tree, ngram=scorer, eos_ids=sorted(target.eos_token_ids))
-            if isinstance(tree, str)
-            else tree
-        )
+        self.tree_builder = self._tree_builder()
         self.t2d = np.full(max(int(self.d2t.max()) + 1, 1), -1, dtype=np.int64)
         self.t2d[self.d2t] = np.arange(len(self.d2t))
         # On a float32 CPU target the step runs on dartspec's C kernels (8-bit weight groups; dart_fast.py).
         fast = FastDraftNet.supports(model, target.device, target.dtype) if fast_step is None else fast_step
         self._fast = FastDraftNet(self.model) if fast else None
+
+    def _tree_builder(self) -> TreeBuilder:
+        """The tree builder, scoring with the static and this sequence's online n-grams."""
+        if not isinstance(self._tree, str):
+            return self._tree
+        online, static = self.online, self._ngram
+        scorer = MergedNgram(static, online) if (static is not None or online is not None) else None
+        return make_tree_builder(self._tree, ngram=scorer, eos_ids=sorted(self.target.eos_token_ids))
+
+    def _own_state(self) -> None:
+        super()._own_state()
+        if self.online is not None:
+            self.online = OnlineNgram(self.online.order)
+            self.tree_builder = self._tree_builder()
+        if self._fast is not None:
+            self._fast = self._fast.fork()
 
     @classmethod
     def from_pretrained(
@@ -90,13 +102,11 @@ class DartDrafter(FeatureDrafter):
     def propose(self, tokens: Sequence[int], budget: DraftBudget) -> Tree:
         root = int(tokens[-1])
         t_draft = time.perf_counter()
-        waiting = self._queue.take(tokens)
-        if waiting is None or budget.max_depth == 0 or budget.max_nodes <= 1:
-            # Nothing to draft (or no room): still absorb the features so the cache stays in step.
-            if waiting is not None:
-                feats, start, next_ids = waiting
-                self._step(feats, next_ids, start, 1)
-            self.last_tree_seconds = 0.0
+        self.last_tree_seconds = 0.0
+        # No room to draft: the committed features wait in the queue for the next step that drafts (a full batch
+        # gives each sequence one row; absorbing what it committed meanwhile then costs one forward, not one a step).
+        waiting = self._queue.take(tokens) if budget.max_depth > 0 and budget.max_nodes > 1 else None
+        if waiting is None:
             return Tree.root_only(root)
         feats, start, next_ids = waiting
         # A tree of R nodes reaches depth R-1 at most: rows beyond that are never used.

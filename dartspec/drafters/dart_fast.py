@@ -18,6 +18,8 @@ rows); EAGLE-3's context and tree steps use the same pieces (:mod:`dartspec.draf
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 
@@ -100,6 +102,12 @@ class FastDraftNet:
 
     def reset(self) -> None:
         self.cache.truncate(0)
+
+    def fork(self) -> FastDraftNet:
+        """The same weights with a draft KV cache of its own (another sequence)."""
+        twin = copy.copy(self)
+        twin.cache = TreeKVCache(len(self.blocks))
+        return twin
 
     def _rotation(self, positions: torch.Tensor) -> torch.Tensor:
         """cos/sin pairs ``(n, D/2, 2)`` of ``positions``."""

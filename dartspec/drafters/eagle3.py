@@ -70,6 +70,11 @@ class Eagle3Drafter(FeatureDrafter):
         if self._fast is not None:
             self._fast.reset()
 
+    def _own_state(self) -> None:
+        super()._own_state()
+        if self._fast is not None:
+            self._fast = self._fast.fork()
+
     def _context_step(self, feats: torch.Tensor, embeds: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Committed positions into the draft cache: depth-1 log-probs and the last residual (as context_step)."""
         if self._fast is None:
@@ -101,7 +106,8 @@ class Eagle3Drafter(FeatureDrafter):
         t_draft = time.perf_counter()
         self.last_tree_seconds = 0.0
         self._proposed = False
-        waiting = self._queue.take(tokens)
+        # No room to draft: the committed features wait for the next step that drafts (as in DART).
+        waiting = self._queue.take(tokens) if budget.max_depth > 0 and budget.max_nodes > 1 else None
         if waiting is None:
             return Tree.root_only(root)
         feats, start, next_ids = waiting

@@ -55,3 +55,6 @@ class HybridDrafter(DrafterBase):
 
     def report(self) -> dict:
         return self.drafter.report()
+
+    def _own_state(self) -> None:
+        self.drafter = self.drafter.fork()  # the lookup has no state

@@ -1,24 +1,37 @@
-"""The server's view of generation: one request at a time, a bounded wait list, cancellation.
+"""The server's view of generation: continuous batching, a bounded wait list, cancellation.
 
-Speculative decoding here runs at batch 1, so requests take turns on the engine. A request waits for
-its turn in arrival order; beyond ``max_queue`` waiting requests it is refused at once (the HTTP layer
-answers 429). Generation runs in a worker thread so the event loop keeps serving other clients, and
-every step checks a cancel flag: a client that disconnects, or a request that runs past its timeout,
-frees the engine for the next one within one target forward.
+Up to ``max_batch`` requests decode together: one scheduler thread steps them all with one target forward
+per step (:meth:`dartspec.engine.Generator.advance_many`), each with its own KV cache, drafter, sampling and
+stop strings. Requests join between steps (their prefill runs then) and leave when they finish, so a short
+request never waits for a long one to end. ``step_rows`` caps the rows of a step: while the batch is small each
+request drafts a tree, as it fills trees shrink to the root alone (plain decoding, where extra rows no longer
+come free). Beyond the batch, requests wait in arrival order; beyond ``max_queue`` waiting requests one is
+refused at once (the HTTP layer answers 429). Every step checks each request's cancel flag: a client that
+disconnects, or a request that runs past its timeout, leaves the batch within one target forward without
+disturbing the others.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dartspec.engine import GenerationResult, Generator, StepEvent
+from dartspec.engine import GenerationResult, Generator, SequenceState, StepEvent
 from dartspec.errors import DartspecError
 from dartspec.serve.metrics import Metrics
+
+
+def default_step_rows(device: Any) -> int:
+    """Rows of one batched step by default: on a CPU 4 (a verification of 4 rows costs 1.27x one row on SmolLM2
+    and 8 rows 2x, BENCHMARKS.md: trees pay while the batch is small, plain decoding once it is larger); on a GPU
+    64 (its verify cost is flat far beyond that)."""
+    return 4 if str(getattr(device, "type", device)) == "cpu" else 64
 
 
 class QueueFull(Exception):
@@ -43,8 +56,24 @@ class Job:
     cancel: threading.Event = field(default_factory=threading.Event)
 
 
+@dataclass(eq=False)
+class _Request:
+    """A job in the scheduler: where its events go, and its sequence once it decodes."""
+
+    job: Job
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue[Any]
+    generator: Generator | None = None
+    seq: SequenceState | None = None
+
+    def send(self, item: Any) -> None:
+        """Hand a step event, an error or the end (None) to the request's coroutine."""
+        with contextlib.suppress(RuntimeError):  # the event loop is closed (server shutting down): nobody listens
+            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+
+
 class ServeEngine:
-    """Owns the generators and hands the engine to one request at a time."""
+    """Owns the generators and the scheduler that decodes the admitted requests together."""
 
     def __init__(
         self,
@@ -54,109 +83,162 @@ class ServeEngine:
         *,
         max_queue: int = 64,
         timeout_s: float = 600.0,
+        max_batch: int = 8,
+        step_rows: int | None = None,
         metrics: Metrics | None = None,
     ) -> None:
+        """``max_batch``: requests decoded together (1: one at a time); ``step_rows``: rows of one batched step
+        (None: :func:`default_step_rows` for the target's device)."""
         if max_queue < 0:
             raise DartspecError(f"the queue limit must be >= 0, got {max_queue}")
         if not timeout_s > 0:
             raise DartspecError(f"the request timeout must be positive, got {timeout_s}")
+        if max_batch < 1:
+            raise DartspecError(f"the batch size must be >= 1, got {max_batch}")
+        if step_rows is not None and step_rows < 1:
+            raise DartspecError(f"the rows of a step must be >= 1, got {step_rows}")
+        if plain.target is not speculative.target:
+            raise DartspecError("the plain and speculative generators must share one target")
         self.speculative = speculative
         self.plain = plain
         self.target = speculative.target
         self.model_name = model_name
         self.max_queue = max_queue
         self.timeout_s = timeout_s
+        self.max_batch = max_batch
+        self.step_rows = default_step_rows(self.target.device) if step_rows is None else step_rows
         self.metrics = metrics or Metrics()
-        self._turn: asyncio.Lock | None = None
-        self._waiting = 0
+        self._wake = threading.Condition()
+        self._pending: collections.deque[_Request] = collections.deque()
+        self._running = 0  # requests admitted to the batch and not yet finished
+        self._scheduler: threading.Thread | None = None
 
     @property
     def drafter_name(self) -> str:
         """The speculative generator's drafter (``none`` when serving plain decoding)."""
         return self.speculative.drafter.name
 
-    def _lock(self) -> asyncio.Lock:
-        if self._turn is None:  # created lazily: it must belong to the server's event loop
-            self._turn = asyncio.Lock()
-        return self._turn
-
     async def run(self, job: Job) -> AsyncIterator[StepEvent]:
         """Yield the job's step events; raises QueueFull or GenerationTimeout.
 
         Closing the iterator early (client gone) cancels the generation.
         """
-        # max_queue counts requests *waiting*: 0 serves a request when the engine is free and refuses it otherwise.
-        if self._lock().locked() and self._waiting >= self.max_queue:
-            self.metrics.rejected.inc()
-            raise QueueFull(f"{self._waiting} requests are already waiting (limit {self.max_queue})")
-        # The timeout covers the wait for a turn as well as the generation.
+        # max_queue counts requests *waiting* for a place in the batch: 0 refuses any request the batch cannot take.
+        with self._wake:
+            if len(self._pending) + self._running >= self.max_batch + self.max_queue:
+                self.metrics.rejected.inc()
+                raise QueueFull(f"{len(self._pending)} requests are already waiting (limit {self.max_queue})")
+            request = _Request(job, asyncio.get_running_loop(), asyncio.Queue())
+            self._pending.append(request)
+            self._start_scheduler()
+            self._wake.notify()
+        # The timeout covers the wait for a place as well as the generation.
         deadline = time.monotonic() + self.timeout_s
-        self._waiting += 1
-        try:
-            await asyncio.wait_for(self._lock().acquire(), timeout=self.timeout_s)
-        except TimeoutError:
-            self.metrics.timeouts.inc()
-            raise GenerationTimeout(f"waited past the server's {self.timeout_s:g} s timeout for a turn") from None
-        finally:
-            self._waiting -= 1
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue[Any] = asyncio.Queue()
-        worker = threading.Thread(target=self._work, args=(job, loop, events), daemon=True)
-        self.metrics.in_flight.inc()
-        try:
-            worker.start()
-        except BaseException:
-            self._release()
-            raise
         try:
             while True:
                 try:
-                    item = await asyncio.wait_for(events.get(), timeout=max(0.0, deadline - time.monotonic()))
+                    item = await asyncio.wait_for(request.events.get(), timeout=max(0.0, deadline - time.monotonic()))
                 except TimeoutError:
                     job.cancel.set()
                     self.metrics.timeouts.inc()
-                    raise GenerationTimeout(f"generation ran past the server's {self.timeout_s:g} s timeout") from None
+                    what = "generation ran past" if request.seq is not None else "waited past"
+                    raise GenerationTimeout(f"{what} the server's {self.timeout_s:g} s timeout") from None
                 if isinstance(item, BaseException):
                     raise item
                 if item is None:
                     return
                 yield item
         finally:
-            # No await here: a cancelled request (client gone) may not wait on anything. The worker
-            # sees the flag within one step and hands the engine on itself (see _work).
+            # No await here: a cancelled request (client gone) may not wait on anything. A waiting request leaves the
+            # wait list at once (its place goes to the next client); a running one is dropped by the scheduler,
+            # which sees the flag before its next step.
             job.cancel.set()
+            with self._wake:
+                if request in self._pending:
+                    self._pending.remove(request)
 
-    def _release(self) -> None:
-        self.metrics.in_flight.dec()
-        self._lock().release()
+    def _start_scheduler(self) -> None:
+        if self._scheduler is None or not self._scheduler.is_alive():
+            self._scheduler = threading.Thread(target=self._schedule, name="dartspec-batch", daemon=True)
+            self._scheduler.start()
 
-    def _work(self, job: Job, loop: asyncio.AbstractEventLoop, events: asyncio.Queue[Any]) -> None:
-        gen = self.plain if job.plain else self.speculative
-        stream = gen.stream(
-            job.prompt_ids,
-            max_new_tokens=job.max_tokens,
-            temperature=job.temperature,
-            top_p=job.top_p,
-            seed=job.seed,
-            stop=job.stop,
-        )
+    def _schedule(self) -> None:
+        """The batch loop: admit waiting requests while there is room, step every running one, hand out events."""
+        batch: list[_Request] = []
+        while True:
+            with self._wake:
+                while not batch and not self._pending:
+                    self._wake.wait()
+                admitted = []
+                while self._pending and len(batch) + len(admitted) < self.max_batch:
+                    admitted.append(self._pending.popleft())
+                self._running += len(admitted)
+            for request in admitted:
+                if self._admit(request):
+                    batch.append(request)
+            batch = [r for r in batch if self._emit(r)]
+            if not batch:
+                continue
+            self.metrics.step_batch.observe(len(batch))
+            try:
+                self.speculative.advance_many([r.seq for r in batch if r.seq is not None], step_rows=self.step_rows)
+            except BaseException as err:  # handed to every request of the step, which turns it into an HTTP error
+                for request in batch:
+                    request.send(err)
+                    self._leave()
+                batch = []
+
+    def _admit(self, request: _Request) -> bool:
+        """Prefill a request and take its first token; False when it is not to run (cancelled meanwhile, error)."""
+        job = request.job
+        if job.cancel.is_set():  # gone while it waited
+            self._leave(counted=False)
+            return False
+        request.generator = self.plain if job.plain else self.speculative
         try:
-            for event in stream:
-                if job.cancel.is_set():
-                    self.metrics.cancelled.inc()
-                    break
-                if event.result is not None:
-                    self.metrics.record(event.result, drafter="none" if job.plain else self.drafter_name)
-                loop.call_soon_threadsafe(events.put_nowait, event)
-        except BaseException as err:  # handed to the request, which turns it into an HTTP error
-            loop.call_soon_threadsafe(events.put_nowait, err)
-        else:
-            loop.call_soon_threadsafe(events.put_nowait, None)
-        finally:
-            stream.close()
-            # The engine is free only once this thread has left the generation loop.
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(self._release)
+            request.seq = request.generator.start(
+                job.prompt_ids,
+                max_new_tokens=job.max_tokens,
+                temperature=job.temperature,
+                top_p=job.top_p,
+                seed=job.seed,
+                stop=job.stop,
+                own_state=True,
+            )
+        except BaseException as err:
+            request.send(err)
+            self._leave(counted=False)
+            return False
+        self.metrics.in_flight.inc()
+        return True
+
+    def _emit(self, request: _Request) -> bool:
+        """Hand the request what it has to show; False when it leaves the batch (finished or cancelled)."""
+        assert request.seq is not None and request.generator is not None
+        if request.job.cancel.is_set():
+            self.metrics.cancelled.inc()
+            self._leave()
+            return False
+        try:
+            event = request.generator.emit(request.seq)
+        except BaseException as err:
+            request.send(err)
+            self._leave()
+            return False
+        request.send(event)
+        if event.result is None:
+            return True
+        self.metrics.record(event.result, drafter="none" if request.job.plain else self.drafter_name)
+        request.send(None)
+        self._leave()
+        return False
+
+    def _leave(self, counted: bool = True) -> None:
+        """A request's place in the batch is free (``counted``: it had been admitted and counted as in flight)."""
+        if counted:
+            self.metrics.in_flight.dec()
+        with self._wake:
+            self._running -= 1
 
     async def complete(self, job: Job) -> tuple[str, GenerationResult]:
         """Run a job to the end; returns its text and result."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from dartspec.engine import GenerationResult
 
@@ -32,6 +32,12 @@ class Metrics:
         self.generation_seconds = Counter("dartspec_generation_seconds", "Time spent generating", registry=r)
         self.tokens_per_s = Gauge("dartspec_last_tokens_per_second", "Tokens/s of the last generation", registry=r)
         self.in_flight = Gauge("dartspec_in_flight", "Generations running now", registry=r)
+        self.step_batch = Histogram(
+            "dartspec_step_batch_size",
+            "Requests decoded together per target forward (continuous batching)",
+            buckets=(1, 2, 4, 8, 16, 32, 64),
+            registry=r,
+        )
 
     def record(self, result: GenerationResult, drafter: str) -> None:
         """Add one finished generation (``drafter``: the drafter it ran with, ``none`` for plain decoding)."""
