@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "qdot.h"
 #include "vmath.h"
 
 #define KEYS 16  /* keys per score block: one 512-bit vector of fp32 scores */
@@ -107,6 +108,14 @@ static void value_sum_64(const float *values, const long *pos, const float *w, l
 void dartspec_attend(const float *qkv, long q, long H, long KV, long D, const float *rot, float *kc, float *vc,
                      long cap, long base, const uint8_t *mask, const float *q_norm, const float *k_norm, float eps,
                      float scale, float *out) {
+    dartspec_attend_team(qkv, q, H, KV, D, rot, kc, vc, cap, base, mask, q_norm, k_norm, eps, scale, out, 1);
+}
+
+/* As dartspec_attend; ``threaded`` 0 runs it on the calling thread alone (a caller that spreads many sequences'
+ * attention over the threads). The arithmetic is the same either way. */
+void dartspec_attend_team(const float *qkv, long q, long H, long KV, long D, const float *rot, float *kc, float *vc,
+                          long cap, long base, const uint8_t *mask, const float *q_norm, const float *k_norm,
+                          float eps, float scale, float *out, int threaded) {
     long width = (H + 2 * KV) * D, total = base + q;
     float *qs = (float *)malloc(sizeof(float) * q * H * D);
     for (long i = 0; i < q; i++) {
@@ -135,7 +144,7 @@ void dartspec_attend(const float *qkv, long q, long H, long KV, long D, const fl
             if (!mask || mask[i * total + j]) seen[i * total + n++] = j;
         count[i] = n;
     }
-#pragma omp parallel
+#pragma omp parallel if (threaded)
     {
         /* Scores: each block of KEYS keys is transposed once and every query of its kv head is multiplied
          * against it (one broadcast and one KEYS-wide FMA per dimension, no horizontal sums). */

@@ -45,10 +45,20 @@ void dartspec_block_many(const dartspec_block_weights *b, float *x, const float 
     else
         qdot_prepare(QDOT_RMSNORM, x, q, hidden, hidden, b->ln1, b->eps, &rows);
     qdot_run(&b->qkv, &rows, q, qkv, 0);
-    for (long s = 0; s < nseq; s++) {
-        long r0 = starts[s], n = starts[s + 1] - starts[s];
-        dartspec_attend(qkv + r0 * width, n, b->heads, b->kv_heads, b->head_dim, rot + r0 * half * 2, kc[s], vc[s],
-                        cap[s], base[s], mask[s], b->q_norm, b->k_norm, b->eps, b->scale, attn + r0 * attn_width);
+    /* One sequence: its attention spreads over the threads. Several: each thread takes whole sequences (one
+     * parallel region per block instead of one per sequence). Not one loop with an if clause: a parallel region
+     * nested in even an inactive one makes libgomp start a fresh team per call. */
+    if (nseq == 1) {
+        dartspec_attend_team(qkv, q, b->heads, b->kv_heads, b->head_dim, rot, kc[0], vc[0], cap[0], base[0], mask[0],
+                             b->q_norm, b->k_norm, b->eps, b->scale, attn, 1);
+    } else {
+#pragma omp parallel for schedule(dynamic, 1)
+        for (long s = 0; s < nseq; s++) {
+            long r0 = starts[s], n = starts[s + 1] - starts[s];
+            dartspec_attend_team(qkv + r0 * width, n, b->heads, b->kv_heads, b->head_dim, rot + r0 * half * 2, kc[s],
+                                 vc[s], cap[s], base[s], mask[s], b->q_norm, b->k_norm, b->eps, b->scale,
+                                 attn + r0 * attn_width, 0);
+        }
     }
     qdot_prepare(QDOT_PLAIN, attn, q, attn_width, attn_width, NULL, 0.0f, &rows);
     qdot_run(&b->o, &rows, q, x, 1);

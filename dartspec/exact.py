@@ -429,7 +429,16 @@ def _library() -> ctypes.CDLL:
         if compiler is None:
             raise DartspecError("--quant exact / exact-a16 compile small C kernels once and need gcc: use --quant fp16")
         with atomic_path(lib_path) as tmp:
-            cmd = [compiler, "-O3", f"-march={march}", "-fopenmp", "-shared", "-fPIC", *map(str, _SOURCES)]
+            cmd = [
+                compiler,
+                "-O3",
+                f"-march={march}",
+                "-fopenmp",
+                "-shared",
+                "-fPIC",
+                "-Werror=implicit-function-declaration",
+            ]
+            cmd += list(map(str, _SOURCES))
             cmd += ["-o", str(tmp)]
             if gomp is not None:  # share torch's OpenMP runtime and thread pool instead of starting a second one
                 cmd += [f"-Wl,-rpath,{gomp.parent}", str(gomp)]

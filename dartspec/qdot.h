@@ -29,4 +29,7 @@ void qdot_run(const qdot_linear *L, const qdot_rows *rows, long M, float *y, int
 void dartspec_attend(const float *qkv, long q, long H, long KV, long D, const float *rot, float *kc, float *vc,
                      long cap, long base, const uint8_t *mask, const float *q_norm, const float *k_norm, float eps,
                      float scale, float *out);
+void dartspec_attend_team(const float *qkv, long q, long H, long KV, long D, const float *rot, float *kc, float *vc,
+                          long cap, long base, const uint8_t *mask, const float *q_norm, const float *k_norm,
+                          float eps, float scale, float *out, int threaded);
 #endif
