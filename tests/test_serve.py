@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -15,9 +14,9 @@ import pytest
 
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
-import uvicorn  # noqa: E402
 from conftest import tiny_target  # noqa: E402
 
+from dartspec.bench.serve import local_server  # noqa: E402
 from dartspec.drafters import NoDrafter, PromptLookupDrafter  # noqa: E402
 from dartspec.engine import Generator  # noqa: E402
 from dartspec.serve.app import create_app  # noqa: E402
@@ -53,23 +52,8 @@ def serving(drafter=None, *, target=None, **kw) -> Iterator[str]:
         timeout_s=kw.pop("timeout_s", 60.0),
         max_batch=kw.pop("max_batch", 8),
     )
-    app = create_app(engine, **kw)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 20
-    while not server.started:
-        if time.time() > deadline:
-            raise RuntimeError("server did not start")
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with local_server(create_app(engine, **kw)) as u:
+        yield u
 
 
 @pytest.fixture(scope="module")
