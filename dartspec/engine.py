@@ -309,8 +309,7 @@ class Generator:
             yield event
             if event.result is not None:
                 return
-            seq.clock.restart()  # the consumer's time between events is not ours
-            self.advance(seq)
+            self.advance(seq)  # its clock restarts there: the consumer's time between events is not ours
 
     def start(
         self,
@@ -349,7 +348,7 @@ class Generator:
             cache, drafter = target.new_cache(), drafter.fork()
         else:
             cache = target.cache
-            cache.truncate(0)
+            target.reset()
         drafter.begin(prompt_ids)
         out = target.prefill(prompt_ids, features=drafter.needs_features, cache=cache)
         drafter.observe(prompt_ids, out.features)
@@ -414,11 +413,13 @@ class Generator:
             self._accept(seq, tree, base, out)
 
     def _propose(self, seq: SequenceState, share: int | None) -> Tree:
-        """``seq``'s drafter proposes a tree within the budget (checked)."""
+        """``seq``'s drafter proposes a tree within the budget (its tree size, cut to ``share`` nodes in a batch;
+        checked)."""
         seq.clock.restart()
         drafter = seq.drafter
+        nodes = seq.tree_size if share is None else min(seq.tree_size, share)
         budget = DraftBudget(
-            max_nodes=max(1, min(seq.tree_size, share or seq.tree_size, self.target.max_context - seq.cache.length)),
+            max_nodes=max(1, min(nodes, self.target.max_context - seq.cache.length)),
             max_depth=max(0, min(seq.max_depth, seq.limit - len(seq.new) - 1)),
         )
         tree = drafter.propose(seq.committed, budget)

@@ -295,8 +295,7 @@ class LeanTarget(CausalRuntime):
         sequence) and whose attention runs per sequence against its own cache. Each sequence's logits are those of
         its own :meth:`verify`, bit for bit (every row is computed on its own). Elsewhere (no fused blocks:
         another format or device) the sequences are verified one after another."""
-        fused = self.layers[0].block is not None and all(t.size <= FUSED_ATTENTION_ROWS for t, _ in items)
-        if len(items) < 2 or not fused:
+        if len(items) < 2 or self.layers[0].block is None or any(t.size > FUSED_ATTENTION_ROWS for t, _ in items):
             return super().verify_many(items, features=features)
         for tree, cache in items:
             self._check_room(cache, tree)

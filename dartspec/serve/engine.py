@@ -181,7 +181,7 @@ class ServeEngine:
                 continue
             self.metrics.step_batch.observe(len(batch))
             try:
-                self.speculative.advance_many([r.seq for r in batch if r.seq is not None], step_rows=self.step_rows)
+                self.speculative.advance_many([r.seq for r in batch], step_rows=self.step_rows)  # all admitted: seq set
             except BaseException as err:  # handed to every request of the step, which turns it into an HTTP error
                 for request in batch:
                     request.send(err)
