@@ -399,7 +399,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from dartspec.bench.suite import load_prompts, parse_methods, run_suite, summarize, write_results
+    from dartspec.bench.report import summarize, write_results
+    from dartspec.bench.suite import load_prompts, parse_methods, run_suite
     from dartspec.targets import describe
 
     if args.temperature < 0:

@@ -26,7 +26,7 @@ import torch
 from dartspec import atomic, exact
 from dartspec.errors import DartspecError
 from dartspec.exact import ExactWeight
-from dartspec.models import _sha256
+from dartspec.model_cache import sha256
 
 #: Bump when the packed layout or the lean weight preparation (fusion, rotary row order) changes.
 PACKED_VERSION = 1
@@ -90,7 +90,7 @@ class PackedCache:
             raise self.damaged("the weights file is missing") from None
         if actual != size:
             raise self.damaged(f"the weights file is {actual} bytes, expected {size}")
-        if _sha256(self.path) != digest:
+        if sha256(self.path) != digest:
             raise self.damaged("the weights file does not match its recorded sha256")
         try:
             tensors = load_file(self.path)
@@ -112,7 +112,7 @@ class PackedCache:
         tensors = {f"{name}.{k}": v for name, w in weights.items() for k, v in exact.to_tensors(w).items()}
         with atomic.atomic_path(self.path) as tmp:
             save_file({k: v.contiguous() for k, v in tensors.items()}, tmp)
-            digest, size = _sha256(tmp), tmp.stat().st_size
+            digest, size = sha256(tmp), tmp.stat().st_size
         manifest = {"version": PACKED_VERSION, "source": self.source, "size": size, "sha256": digest}
         atomic.write_text(self.manifest, json.dumps(manifest, indent=1) + "\n")
 

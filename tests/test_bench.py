@@ -7,16 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from dartspec.bench.suite import (
-    MethodSpec,
-    Run,
-    load_prompts,
-    markdown,
-    parse_methods,
-    run_suite,
-    summarize,
-    write_results,
-)
+from dartspec.bench.report import markdown, summarize, write_results
+from dartspec.bench.suite import MethodSpec, Run, load_prompts, parse_methods, run_suite
 from dartspec.errors import DartspecError
 from dartspec.target import Target
 

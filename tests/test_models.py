@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dartspec import models
+from dartspec import model_cache, models
 from dartspec.errors import DartspecError, UnknownModelError
 from dartspec.models import (
     DEFAULT_MODEL,
@@ -215,7 +215,7 @@ def test_second_resolve_reuses_cache_without_converting(
     def must_not_convert(*args: object) -> None:
         raise AssertionError("converted twice")
 
-    monkeypatch.setattr(models, "_dequantize_and_save", must_not_convert)
+    monkeypatch.setattr(model_cache, "_dequantize_and_save", must_not_convert)
     messages: list[str] = []
     assert resolve_model(str(tiny_gguf), cache=converted.parent.parent, log=messages.append) == converted
     assert messages == []
@@ -255,7 +255,7 @@ def test_failed_conversion_leaves_nothing_behind(
         (out_dir / "model.safetensors").write_bytes(b"half a model")
         raise RuntimeError("out of memory")
 
-    monkeypatch.setattr(models, "_dequantize_and_save", crash_halfway)
+    monkeypatch.setattr(model_cache, "_dequantize_and_save", crash_halfway)
     cache = tmp_path / "cache"
     with pytest.raises(RuntimeError):
         resolve_model(str(tiny_gguf), cache=cache, log=lambda _: None)
@@ -268,12 +268,12 @@ def test_conversion_replaces_existing_folder(tiny_gguf: Path, tmp_path: Path, mo
         (out_dir / "config.json").write_text("{}")
         return CHAT_TEMPLATE
 
-    monkeypatch.setattr(models, "_dequantize_and_save", fake_convert)
+    monkeypatch.setattr(model_cache, "_dequantize_and_save", fake_convert)
     dest = tmp_path / "models" / "x"
     dest.mkdir(parents=True)
     (dest / "stale.bin").write_bytes(b"left from a damaged run")
     messages: list[str] = []
-    assert models.convert_gguf(tiny_gguf, dest, log=messages.append, message="Converting X...") == dest
+    assert model_cache.convert_gguf(tiny_gguf, dest, log=messages.append, message="Converting X...") == dest
     assert sorted(p.name for p in dest.iterdir()) == ["config.json", MANIFEST_NAME, "model.safetensors"]
     assert messages[0] == "Converting X..."
     assert [p.name for p in dest.parent.iterdir()] == ["x"]
@@ -287,10 +287,10 @@ def test_chat_model_without_template_is_refused(
         (out_dir / "model.safetensors").write_bytes(b"weights")
         return None
 
-    monkeypatch.setattr(models, "_dequantize_and_save", no_template)
+    monkeypatch.setattr(model_cache, "_dequantize_and_save", no_template)
     dest = tmp_path / "models" / "chat"
     with pytest.raises(DartspecError, match="no chat template"):
-        models.convert_gguf(tiny_gguf, dest, log=lambda _: None, expect_chat_template=True)
+        model_cache.convert_gguf(tiny_gguf, dest, log=lambda _: None, expect_chat_template=True)
     assert not dest.exists()
 
 

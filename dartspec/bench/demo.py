@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from dartspec.bench.suite import markdown, parse_methods, run_suite, summarize
+from dartspec.bench.report import markdown, summarize
+from dartspec.bench.suite import parse_methods, run_suite
 
 
 def demo_prompts() -> list[tuple[str, str]]:

@@ -16,19 +16,30 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from importlib import resources
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Any, TypeVar
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from dartspec.engine import GenerationResult, StepEvent
+from dartspec.engine import StepEvent
 from dartspec.errors import DartspecError
 from dartspec.serve.engine import GenerationTimeout, Job, QueueFull, ServeEngine
+from dartspec.serve.schema import (
+    ChatRequest,
+    CommonRequest,
+    CompletionRequest,
+    chunk,
+    error_body,
+    error_response,
+    is_union_tag,
+    role_chunk,
+    usage,
+)
 
 log = logging.getLogger("dartspec.serve")
 T = TypeVar("T")
@@ -36,76 +47,6 @@ T = TypeVar("T")
 DISCONNECT_POLL_S = 0.2
 #: Default limit of a request body: a full 8K-token context is ~40 KB of text.
 MAX_BODY_BYTES = 1 << 20
-MAX_MESSAGES = 256
-MAX_STOP_CHARS = 256
-
-
-def _encodable(text: str) -> str:
-    """Text the tokenizer can take: a lone surrogate ("\\ud800" in JSON) is valid JSON but not Unicode text."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("contains an unpaired surrogate: not valid Unicode text") from None
-    return text
-
-
-Text = Annotated[StrictStr, AfterValidator(_encodable)]
-StopText = Annotated[StrictStr, Field(max_length=MAX_STOP_CHARS), AfterValidator(_encodable)]
-
-
-class Message(BaseModel):
-    role: Literal["system", "user", "assistant"]
-    content: Text
-
-
-class DartspecOptions(BaseModel):
-    """dartspec's own request field: ``{"drafter": "none"}`` runs the request with plain decoding."""
-
-    drafter: Literal["default", "none"] = "default"
-
-
-class _Common(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    model: StrictStr | None = None
-    max_tokens: StrictInt | None = Field(default=None, ge=1)
-    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
-    temperature: StrictFloat | StrictInt = 1.0
-    top_p: StrictFloat | StrictInt = 1.0
-    seed: StrictInt | None = Field(default=None, ge=0, le=2**63 - 1)
-    stop: StopText | list[StopText] | None = None
-    stream: StrictBool = False
-    n: StrictInt = 1
-    dartspec: DartspecOptions | None = None
-
-
-class ChatRequest(_Common):
-    messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
-
-
-class CompletionRequest(_Common):
-    prompt: Text
-
-
-def error_body(message: str, kind: str, param: str | None, code: str | None) -> dict[str, Any]:
-    """OpenAI's error object."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
-
-
-def error_response(
-    status: int, message: str, kind: str = "invalid_request_error", param: str | None = None
-) -> JSONResponse:
-    """An OpenAI-shaped JSON error with its HTTP status."""
-    code = {
-        400: "invalid_request",
-        401: "invalid_api_key",
-        404: "model_not_found",
-        413: "request_too_large",
-        429: "rate_limit_exceeded",
-        500: "internal_error",
-        504: "timeout",
-    }.get(status)
-    return JSONResponse(error_body(message, kind, param, code), status_code=status)
 
 
 class ClientGone(Exception):
@@ -206,6 +147,21 @@ class ApiKeyMiddleware:
         await self.app(scope, receive, send)
 
 
+@dataclass(frozen=True)
+class Served:
+    """What the routes need, kept on ``app.state.dartspec`` (a route is a module function, not a closure)."""
+
+    engine: ServeEngine
+    names: frozenset[str]
+    default_max_tokens: int
+    # Tokenizing a long prompt takes a while: off the event loop (so /health and streams stay live), in one
+    # thread because a fast tokenizer must not be used from two threads at once.
+    tokenizer_thread: ThreadPoolExecutor
+
+    async def tokenized(self, fn: Any, *args: Any) -> list[int]:
+        return await asyncio.get_running_loop().run_in_executor(self.tokenizer_thread, fn, *args)
+
+
 def create_app(
     engine: ServeEngine,
     *,
@@ -219,244 +175,225 @@ def create_app(
     (everywhere but ``/health`` with ``protect_all``); a request's ``model`` must be the served model's name or
     one of ``aliases`` (or absent)."""
     app = FastAPI(title="dartspec", docs_url=None, redoc_url=None)
-    served_names = {engine.model_name, *aliases}
-    # Tokenizing a long prompt takes a while: off the event loop (so /health and streams stay live), in one
-    # thread because a fast tokenizer must not be used from two threads at once.
-    tokenize = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dartspec-tokenize")
-
-    async def tokenized(fn: Any, *args: Any) -> list[int]:
-        return await asyncio.get_running_loop().run_in_executor(tokenize, fn, *args)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        err = exc.errors()[0] if exc.errors() else {}
-        # Pydantic also names the union member that failed ("temperature.float", "stop.list[str].0");
-        # clients know fields and list indices only.
-        loc = [str(x) for x in err.get("loc", ()) if x != "body" and not _is_union_tag(x)]
-        if err.get("type") == "json_invalid":
-            return error_response(400, "the request body is not valid JSON")
-        where = ".".join(loc) or None
-        return error_response(400, f"{where or 'body'}: {err.get('msg', 'invalid value')}", param=where)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        # FastAPI's own refusals (a body it cannot decode, an unknown path) in the shape clients parse.
-        body = error_body(str(exc.detail), "invalid_request_error", None, None)
-        return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
-
-    @app.exception_handler(Exception)
-    async def _crash(request: Request, exc: Exception) -> JSONResponse:
-        # A bug or a failing model must still answer in the shape clients parse, not as a bare 500 page.
-        log.exception("request failed")
-        # The client gets no internal text (paths, library messages); the server log has the details.
-        return error_response(500, "internal error: the server log has the details", kind="server_error")
-
+    app.state.dartspec = Served(
+        engine=engine,
+        names=frozenset({engine.model_name, *aliases}),
+        default_max_tokens=default_max_tokens,
+        tokenizer_thread=ThreadPoolExecutor(max_workers=1, thread_name_prefix="dartspec-tokenize"),
+    )
+    app.include_router(routes)
+    app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_exception_handler(StarletteHTTPException, _http)
+    app.add_exception_handler(Exception, _crash)
     # Added last = outermost: the key is checked before a large body is read.
     app.add_middleware(BodyLimitMiddleware, limit=max_body_bytes)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key, everything=protect_all)
-
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": engine.model_name, "drafter": engine.drafter_name}
-
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        card = {"id": engine.model_name, "object": "model", "created": 0, "owned_by": "dartspec"}
-        return {"object": "list", "data": [card]}
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(engine.metrics.exposition(), media_type="text/plain; version=0.0.4")
-
-    @app.get("/", response_class=HTMLResponse)
-    async def index() -> str:
-        return resources.files("dartspec.serve").joinpath("static/index.html").read_text(encoding="utf-8")
-
-    def _unknown_model(req: _Common) -> JSONResponse | None:
-        if req.model is None or req.model in served_names:
-            return None
-        names = ", ".join(sorted(served_names))
-        return error_response(
-            404, f"the model {req.model!r} is not served here (this server has: {names})", param="model"
-        )
-
-    @app.post("/v1/chat/completions")
-    async def chat(req: ChatRequest, request: Request):
-        if (refused := _unknown_model(req)) is not None:
-            return refused
-        try:
-            ids = await tokenized(engine.target.encode_chat, [m.model_dump() for m in req.messages])
-        except DartspecError as err:
-            return error_response(400, str(err))
-        return await _serve(req, ids, chat=True, request=request)
-
-    @app.post("/v1/completions")
-    async def completions(req: CompletionRequest, request: Request):
-        if (refused := _unknown_model(req)) is not None:
-            return refused
-        if not req.prompt:
-            return error_response(400, "prompt must not be empty", param="prompt")
-        return await _serve(req, await tokenized(engine.target.encode, req.prompt), chat=False, request=request)
-
-    async def _serve(req: _Common, ids: list[int], *, chat: bool, request: Request) -> Response | dict[str, Any]:
-        problem = _check(req, ids, "messages" if chat else "prompt")
-        if problem:
-            return error_response(400, problem[0], param=problem[1])
-        job = Job(
-            prompt_ids=ids,
-            max_tokens=req.max_completion_tokens or req.max_tokens or default_max_tokens,
-            temperature=float(req.temperature),
-            top_p=float(req.top_p),
-            seed=req.seed,
-            stop=[req.stop] if isinstance(req.stop, str) else list(req.stop or []),
-            plain=bool(req.dartspec and req.dartspec.drafter == "none"),
-        )
-        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-        if req.stream:
-            events = engine.run(job)
-            try:  # start the generation now, so a full queue is a 429 and not a broken stream
-                first = await unless_gone(request, anext(events))
-            except StopAsyncIteration:
-                first = None
-            except Exception as err:
-                await events.aclose()
-                return _failure(err)
-            return StreamingResponse(_sse(rid, chat, first, events, job, request), media_type="text/event-stream")
-        try:
-            text, result = await unless_gone(request, engine.complete(job))
-        except Exception as err:
-            return _failure(err)
-        choice: dict[str, Any] = {"index": 0, "finish_reason": result.finish_reason, "logprobs": None}
-        if chat:
-            choice["message"] = {"role": "assistant", "content": text}
-        else:
-            choice["text"] = text
-        return {
-            "id": rid,
-            "object": "chat.completion" if chat else "text_completion",
-            "created": int(time.time()),
-            "model": engine.model_name,
-            "choices": [choice],
-            "usage": _usage(result),
-        }
-
-    def _failure(err: Exception) -> Response:
-        """The HTTP answer for a request whose generation did not finish."""
-        if isinstance(err, QueueFull):
-            return error_response(429, str(err), kind="rate_limit_error")
-        if isinstance(err, GenerationTimeout):
-            return error_response(504, str(err), kind="timeout_error")
-        if isinstance(err, ClientGone):
-            return Response(status_code=499)  # nginx's "client closed request": only logs ever see it
-        if isinstance(err, DartspecError):  # what the engine rejects (e.g. settings it cannot honour)
-            return error_response(400, str(err))
-        raise err
-
-    def _check(req: _Common, ids: list[int], prompt_param: str) -> tuple[str, str] | None:
-        if req.n != 1:
-            return "only n=1 is supported", "n"
-        if not 0 <= req.temperature <= 2:
-            return f"temperature must be between 0 and 2, got {req.temperature}", "temperature"
-        if not 0 < req.top_p <= 1:
-            return f"top_p must be in (0, 1], got {req.top_p}", "top_p"
-        if isinstance(req.stop, list) and len(req.stop) > 4:
-            return "at most 4 stop sequences", "stop"
-        if len(ids) >= engine.target.max_context:
-            return (
-                f"the prompt is {len(ids)} tokens but {engine.model_name} has a context window of "
-                f"{engine.target.max_context} tokens",
-                prompt_param,
-            )
-        return None
-
-    async def _sse(
-        rid: str, chat: bool, first: StepEvent | None, events: AsyncIterator[StepEvent], job: Job, request: Request
-    ) -> AsyncIterator[str]:
-        created = int(time.time())
-
-        def chunk(
-            text: str, finish: str | None, ev: StepEvent | None = None, usage: dict[str, Any] | None = None
-        ) -> str:
-            if chat:
-                choice: dict[str, Any] = {"index": 0, "delta": {"content": text} if text else {}}
-            else:
-                choice = {"index": 0, "text": text}
-            choice["finish_reason"] = finish
-            body: dict[str, Any] = {
-                "id": rid,
-                "object": "chat.completion.chunk" if chat else "text_completion",
-                "created": created,
-                "model": engine.model_name,
-                "choices": [choice],
-            }
-            if ev is not None:
-                # dartspec's extra: how many of this step's tokens came from accepted drafts.
-                body["dartspec"] = {"tokens": len(ev.token_ids), "drafted": ev.drafted}
-            if usage is not None:
-                body["usage"] = usage
-            return f"data: {json.dumps(body)}\n\n"
-
-        try:
-            if chat:
-                yield f"data: {json.dumps(_role_chunk(rid, created, engine.model_name))}\n\n"
-            pending = [first] if first is not None else []
-            while True:
-                if pending:
-                    ev = pending.pop()
-                else:
-                    try:
-                        ev = await anext(events)
-                    except StopAsyncIteration:
-                        break
-                if await request.is_disconnected():
-                    job.cancel.set()
-                    break
-                # The last step may commit tokens that show no text (EOS); its chunk still counts them.
-                if ev.text or ev.token_ids or ev.result is None:
-                    yield chunk(ev.text, None, ev)
-                if ev.result is not None:
-                    yield chunk("", ev.result.finish_reason, usage=_usage(ev.result))
-            yield "data: [DONE]\n\n"
-        except GenerationTimeout as err:
-            # The status line is long gone: the error travels as an event, and the missing [DONE] tells
-            # clients the answer is incomplete.
-            yield f"data: {json.dumps(error_body(str(err), 'timeout_error', None, 'timeout'))}\n\n"
-        except Exception as err:
-            log.exception("generation failed mid-stream")
-            message = f"internal error: {type(err).__name__}: {err}"
-            yield f"data: {json.dumps(error_body(message, 'server_error', None, 'internal_error'))}\n\n"
-        finally:
-            job.cancel.set()
-            await events.aclose()
-
     return app
 
 
-def _is_union_tag(part: object) -> bool:
-    return isinstance(part, str) and (part in ("str", "int", "float", "bool") or "[" in part)
+def _served(request: Request) -> Served:
+    return request.app.state.dartspec
 
 
-def _role_chunk(rid: str, created: int, model: str) -> dict[str, Any]:
+async def _invalid(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    err = exc.errors()[0] if exc.errors() else {}
+    # Pydantic also names the union member that failed ("temperature.float", "stop.list[str].0");
+    # clients know fields and list indices only.
+    loc = [str(x) for x in err.get("loc", ()) if x != "body" and not is_union_tag(x)]
+    if err.get("type") == "json_invalid":
+        return error_response(400, "the request body is not valid JSON")
+    where = ".".join(loc) or None
+    return error_response(400, f"{where or 'body'}: {err.get('msg', 'invalid value')}", param=where)
+
+
+async def _http(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    # FastAPI's own refusals (a body it cannot decode, an unknown path) in the shape clients parse.
+    body = error_body(str(exc.detail), "invalid_request_error", None, None)
+    return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+
+async def _crash(request: Request, exc: Exception) -> JSONResponse:
+    # A bug or a failing model must still answer in the shape clients parse, not as a bare 500 page.
+    log.exception("request failed")
+    # The client gets no internal text (paths, library messages); the server log has the details.
+    return error_response(500, "internal error: the server log has the details", kind="server_error")
+
+
+routes = APIRouter()
+
+
+@routes.get("/health")
+async def health(request: Request) -> dict[str, Any]:
+    engine = _served(request).engine
+    return {"status": "ok", "model": engine.model_name, "drafter": engine.drafter_name}
+
+
+@routes.get("/v1/models")
+async def models(request: Request) -> dict[str, Any]:
+    card = {"id": _served(request).engine.model_name, "object": "model", "created": 0, "owned_by": "dartspec"}
+    return {"object": "list", "data": [card]}
+
+
+@routes.get("/metrics")
+async def metrics(request: Request) -> Response:
+    return Response(_served(request).engine.metrics.exposition(), media_type="text/plain; version=0.0.4")
+
+
+@routes.get("/", response_class=HTMLResponse)
+async def index() -> str:
+    return resources.files("dartspec.serve").joinpath("static/index.html").read_text(encoding="utf-8")
+
+
+@routes.post("/v1/chat/completions")
+async def chat(req: ChatRequest, request: Request):
+    served = _served(request)
+    if (refused := _unknown_model(served, req)) is not None:
+        return refused
+    try:
+        ids = await served.tokenized(served.engine.target.encode_chat, [m.model_dump() for m in req.messages])
+    except DartspecError as err:
+        return error_response(400, str(err))
+    return await _serve(served, req, ids, chat=True, request=request)
+
+
+@routes.post("/v1/completions")
+async def completions(req: CompletionRequest, request: Request):
+    served = _served(request)
+    if (refused := _unknown_model(served, req)) is not None:
+        return refused
+    if not req.prompt:
+        return error_response(400, "prompt must not be empty", param="prompt")
+    ids = await served.tokenized(served.engine.target.encode, req.prompt)
+    return await _serve(served, req, ids, chat=False, request=request)
+
+
+def _unknown_model(served: Served, req: CommonRequest) -> JSONResponse | None:
+    if req.model is None or req.model in served.names:
+        return None
+    names = ", ".join(sorted(served.names))
+    return error_response(404, f"the model {req.model!r} is not served here (this server has: {names})", param="model")
+
+
+async def _serve(
+    served: Served, req: CommonRequest, ids: list[int], *, chat: bool, request: Request
+) -> Response | dict[str, Any]:
+    engine = served.engine
+    problem = _check(engine, req, ids, "messages" if chat else "prompt")
+    if problem:
+        return error_response(400, problem[0], param=problem[1])
+    job = Job(
+        prompt_ids=ids,
+        max_tokens=req.max_completion_tokens or req.max_tokens or served.default_max_tokens,
+        temperature=float(req.temperature),
+        top_p=float(req.top_p),
+        seed=req.seed,
+        stop=[req.stop] if isinstance(req.stop, str) else list(req.stop or []),
+        plain=bool(req.dartspec and req.dartspec.drafter == "none"),
+    )
+    rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+    if req.stream:
+        events = engine.run(job)
+        try:  # start the generation now, so a full queue is a 429 and not a broken stream
+            first = await unless_gone(request, anext(events))
+        except StopAsyncIteration:
+            first = None
+        except Exception as err:
+            await events.aclose()
+            return _failure(err)
+        stream = _sse(engine.model_name, rid, chat, first, events, job, request)
+        return StreamingResponse(stream, media_type="text/event-stream")
+    try:
+        text, result = await unless_gone(request, engine.complete(job))
+    except Exception as err:
+        return _failure(err)
+    choice: dict[str, Any] = {"index": 0, "finish_reason": result.finish_reason, "logprobs": None}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
     return {
         "id": rid,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": engine.model_name,
+        "choices": [choice],
+        "usage": usage(result),
     }
 
 
-def _usage(result: GenerationResult) -> dict[str, Any]:
-    s = result.stats
-    return {
-        "prompt_tokens": s.prompt_tokens,
-        "completion_tokens": s.new_tokens,
-        "total_tokens": s.prompt_tokens + s.new_tokens,
-        "dartspec": {
-            "target_forwards": s.target_forwards,
-            "accepted_draft_tokens": s.draft_tokens_accepted,
-            "tau": round(s.tau, 4),
-            "tokens_per_s": round(s.tokens_per_s, 2),
-        },
-    }
+def _failure(err: Exception) -> Response:
+    """The HTTP answer for a request whose generation did not finish."""
+    if isinstance(err, QueueFull):
+        return error_response(429, str(err), kind="rate_limit_error")
+    if isinstance(err, GenerationTimeout):
+        return error_response(504, str(err), kind="timeout_error")
+    if isinstance(err, ClientGone):
+        return Response(status_code=499)  # nginx's "client closed request": only logs ever see it
+    if isinstance(err, DartspecError):  # what the engine rejects (e.g. settings it cannot honour)
+        return error_response(400, str(err))
+    raise err
+
+
+def _check(engine: ServeEngine, req: CommonRequest, ids: list[int], prompt_param: str) -> tuple[str, str] | None:
+    if req.n != 1:
+        return "only n=1 is supported", "n"
+    if not 0 <= req.temperature <= 2:
+        return f"temperature must be between 0 and 2, got {req.temperature}", "temperature"
+    if not 0 < req.top_p <= 1:
+        return f"top_p must be in (0, 1], got {req.top_p}", "top_p"
+    if isinstance(req.stop, list) and len(req.stop) > 4:
+        return "at most 4 stop sequences", "stop"
+    if len(ids) >= engine.target.max_context:
+        return (
+            f"the prompt is {len(ids)} tokens but {engine.model_name} has a context window of "
+            f"{engine.target.max_context} tokens",
+            prompt_param,
+        )
+    return None
+
+
+async def _sse(
+    model: str,
+    rid: str,
+    chat: bool,
+    first: StepEvent | None,
+    events: AsyncIterator[StepEvent],
+    job: Job,
+    request: Request,
+) -> AsyncIterator[str]:
+    created = int(time.time())
+    try:
+        if chat:
+            yield f"data: {json.dumps(role_chunk(rid, created, model))}\n\n"
+        pending = [first] if first is not None else []
+        while True:
+            if pending:
+                ev = pending.pop()
+            else:
+                try:
+                    ev = await anext(events)
+                except StopAsyncIteration:
+                    break
+            if await request.is_disconnected():
+                job.cancel.set()
+                break
+            # The last step may commit tokens that show no text (EOS); its chunk still counts them.
+            if ev.text or ev.token_ids or ev.result is None:
+                yield chunk(model, rid, created, chat, ev.text, None, ev)
+            if ev.result is not None:
+                yield chunk(model, rid, created, chat, "", ev.result.finish_reason, usage=usage(ev.result))
+        yield "data: [DONE]\n\n"
+    except GenerationTimeout as err:
+        # The status line is long gone: the error travels as an event, and the missing [DONE] tells
+        # clients the answer is incomplete.
+        yield f"data: {json.dumps(error_body(str(err), 'timeout_error', None, 'timeout'))}\n\n"
+    except Exception as err:
+        log.exception("generation failed mid-stream")
+        message = f"internal error: {type(err).__name__}: {err}"
+        yield f"data: {json.dumps(error_body(message, 'server_error', None, 'internal_error'))}\n\n"
+    finally:
+        job.cancel.set()
+        await events.aclose()

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from dartspec.errors import DartspecError
-from dartspec.models import swap_into_place
+from dartspec.model_cache import swap_into_place
 from dartspec.train.evaluate import DepthAccuracy, depth_accuracy, load_drafter_model, model_objective
 
 #: Files of a checkpoint folder that carry the network; everything else in the installed folder is kept.

@@ -1,0 +1,143 @@
+"""The OpenAI wire format the server speaks: request bodies (validated by pydantic), error objects, and the
+pieces of an answer (streamed chunks, usage with dartspec's own extra fields)."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from fastapi.responses import JSONResponse
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+
+from dartspec.engine import GenerationResult, StepEvent
+
+MAX_MESSAGES = 256
+MAX_STOP_CHARS = 256
+
+
+def _encodable(text: str) -> str:
+    """Text the tokenizer can take: a lone surrogate ("\\ud800" in JSON) is valid JSON but not Unicode text."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("contains an unpaired surrogate: not valid Unicode text") from None
+    return text
+
+
+Text = Annotated[StrictStr, AfterValidator(_encodable)]
+StopText = Annotated[StrictStr, Field(max_length=MAX_STOP_CHARS), AfterValidator(_encodable)]
+
+
+class Message(BaseModel):
+    role: Literal["system", "user", "assistant"]
+    content: Text
+
+
+class DartspecOptions(BaseModel):
+    """dartspec's own request field: ``{"drafter": "none"}`` runs the request with plain decoding."""
+
+    drafter: Literal["default", "none"] = "default"
+
+
+class CommonRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: StrictStr | None = None
+    max_tokens: StrictInt | None = Field(default=None, ge=1)
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
+    temperature: StrictFloat | StrictInt = 1.0
+    top_p: StrictFloat | StrictInt = 1.0
+    seed: StrictInt | None = Field(default=None, ge=0, le=2**63 - 1)
+    stop: StopText | list[StopText] | None = None
+    stream: StrictBool = False
+    n: StrictInt = 1
+    dartspec: DartspecOptions | None = None
+
+
+class ChatRequest(CommonRequest):
+    messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
+
+
+class CompletionRequest(CommonRequest):
+    prompt: Text
+
+
+def error_body(message: str, kind: str, param: str | None, code: str | None) -> dict[str, Any]:
+    """OpenAI's error object."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def error_response(
+    status: int, message: str, kind: str = "invalid_request_error", param: str | None = None
+) -> JSONResponse:
+    """An OpenAI-shaped JSON error with its HTTP status."""
+    code = {
+        400: "invalid_request",
+        401: "invalid_api_key",
+        404: "model_not_found",
+        413: "request_too_large",
+        429: "rate_limit_exceeded",
+        500: "internal_error",
+        504: "timeout",
+    }.get(status)
+    return JSONResponse(error_body(message, kind, param, code), status_code=status)
+
+
+def is_union_tag(part: object) -> bool:
+    return isinstance(part, str) and (part in ("str", "int", "float", "bool") or "[" in part)
+
+
+def role_chunk(rid: str, created: int, model: str) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+    }
+
+
+def usage(result: GenerationResult) -> dict[str, Any]:
+    s = result.stats
+    return {
+        "prompt_tokens": s.prompt_tokens,
+        "completion_tokens": s.new_tokens,
+        "total_tokens": s.prompt_tokens + s.new_tokens,
+        "dartspec": {
+            "target_forwards": s.target_forwards,
+            "accepted_draft_tokens": s.draft_tokens_accepted,
+            "tau": round(s.tau, 4),
+            "tokens_per_s": round(s.tokens_per_s, 2),
+        },
+    }
+
+
+def chunk(
+    model: str,
+    rid: str,
+    created: int,
+    chat: bool,
+    text: str,
+    finish: str | None,
+    ev: StepEvent | None = None,
+    usage: dict[str, Any] | None = None,
+) -> str:
+    """One server-sent event of a streamed answer."""
+    if chat:
+        choice: dict[str, Any] = {"index": 0, "delta": {"content": text} if text else {}}
+    else:
+        choice = {"index": 0, "text": text}
+    choice["finish_reason"] = finish
+    body: dict[str, Any] = {
+        "id": rid,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+    }
+    if ev is not None:
+        # dartspec's extra: how many of this step's tokens came from accepted drafts.
+        body["dartspec"] = {"tokens": len(ev.token_ids), "drafted": ev.drafted}
+    if usage is not None:
+        body["usage"] = usage
+    return f"data: {json.dumps(body)}\n\n"
