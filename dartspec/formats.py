@@ -1,12 +1,48 @@
-"""Names of the target runtimes and weight formats, in one place and without importing torch (the CLI lists
-them in its help before anything heavy is loaded). What they mean: :mod:`dartspec.targets`, :mod:`dartspec.quant`,
-:mod:`dartspec.search`."""
+"""Names of the target runtimes, weight formats, drafters and tree builders, in one place and without importing torch
+(the CLI lists them in its help before anything heavy is loaded). What they mean: :mod:`dartspec.targets`,
+:mod:`dartspec.quant`, :mod:`dartspec.drafters`, :mod:`dartspec.search`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
 
 RUNTIMES = ("auto", "lean", "hf")
 QUANT_FORMATS = ("none", "fp16", "int8", "exact", "exact-a16")
 QUANT_CHOICES = ("auto", *QUANT_FORMATS)
-#: Drafters by name (:func:`dartspec.drafters.make_drafter`); ``none`` is plain decoding.
-DRAFTER_NAMES = ("none", "pld", "dart", "dart+pld", "eagle3")
+
+
+@dataclass(frozen=True)
+class DrafterKind:
+    """A drafter in the registry.
+
+    ``builder`` is ``"module:function"``, imported only when the drafter is built (listing names imports no torch)
+    and called as ``function(target, DrafterOptions) -> Drafter``. ``feature``: it runs a network over the target's
+    features every step (``--tree-size auto`` applies; it gets the larger default tree). ``options``: what a bench
+    method string may set for it (``dart:tree=ddtree,size=8``) besides the runtime and weight format."""
+
+    name: str
+    builder: str
+    feature: bool = False
+    options: frozenset[str] = frozenset()
+
+
+_DART_OPTIONS = frozenset({"tree", "size", "depth", "ngram", "online", "path", "smooth"})
+_EAGLE3_OPTIONS = frozenset({"size", "depth", "path", "topk"})
+#: Every drafter, one line each (:func:`dartspec.drafters.make_drafter` builds them); ``none`` is plain decoding.
+DRAFTERS = (
+    DrafterKind("none", "dartspec.drafters.base:build_none"),
+    DrafterKind("pld", "dartspec.drafters.pld:build"),
+    DrafterKind("dart", "dartspec.drafters.dart:build", feature=True, options=_DART_OPTIONS),
+    DrafterKind("dart+pld", "dartspec.drafters.hybrid:build", feature=True, options=_DART_OPTIONS),
+    DrafterKind("eagle3", "dartspec.drafters.eagle3:build", feature=True, options=_EAGLE3_OPTIONS),
+)
+DRAFTER_NAMES = tuple(d.name for d in DRAFTERS)
+
+
+def drafter_kind(name: str) -> DrafterKind | None:
+    return next((d for d in DRAFTERS if d.name == name), None)
+
+
 #: Tree builders for a parallel drafter's rows (:func:`dartspec.search.make_tree_builder`).
 TREE_BUILDERS = ("beam", "ddtree", "chain")
 #: Where ``data regenerate`` takes user turns from: ShareGPT conversations, or requests the target writes itself.

@@ -188,3 +188,8 @@ class AutoSizer:
             "calibration_scale": round(self.scale, 3),
             "why": "R maximises (1 + sum of the R-1 best path-probability estimates) / (T(R) + draft time)",
         }
+
+
+def auto_sizer(target: Any, wanted: bool) -> AutoSizer | None:
+    """The ``--tree-size auto`` policy on this machine's verify cost curve (measured once, cached), if ``wanted``."""
+    return AutoSizer(calibrate(target)) if wanted else None

@@ -18,7 +18,7 @@ from typing import Any
 
 from dartspec import atomic
 from dartspec.errors import DartspecError
-from dartspec.formats import DRAFTER_NAMES, QUANT_CHOICES, RUNTIMES, TREE_BUILDERS
+from dartspec.formats import DRAFTER_NAMES, DRAFTERS, QUANT_CHOICES, RUNTIMES, TREE_BUILDERS
 
 #: Rows run by other decoders (peers): transformers generate, plain and with prompt lookup, and llama.cpp.
 _PEERS = ("hf-ar", "hf-pld", "llamacpp-ar")
@@ -27,14 +27,9 @@ _PEERS = ("hf-ar", "hf-pld", "llamacpp-ar")
 METHODS = ("ar", *(d for d in DRAFTER_NAMES if d != "none"), *_PEERS)
 #: Every method of dartspec's own engine may run on another runtime / weight format than the main target.
 _RUNTIME_OPTIONS = {"runtime", "quant"}
-_DART_OPTIONS = {"tree", "size", "depth", "ngram", "online", "path", "smooth", *_RUNTIME_OPTIONS}
-#: Options each method takes after its colon.
+#: Options each method takes after its colon (a drafter's come from its registry line).
 _OPTIONS = {
-    "ar": _RUNTIME_OPTIONS,
-    "pld": _RUNTIME_OPTIONS,
-    "dart": _DART_OPTIONS,
-    "dart+pld": _DART_OPTIONS,
-    "eagle3": {"size", "depth", "path", "topk", *_RUNTIME_OPTIONS},
+    **{("ar" if d.name == "none" else d.name): {*d.options, *_RUNTIME_OPTIONS} for d in DRAFTERS},
     "llamacpp-ar": {"gguf"},
 }
 #: Rows run by dartspec's engine.

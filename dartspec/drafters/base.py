@@ -104,6 +104,11 @@ class NoDrafter(DrafterBase):
         return Tree.root_only(tokens[-1])
 
 
+def build_none(target: object, options: object) -> NoDrafter:
+    """The registry's builder of ``none`` (plain decoding)."""
+    return NoDrafter()
+
+
 class FeatureQueue:
     """Target features of committed positions that a feature-based drafter has not yet fed to its cache.
 

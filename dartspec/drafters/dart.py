@@ -17,11 +17,12 @@ import torch
 from dartspec.drafters.base import DraftBudget, FeatureDrafter
 from dartspec.drafters.dart_fast import FastDraftNet
 from dartspec.drafters.dart_model import DartModel
+from dartspec.drafters.options import DrafterOptions, checkpoint_folder
 from dartspec.ngram import MergedNgram, NgramModel, OnlineNgram
 from dartspec.runtime import FeatureSource
 from dartspec.search import make_tree_builder
 from dartspec.tree import Tree
-from dartspec.tree_size import AutoSizer, node_estimates
+from dartspec.tree_size import AutoSizer, auto_sizer, node_estimates
 
 #: Builds a tree from (root, log-probs (d, Vd), d2t, committed tokens, budget); see :mod:`dartspec.search`.
 TreeBuilder = Callable[[int, torch.Tensor, np.ndarray, Sequence[int], DraftBudget], Tree]
@@ -121,3 +122,31 @@ class DartDrafter(FeatureDrafter):
         self._proposed = True
         self.last_tree_seconds = time.perf_counter() - t0
         return tree
+
+
+def build(target: FeatureSource, options: DrafterOptions) -> DartDrafter:
+    """The registry's builder of ``dart``: ``options.checkpoint`` or the shipped drafter; ``tree`` picks the builder
+    (beam, ddtree, chain), ``ngram`` a static n-gram file (default: the one shipped next to the drafter, if any;
+    ``"off"`` for none), ``online_ngram`` adds prompt/output n-grams, ``ngram_smoothing`` (0 < s < 1) scores with
+    the interpolated n-gram instead of DART's longest-context rule, ``auto_size`` cuts each tree to the size with
+    the best expected tokens/s on this machine (:mod:`dartspec.tree_size`)."""
+    from dartspec.ngram import SmoothedNgram, tokenizer_identity
+
+    folder = checkpoint_folder("dart", target, options.checkpoint, "DART")
+    if options.ngram == "off":
+        ngram_path = None
+    elif options.ngram:
+        ngram_path = Path(options.ngram)
+    else:
+        ngram_path = folder / "ngram.bin" if (folder / "ngram.bin").is_file() else None
+    static = NgramModel.load(ngram_path, tokenizer=tokenizer_identity(target.tokenizer)) if ngram_path else None
+    if static is not None and options.ngram_smoothing:
+        static = SmoothedNgram(static, options.ngram_smoothing)
+    return DartDrafter.from_pretrained(
+        folder,
+        target,
+        options.tree,
+        ngram=static,
+        online_ngram=options.online_ngram,
+        auto_size=auto_sizer(target, options.auto_size),
+    )

@@ -23,10 +23,11 @@ from dartspec.drafters.base import DraftBudget, FeatureDrafter
 from dartspec.drafters.dart_fast import FastDraftNet
 from dartspec.drafters.dart_model import DraftKV
 from dartspec.drafters.eagle3_model import Eagle3Model
+from dartspec.drafters.options import DrafterOptions, checkpoint_folder
 from dartspec.errors import DartspecError
 from dartspec.runtime import FeatureSource
 from dartspec.tree import Tree
-from dartspec.tree_size import AutoSizer
+from dartspec.tree_size import AutoSizer, auto_sizer
 
 
 class Eagle3Drafter(FeatureDrafter):
@@ -186,3 +187,12 @@ class Eagle3Drafter(FeatureDrafter):
             self._proposed = True
         self.last_tree_seconds = time.perf_counter() - t0
         return tree
+
+
+def build(target: FeatureSource, options: DrafterOptions) -> Eagle3Drafter:
+    """The registry's builder of ``eagle3``: ``options.checkpoint`` or the shipped one, ``options.topk`` nodes
+    expanded per level (``auto_size`` cuts the tree by path probability, as for ``dart``)."""
+    folder = checkpoint_folder("eagle3", target, options.checkpoint, "EAGLE-3")
+    return Eagle3Drafter.from_pretrained(
+        folder, target, topk=options.topk, auto_size=auto_sizer(target, options.auto_size)
+    )

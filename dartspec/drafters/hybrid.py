@@ -14,7 +14,9 @@ from collections.abc import Sequence
 import torch
 
 from dartspec.drafters.base import DraftBudget, Drafter, DrafterBase
+from dartspec.drafters.options import DrafterOptions
 from dartspec.drafters.pld import PromptLookupDrafter
+from dartspec.runtime import FeatureSource
 from dartspec.tree import Tree
 
 
@@ -58,3 +60,10 @@ class HybridDrafter(DrafterBase):
 
     def _own_state(self) -> None:
         self.drafter = self.drafter.fork()  # the lookup has no state
+
+
+def build(target: FeatureSource, options: DrafterOptions) -> HybridDrafter:
+    """The registry's builder of ``dart+pld``: a DART tree of ``options.drafter_nodes`` nodes plus lookup spans."""
+    from dartspec.drafters import dart
+
+    return HybridDrafter(dart.build(target, options), drafter_nodes=options.drafter_nodes)

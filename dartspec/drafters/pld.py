@@ -55,3 +55,8 @@ class PromptLookupDrafter(DrafterBase):
     def propose(self, tokens: Sequence[int], budget: DraftBudget) -> Tree:
         paths = self.continuations(tokens, budget.max_depth) if budget.max_depth > 0 else []
         return Tree.from_paths(tokens[-1], paths, max_nodes=budget.max_nodes)
+
+
+def build(target: object, options: object) -> PromptLookupDrafter:
+    """The registry's builder of ``pld``."""
+    return PromptLookupDrafter()
