@@ -26,6 +26,13 @@
 #define QUERIES 4 /* queries scored together against a block of keys */
 #define LANES 16 /* partial sums of the softmax and value sums: one 512-bit vector */
 
+/* Key or value row of position j of kv head g: a shared page below npre, else the sequence's own buffer. */
+static inline const float *kv_row(const float *own, const float *const *pages, const dartspec_kv *kv, long g, long j,
+                                  long D) {
+    if (j < kv->npre) return pages[j / kv->page] + (g * kv->page + j % kv->page) * D;
+    return own + (g * kv->cap + j - kv->npre) * D;
+}
+
 static void rms_norm_head(float *x, const float *w, long D, float eps) {
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
@@ -71,13 +78,14 @@ static void score_block(const float *const *x, const float *kt, long D, float ac
 }
 
 #if defined(__AVX512F__)
-/* o (64) = sum over the list of w[k] * values[pos[k]]: for each position its whole row at once (4 vectors), even and
- * odd positions in separate accumulators (8 independent FMA chains), added at the end. */
-static void value_sum_64(const float *values, const long *pos, const float *w, long n, long D, float *o) {
+/* o (64) = sum over the list of w[k] * values[pos[k]] (kv head g): for each position its whole row at once (4
+ * vectors), even and odd positions in separate accumulators (8 independent FMA chains), added at the end. */
+static void value_sum_64(const dartspec_kv *kv, long g, const long *pos, const float *w, long n, long D, float *o) {
     __m512 e0 = _mm512_setzero_ps(), e1 = e0, e2 = e0, e3 = e0, o0 = e0, o1 = e0, o2 = e0, o3 = e0;
     long k = 0;
     for (; k + 2 <= n; k += 2) {
-        const float *a = values + pos[k] * D, *b = values + pos[k + 1] * D;
+        const float *a = kv_row(kv->v, kv->vpages, kv, g, pos[k], D);
+        const float *b = kv_row(kv->v, kv->vpages, kv, g, pos[k + 1], D);
         __m512 wa = _mm512_set1_ps(w[k]), wb = _mm512_set1_ps(w[k + 1]);
         e0 = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a), e0);
         e1 = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a + 16), e1);
@@ -89,7 +97,7 @@ static void value_sum_64(const float *values, const long *pos, const float *w, l
         o3 = _mm512_fmadd_ps(wb, _mm512_loadu_ps(b + 48), o3);
     }
     if (k < n) {
-        const float *a = values + pos[k] * D;
+        const float *a = kv_row(kv->v, kv->vpages, kv, g, pos[k], D);
         __m512 wa = _mm512_set1_ps(w[k]);
         e0 = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a), e0);
         e1 = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a + 16), e1);
@@ -108,14 +116,18 @@ static void value_sum_64(const float *values, const long *pos, const float *w, l
 void dartspec_attend(const float *qkv, long q, long H, long KV, long D, const float *rot, float *kc, float *vc,
                      long cap, long base, const uint8_t *mask, const float *q_norm, const float *k_norm, float eps,
                      float scale, float *out) {
-    dartspec_attend_team(qkv, q, H, KV, D, rot, kc, vc, cap, base, mask, q_norm, k_norm, eps, scale, out, 1);
+    dartspec_kv kv = {kc, vc, cap, NULL, NULL, 0, 1};
+    dartspec_attend_team(qkv, q, H, KV, D, rot, &kv, base, mask, q_norm, k_norm, eps, scale, out, 1);
 }
 
-/* As dartspec_attend; ``threaded`` 0 runs it on the calling thread alone (a caller that spreads many sequences'
- * attention over the threads). The arithmetic is the same either way. */
-void dartspec_attend_team(const float *qkv, long q, long H, long KV, long D, const float *rot, float *kc, float *vc,
-                          long cap, long base, const uint8_t *mask, const float *q_norm, const float *k_norm,
-                          float eps, float scale, float *out, int threaded) {
+/* As dartspec_attend on a cache that may start with shared pages (``kv``); ``threaded`` 0 runs it on the calling
+ * thread alone (a caller that spreads many sequences' attention over the threads). The arithmetic is the same
+ * either way, and the same whether a position's row is in a shared page or the sequence's own buffer. */
+void dartspec_attend_team(const float *qkv, long q, long H, long KV, long D, const float *rot, const dartspec_kv *kv,
+                          long base, const uint8_t *mask, const float *q_norm, const float *k_norm, float eps,
+                          float scale, float *out, int threaded) {
+    float *kc = kv->k, *vc = kv->v;
+    long cap = kv->cap, slot0 = base - kv->npre; /* the new rows' slots in the own buffers */
     long width = (H + 2 * KV) * D, total = base + q;
     float *qs = (float *)malloc(sizeof(float) * q * H * D);
     for (long i = 0; i < q; i++) {
@@ -128,11 +140,11 @@ void dartspec_attend_team(const float *qkv, long q, long H, long KV, long D, con
             rotate(x, r, D);
         }
         for (long h = 0; h < KV; h++) {
-            float *k = kc + (h * cap + base + i) * D;
+            float *k = kc + (h * cap + slot0 + i) * D;
             memcpy(k, row + (H + h) * D, sizeof(float) * D);
             if (k_norm) rms_norm_head(k, k_norm, D, eps);
             rotate(k, r, D);
-            memcpy(vc + (h * cap + base + i) * D, row + (H + KV + h) * D, sizeof(float) * D);
+            memcpy(vc + (h * cap + slot0 + i) * D, row + (H + KV + h) * D, sizeof(float) * D);
         }
     }
     long group = H / KV, blocks = (total + KEYS - 1) / KEYS;
@@ -152,9 +164,10 @@ void dartspec_attend_team(const float *qkv, long q, long H, long KV, long D, con
 #pragma omp for schedule(static)
         for (long gb = 0; gb < KV * blocks; gb++) {
             long g = gb / blocks, j0 = (gb % blocks) * KEYS, n = total - j0 < KEYS ? total - j0 : KEYS;
-            const float *keys = kc + (g * cap + j0) * D;
-            for (long jj = 0; jj < KEYS; jj++)
-                for (long d = 0; d < D; d++) kt[d * KEYS + jj] = jj < n ? keys[jj * D + d] : 0.0f;
+            for (long jj = 0; jj < KEYS; jj++) {
+                const float *key = jj < n ? kv_row(kc, kv->kpages, kv, g, j0 + jj, D) : NULL;
+                for (long d = 0; d < D; d++) kt[d * KEYS + jj] = key ? key[d] : 0.0f;
+            }
             /* The queries of this kv head QUERIES at a time: one load of each key row serves all of them, and
              * their sums are independent FMA chains (one query alone waits on its own chain over D). Each score is
              * still its own sum over d in order, whatever the grouping. */
@@ -185,7 +198,7 @@ void dartspec_attend_team(const float *qkv, long q, long H, long KV, long D, con
         for (long t = 0; t < q * H; t++) {
             long i = t / H, h = t % H, g = h / group, n = count[i];
             const long *pos = seen + i * total;
-            const float *p = scores + t * total, *values = vc + g * cap * D;
+            const float *p = scores + t * total;
             float best = -INFINITY;
             for (long k = 0; k < n; k++) best = p[pos[k]] > best ? p[pos[k]] : best;
 #pragma omp simd
@@ -204,7 +217,7 @@ void dartspec_attend_team(const float *qkv, long q, long H, long KV, long D, con
             /* Values: a weighted sum over the list; a fixed-order scheme per head size, so deterministic per list. */
 #if defined(__AVX512F__)
             if (D == 64) {
-                value_sum_64(values, pos, e, n, D, o);
+                value_sum_64(kv, g, pos, e, n, D, o);
                 continue;
             }
 #endif
@@ -214,13 +227,13 @@ void dartspec_attend_team(const float *qkv, long q, long H, long KV, long D, con
                 long kk = 0;
                 for (; kk + 4 <= n; kk += 4)
                     for (int u = 0; u < 4; u++) {
-                        const float *v = values + pos[kk + u] * D + d0;
+                        const float *v = kv_row(vc, kv->vpages, kv, g, pos[kk + u], D) + d0;
                         float w = e[kk + u];
 #pragma omp simd
                         for (long l = 0; l < LANES; l++) a[u][l] += w * v[l];
                     }
                 for (; kk < n; kk++) {
-                    const float *v = values + pos[kk] * D + d0;
+                    const float *v = kv_row(vc, kv->vpages, kv, g, pos[kk], D) + d0;
                     float w = e[kk];
 #pragma omp simd
                     for (long l = 0; l < LANES; l++) a[0][l] += w * v[l];
@@ -230,7 +243,7 @@ void dartspec_attend_team(const float *qkv, long q, long H, long KV, long D, con
             }
             for (long d = d0; d < D; d++) { /* a head size that is no multiple of LANES: the rest in order */
                 float acc = 0.0f;
-                for (long kk = 0; kk < n; kk++) acc += e[kk] * values[pos[kk] * D + d];
+                for (long kk = 0; kk < n; kk++) acc += e[kk] * kv_row(vc, kv->vpages, kv, g, pos[kk], D)[d];
                 o[d] = acc;
             }
         }

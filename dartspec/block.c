@@ -23,12 +23,12 @@ typedef struct {
 
 /* Many sequences' new rows in one call: the projections run over all ``q`` rows of x together (the weights are
  * read once), attention per sequence against its own cache. Sequence s owns rows starts[s] .. starts[s + 1]; its
- * cache is kc[s], vc[s] (KV, cap[s], D) with base[s] positions filled, its mask (rows, base + rows) or NULL
- * (causal). x (q, hidden) fp32; attn_in (q, qkv.K) or NULL (rms_norm(x, ln1)); rot (q, D/2, 2). Every row is
- * computed on its own, so a sequence's rows are what a call with that sequence alone computes. */
+ * cache is kv[s] (shared prefix pages, then its own buffers) with base[s] positions filled, its mask (rows, base +
+ * rows) or NULL (causal). x (q, hidden) fp32; attn_in (q, qkv.K) or NULL (rms_norm(x, ln1)); rot (q, D/2, 2). Every
+ * row is computed on its own, so a sequence's rows are what a call with that sequence alone computes. */
 void dartspec_block_many(const dartspec_block_weights *b, float *x, const float *attn_in, long q, const float *rot,
-                         long nseq, const long *starts, float *const *kc, float *const *vc, const long *cap,
-                         const long *base, const uint8_t *const *mask) {
+                         long nseq, const long *starts, const dartspec_kv *kv, const long *base,
+                         const uint8_t *const *mask) {
     long hidden = b->o.O, inner = b->down.K, width = b->qkv.O, attn_width = b->heads * b->head_dim;
     long half = b->head_dim / 2;
     long widest = hidden > inner ? hidden : inner;
@@ -49,15 +49,14 @@ void dartspec_block_many(const dartspec_block_weights *b, float *x, const float 
      * parallel region per block instead of one per sequence). Not one loop with an if clause: a parallel region
      * nested in even an inactive one makes libgomp start a fresh team per call. */
     if (nseq == 1) {
-        dartspec_attend_team(qkv, q, b->heads, b->kv_heads, b->head_dim, rot, kc[0], vc[0], cap[0], base[0], mask[0],
-                             b->q_norm, b->k_norm, b->eps, b->scale, attn, 1);
+        dartspec_attend_team(qkv, q, b->heads, b->kv_heads, b->head_dim, rot, &kv[0], base[0], mask[0], b->q_norm,
+                             b->k_norm, b->eps, b->scale, attn, 1);
     } else {
 #pragma omp parallel for schedule(dynamic, 1)
         for (long s = 0; s < nseq; s++) {
             long r0 = starts[s], n = starts[s + 1] - starts[s];
-            dartspec_attend_team(qkv + r0 * width, n, b->heads, b->kv_heads, b->head_dim, rot + r0 * half * 2, kc[s],
-                                 vc[s], cap[s], base[s], mask[s], b->q_norm, b->k_norm, b->eps, b->scale,
-                                 attn + r0 * attn_width, 0);
+            dartspec_attend_team(qkv + r0 * width, n, b->heads, b->kv_heads, b->head_dim, rot + r0 * half * 2, &kv[s],
+                                 base[s], mask[s], b->q_norm, b->k_norm, b->eps, b->scale, attn + r0 * attn_width, 0);
         }
     }
     qdot_prepare(QDOT_PLAIN, attn, q, attn_width, attn_width, NULL, 0.0f, &rows);
@@ -73,10 +72,13 @@ void dartspec_block_many(const dartspec_block_weights *b, float *x, const float 
     free(qkv);
 }
 
-/* One sequence: x (q, hidden) fp32; attn_in (q, qkv.K) or NULL (rms_norm(x, ln1)); rot (q, D/2, 2); kc, vc
- * (KV, cap, D) with base positions filled; mask (q, base + q) or NULL (causal). */
+/* One sequence: x (q, hidden) fp32; attn_in (q, qkv.K) or NULL (rms_norm(x, ln1)); rot (q, D/2, 2); the cache:
+ * npre positions in shared pages of ``page`` positions (kpages, vpages; npre 0: none), then kc, vc (KV, cap, D);
+ * base positions filled in all; mask (q, base + q) or NULL (causal). */
 void dartspec_block(const dartspec_block_weights *b, float *x, const float *attn_in, long q, const float *rot,
-                    float *kc, float *vc, long cap, long base, const uint8_t *mask) {
+                    float *kc, float *vc, long cap, const float *const *kpages, const float *const *vpages, long npre,
+                    long page, long base, const uint8_t *mask) {
     long starts[2] = {0, q};
-    dartspec_block_many(b, x, attn_in, q, rot, 1, starts, &kc, &vc, &cap, &base, &mask);
+    dartspec_kv kv = {kc, vc, cap, kpages, vpages, npre, page > 0 ? page : 1};
+    dartspec_block_many(b, x, attn_in, q, rot, 1, starts, &kv, &base, &mask);
 }

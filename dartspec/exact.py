@@ -336,11 +336,13 @@ class Block:
         base: int,
         mask: torch.Tensor | None,
         attn_in: torch.Tensor | None = None,
+        pages: SharedPages | None = None,
     ) -> None:
         """Run the block on ``x`` ``(q, hidden)`` fp32 contiguous, **in place**; ``rot``, ``keys``, ``values``,
         ``base`` and ``mask`` as for :func:`attend` (the cache rows ``base .. base + q`` are written).
         ``attn_in`` ``(q, qkv inputs)``: the attention's input instead of ``rms_norm(x, ln1)`` (a drafter layer
-        whose attention reads more than its residual stream)."""
+        whose attention reads more than its residual stream). ``pages``: the cache's first positions are in
+        shared pages (the prefix cache); ``keys``/``values`` then hold the positions after them."""
         self._run(
             self._ref,
             x.data_ptr(),
@@ -350,6 +352,10 @@ class Block:
             keys.data_ptr(),
             values.data_ptr(),
             keys.shape[2],
+            None if pages is None else pages.keys.ctypes.data,
+            None if pages is None else pages.values.ctypes.data,
+            0 if pages is None else pages.length,
+            0 if pages is None else pages.page,
             base,
             None if mask is None else mask.data_ptr(),
         )
@@ -358,7 +364,6 @@ class Block:
         """The block on the new rows of many sequences, **in place**: ``x`` ``(q, hidden)`` and ``rot`` hold every
         sequence's rows one after another; ``seqs`` says which rows are whose and where their caches are (this
         layer's row of its arrays). The projections run over all rows at once, attention per sequence."""
-        layer = seqs.layer
         self._run_many(
             self._ref,
             x.data_ptr(),
@@ -367,25 +372,37 @@ class Block:
             rot.data_ptr(),
             seqs.count,
             seqs.starts.ctypes.data,
-            seqs.keys[layer].ctypes.data,
-            seqs.values[layer].ctypes.data,
-            seqs.caps[layer].ctypes.data,
+            seqs.kv[seqs.layer].ctypes.data,
             seqs.bases.ctypes.data,
             seqs.masks.ctypes.data,
         )
 
 
+#: ``dartspec_kv`` of ``qdot.h``, one layer of one sequence's cache: its own key and value buffers and their
+#: capacity, then the shared pages before them (page pointer arrays, positions in pages, positions per page).
+KV_SLOT = np.dtype([(name, np.int64) for name in ("k", "v", "cap", "kpages", "vpages", "npre", "page")])
+
+
+@dataclass
+class SharedPages:
+    """The first ``length`` positions of one layer of a sequence's cache, in shared pages of ``page`` positions
+    (the prefix cache): ``keys[i]`` / ``values[i]`` point at page i's ``(KV, page, D)`` fp32 keys / values."""
+
+    keys: np.ndarray
+    values: np.ndarray
+    length: int
+    page: int
+
+
 @dataclass
 class SequenceSlots:
-    """Where :meth:`Block.many` finds each sequence: its rows (``starts``, ``count + 1`` offsets), its cache buffers
-    per layer (``keys``/``values`` pointers and ``caps`` capacities, ``(layers, count)``), the cached positions
-    before its rows (``bases``) and its mask pointer (0: causal); ``layer`` picks the row the next call reads."""
+    """Where :meth:`Block.many` finds each sequence: its rows (``starts``, ``count + 1`` offsets), its cache per
+    layer (``kv``, ``(layers, count)`` of :data:`KV_SLOT`), the cached positions before its rows (``bases``) and its
+    mask pointer (0: causal); ``layer`` picks the row the next call reads."""
 
     count: int
     starts: np.ndarray
-    keys: np.ndarray
-    values: np.ndarray
-    caps: np.ndarray
+    kv: np.ndarray
     bases: np.ndarray
     masks: np.ndarray
     layer: int = 0
@@ -460,9 +477,9 @@ def _library() -> ctypes.CDLL:
     lib.dartspec_attend.argtypes = [ptr, c_long, c_long, c_long, c_long, ptr, ptr, ptr, c_long, c_long, ptr, ptr, ptr]
     lib.dartspec_attend.argtypes += [ctypes.c_float, ctypes.c_float, ptr]
     lib.dartspec_block.restype = None
-    lib.dartspec_block.argtypes = [ptr, ptr, ptr, c_long, ptr, ptr, ptr, c_long, c_long, ptr]
+    lib.dartspec_block.argtypes = [ptr, ptr, ptr, c_long, ptr, ptr, ptr, c_long, ptr, ptr, c_long, c_long, c_long, ptr]
     lib.dartspec_block_many.restype = None
-    lib.dartspec_block_many.argtypes = [ptr, ptr, ptr, c_long, ptr, c_long, ptr, ptr, ptr, ptr, ptr, ptr]
+    lib.dartspec_block_many.argtypes = [ptr, ptr, ptr, c_long, ptr, c_long, ptr, ptr, ptr, ptr]
     return lib
 
 

@@ -8,10 +8,14 @@ subset of the newest entries (the accepted path of a draft tree) in place. It im
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
+
+if TYPE_CHECKING:
+    from dartspec.exact import SharedPages
 
 
 class TreeKVLayer(CacheLayerMixin):
@@ -29,6 +33,22 @@ class TreeKVLayer(CacheLayerMixin):
         super().__init__()
         self.length = 0
         self._capacity = capacity
+        # The first positions may live in shared pages (the prefix cache, read-only): ``shared`` is the kernel's
+        # view of them, ``_pages`` the (KV, page, D) key and value tensors of each page; the own buffers then
+        # hold positions ``npre`` on, position ``npre`` at slot 0.
+        self.shared: SharedPages | None = None
+        self._pages: Sequence[tuple[torch.Tensor, torch.Tensor]] = ()
+
+    @property
+    def npre(self) -> int:
+        """Positions in shared pages (0: none)."""
+        return 0 if self.shared is None else self.shared.length
+
+    def share(self, shared: SharedPages, pages: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Start an empty layer with ``shared.length`` positions in shared pages (never written here)."""
+        if self.length:
+            raise ValueError("shared pages go first: the layer is not empty")
+        self.shared, self._pages, self.length = shared, pages, shared.length
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         b, h, _, dk = key_states.shape
@@ -39,6 +59,7 @@ class TreeKVLayer(CacheLayerMixin):
         self.is_initialized = True
 
     def _reserve(self, needed: int) -> None:
+        """Room for ``needed`` positions in the own buffers."""
         cap = self.keys.shape[2]
         if needed <= cap:
             return
@@ -46,8 +67,9 @@ class TreeKVLayer(CacheLayerMixin):
             cap *= 2
         keys = self.keys.new_empty((*self.keys.shape[:2], cap, self.keys.shape[3]))
         values = self.values.new_empty((*self.values.shape[:2], cap, self.values.shape[3]))
-        keys[:, :, : self.length] = self.keys[:, :, : self.length]
-        values[:, :, : self.length] = self.values[:, :, : self.length]
+        own = self.length - self.npre
+        keys[:, :, :own] = self.keys[:, :, :own]
+        values[:, :, :own] = self.values[:, :, :own]
         self.keys, self.values = keys, values
 
     def update(
@@ -55,24 +77,30 @@ class TreeKVLayer(CacheLayerMixin):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        q = key_states.shape[2]
-        end = self.length + q
+        q, npre = key_states.shape[2], self.npre
+        start, end = self.length - npre, self.length - npre + q
         self._reserve(end)
-        self.keys[:, :, self.length : end] = key_states
-        self.values[:, :, self.length : end] = value_states
-        self.length = end
-        return self.keys[:, :, :end], self.values[:, :, :end]
+        self.keys[:, :, start:end] = key_states
+        self.values[:, :, start:end] = value_states
+        self.length += q
+        if not npre:
+            return self.keys[:, :, :end], self.values[:, :, :end]
+        # torch's attention wants one tensor: the shared pages gathered before the own positions (a slow path;
+        # the lean runtime's kernels read the pages where they are).
+        keys = torch.cat([*(k for k, _ in self._pages), self.keys[0, :, :end]], 1)
+        values = torch.cat([*(v for _, v in self._pages), self.values[0, :, :end]], 1)
+        return keys[None, :, : self.length], values[None, :, : self.length]
 
     def extend(
         self, q: int, like_keys: torch.Tensor, like_values: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Room for ``q`` more positions, counted as written: ``(keys, values, base)``; the caller fills
-        ``keys[:, :, base : base + q]`` and the same of ``values`` (shapes and dtype taken from ``like_*``,
-        ``(1, heads, any, dim)``)."""
+        ``keys[:, :, base - npre : base - npre + q]`` and the same of ``values`` (shapes and dtype taken from
+        ``like_*``, ``(1, heads, any, dim)``)."""
         if not self.is_initialized:
             self.lazy_initialization(like_keys, like_values)
         base = self.length
-        self._reserve(base + q)
+        self._reserve(base - self.npre + q)
         self.length = base + q
         return self.keys, self.values, base
 
@@ -87,15 +115,19 @@ class TreeKVLayer(CacheLayerMixin):
 
     def keep(self, base: int, nodes: torch.Tensor) -> None:
         """Keep entries ``base + nodes`` (ascending) as positions ``base, base+1, ...``; drop the rest."""
-        n = nodes.numel()
+        n, own = nodes.numel(), base - self.npre
+        if own < 0:
+            raise ValueError("cannot rewrite positions in shared pages")
         if self.is_initialized:
-            src = nodes + base
+            src = nodes + own
             # index_select copies first, so overlapping source and destination ranges are safe.
-            self.keys[:, :, base : base + n] = self.keys.index_select(2, src)
-            self.values[:, :, base : base + n] = self.values.index_select(2, src)
+            self.keys[:, :, own : own + n] = self.keys.index_select(2, src)
+            self.values[:, :, own : own + n] = self.values.index_select(2, src)
         self.length = base + n
 
     def truncate(self, length: int) -> None:
+        if length < self.npre:
+            raise ValueError("cannot truncate into shared pages: reset the cache instead")
         self.length = min(self.length, length)
 
     def select_rows(self, rows: torch.Tensor) -> None:
@@ -109,6 +141,7 @@ class TreeKVLayer(CacheLayerMixin):
 
     def reset(self) -> None:
         self.length = 0
+        self.shared, self._pages = None, ()
 
 
 class TreeKVCache(Cache):
@@ -116,6 +149,29 @@ class TreeKVCache(Cache):
 
     def __init__(self, num_layers: int) -> None:
         super().__init__(layers=[TreeKVLayer() for _ in range(num_layers)])
+        self._release: Callable[[], None] | None = None
+
+    def share(
+        self,
+        shared: Sequence[SharedPages],
+        pages: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor]]],
+        release: Callable[[], None],
+    ) -> None:
+        """Start the empty cache with shared pages per layer (see :meth:`TreeKVLayer.share`); ``release`` is called
+        once when the cache lets them go (reset, or the cache itself is dropped)."""
+        for layer, s, p in zip(self.layers, shared, pages, strict=True):
+            layer.share(s, p)
+        self._release = release
+
+    def reset(self) -> None:
+        super().reset()
+        if self._release is not None:
+            release, self._release = self._release, None
+            release()
+
+    def __del__(self) -> None:
+        if getattr(self, "_release", None) is not None:
+            self._release()
 
     @property
     def length(self) -> int:

@@ -26,10 +26,22 @@ void qdot_rows_free(qdot_rows *rows);
 void qdot_prepare(int in, const float *x, long M, long K, long stride, const float *norm, float eps, qdot_rows *out);
 void qdot_run(const qdot_linear *L, const qdot_rows *rows, long M, float *y, int accumulate);
 
+/* One layer of one sequence's KV cache as attention sees it: positions [0, npre) in shared pages of ``page``
+ * positions each (the prefix cache; page i holds (KV, page, D) keys at kpages[i], values at vpages[i]), the rest in
+ * the sequence's own buffers k, v (KV, cap, D), position npre at slot 0. npre 0: no shared pages. Every field is 8
+ * bytes, in the order of exact.py's KV_SLOT. */
+typedef struct {
+    float *k, *v;
+    long cap;
+    const float *const *kpages;
+    const float *const *vpages;
+    long npre, page;
+} dartspec_kv;
+
 void dartspec_attend(const float *qkv, long q, long H, long KV, long D, const float *rot, float *kc, float *vc,
                      long cap, long base, const uint8_t *mask, const float *q_norm, const float *k_norm, float eps,
                      float scale, float *out);
-void dartspec_attend_team(const float *qkv, long q, long H, long KV, long D, const float *rot, float *kc, float *vc,
-                          long cap, long base, const uint8_t *mask, const float *q_norm, const float *k_norm,
-                          float eps, float scale, float *out, int threaded);
+void dartspec_attend_team(const float *qkv, long q, long H, long KV, long D, const float *rot, const dartspec_kv *kv,
+                          long base, const uint8_t *mask, const float *q_norm, const float *k_norm, float eps,
+                          float scale, float *out, int threaded);
 #endif

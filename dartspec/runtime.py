@@ -18,7 +18,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -27,6 +27,9 @@ import torch.nn.functional as F
 from dartspec.errors import ContextLengthError, DartspecError
 from dartspec.kv_cache import TreeKVCache
 from dartspec.tree import Tree
+
+if TYPE_CHECKING:
+    from dartspec.prefix_cache import PrefixCache
 
 # Decoding ends at any of these when the tokenizer knows them: chat models close a turn with an
 # end-of-turn token that is not always the config's eos_token_id (e.g. Qwen2.5's <|im_end|>).
@@ -185,6 +188,10 @@ class CausalRuntime(ABC):
         self.softcap = getattr(config, "final_logit_softcapping", None)
         self.eos_token_ids = self._find_eos_ids(generation_config)
         self.cache = TreeKVCache(self.num_layers)
+        #: Rows per prefill forward (a runtime whose rows are computed independently may pick its fastest).
+        self.prefill_chunk = PREFILL_CHUNK
+        #: Shared prompt-prefix KV (:mod:`dartspec.prefix_cache`), on runtimes that support it once enabled.
+        self.prefix_cache: PrefixCache | None = None
         self.feature_layers: tuple[int, ...] = ()
         self.set_feature_layers(feature_layers)
 
@@ -249,6 +256,12 @@ class CausalRuntime(ABC):
 
     # --- forwards ----------------------------------------------------------------------------
 
+    def enable_prefix_cache(self, max_bytes: int) -> PrefixCache:
+        """Share prompt prefixes' KV among requests, up to ``max_bytes`` (:mod:`dartspec.prefix_cache`)."""
+        raise DartspecError(
+            f"{type(self).__name__} has no prefix cache: it needs the lean runtime's exact-a16 kernels on a CPU"
+        )
+
     def prefill(
         self, token_ids: Sequence[int], *, features: bool = False, cache: TreeKVCache | None = None
     ) -> TargetOutput:
@@ -263,8 +276,8 @@ class CausalRuntime(ABC):
                 f"{self.max_context} tokens"
             )
         outs = []
-        for start in range(0, len(token_ids), PREFILL_CHUNK):
-            chunk = list(token_ids[start : start + PREFILL_CHUNK])
+        for start in range(0, len(token_ids), self.prefill_chunk):
+            chunk = list(token_ids[start : start + self.prefill_chunk])
             n = len(chunk)
             last = start + n == len(token_ids)
             outs.append(

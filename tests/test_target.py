@@ -10,7 +10,6 @@ from conftest import VOCAB, tiny_target
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import dartspec.target as target_mod
 from dartspec.errors import ContextLengthError, DartspecError
 from dartspec.kernels import rows_first_linear
 from dartspec.target import Target
@@ -102,7 +101,7 @@ def test_chunked_prefill_equals_one_forward(monkeypatch: pytest.MonkeyPatch, lla
     prompt = list(np.random.default_rng(5).integers(0, VOCAB, size=45))
     t.reset()
     whole = t.prefill(prompt, features=True)
-    monkeypatch.setattr(target_mod, "PREFILL_CHUNK", 8)
+    monkeypatch.setattr(t, "prefill_chunk", 8)
     t.reset()
     chunked = t.prefill(prompt, features=True)
     torch.testing.assert_close(chunked.logits, whole.logits, rtol=0, atol=ATOL)

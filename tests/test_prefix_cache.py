@@ -1,0 +1,126 @@
+"""The prefix cache: shared prompt prefixes give every request what it computes alone, bit for bit; blocks are
+reference-counted and evicted least recently used, never while in use."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+import torch
+from conftest import VOCAB
+from test_batching import lean_target, needs_kernels, random_tree, run_batched
+from test_lossless import drafter
+
+from dartspec.drafters import NoDrafter
+from dartspec.engine import Generator
+from dartspec.errors import DartspecError
+from dartspec.prefix_cache import PrefixCache
+
+pytestmark = needs_kernels
+
+
+def _prompts(rng: np.random.Generator, shared: int, tails: list[int]) -> list[list[int]]:
+    head = rng.integers(2, VOCAB, size=shared).tolist()
+    return [head + rng.integers(2, VOCAB, size=n).tolist() for n in tails]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_shared_prefix_gives_the_same_logits_features_and_trees_bit_for_bit(arch: str) -> None:
+    plain, cached = lean_target(arch), lean_target(arch)
+    pc = cached.enable_prefix_cache(1 << 30)
+    rng = np.random.default_rng(1)
+    prompts = _prompts(rng, 70, [9, 1, 30, 0])  # 70 shared tokens: 4 blocks of 16 shared, then each its own
+    prompts.append(prompts[0][:40])  # a prompt inside another's blocks
+    for features in (False, True):
+        pc.clear()
+        for i, p in enumerate(prompts):
+            a, b = plain.new_cache(), cached.new_cache()
+            ref, out = plain.prefill(p, features=features, cache=a), cached.prefill(p, features=features, cache=b)
+            assert torch.equal(ref.logits, out.logits)
+            if features:
+                assert torch.equal(ref.features, out.features)
+            if i:  # the first computed everything; the rest found the shared head
+                assert b.layers[0].npre >= 32
+            assert b.layers[0].npre <= len(p) - 1  # the last token is always computed
+            tree = random_tree(rng, p[-1], 7)
+            assert torch.equal(plain.verify(tree, cache=a).logits, cached.verify(tree, cache=b).logits)
+            plain.commit(len(p), [0, 2], cache=a), cached.commit(len(p), [0, 2], cache=b)
+            tree = random_tree(rng, 5, 4)
+            assert torch.equal(plain.verify(tree, cache=a).logits, cached.verify(tree, cache=b).logits)
+    assert pc.stats.hit_tokens > 0
+
+
+@pytest.mark.parametrize("name", ["none", "random", "dart"])
+def test_batched_generation_with_shared_prefixes_equals_lone_runs(name: str) -> None:
+    """Requests joining one after another find the earlier ones' prefix (a feature drafter's feature rows
+    included); every request's tokens equal those of a runtime without the cache."""
+    plain, cached = lean_target(), lean_target()
+    cached.enable_prefix_cache(1 << 30)
+    rng = np.random.default_rng(2)
+    prompts = _prompts(rng, 48, [3, 12, 20, 7])
+    ref = Generator(plain, NoDrafter()).generate(prompts[0], max_new_tokens=16).token_ids
+    jobs = [{"prompt": p, "at": i, "params": {"max_new_tokens": 16}} for i, p in enumerate(prompts)]
+    want = run_batched(Generator(plain, drafter(name, plain, ref), tree_size=6, max_depth=4), jobs, None)
+    got = run_batched(Generator(cached, drafter(name, cached, ref), tree_size=6, max_depth=4), jobs, None)
+    assert got == want
+    # verify_many's batched path ran with shared pages (a joining request found the others' prefix)
+    assert cached.prefix_cache is not None and cached.prefix_cache.stats.hit_tokens >= 3 * 48
+
+
+def test_references_and_eviction() -> None:
+    target = lean_target()
+    pc = target.enable_prefix_cache(1 << 30)
+    rng = np.random.default_rng(3)
+    a, b = _prompts(rng, 40, [8, 8])  # 2 shared blocks, then a third block each (40 + 8 = 48 tokens)
+    ca = target.new_cache()
+    target.prefill(a, cache=ca)
+    assert len(pc) == 3 and pc.nbytes == 3 * pc.block_bytes
+    cb = target.new_cache()
+    target.prefill(b, cache=cb)
+    assert cb.layers[0].npre == 32 and len(pc) == 4  # b's third block differs from a's
+    # (a lookup leaves a prompt's last token to compute: one more token finds all three blocks)
+    assert [blk.refs for blk in pc.match([*b, 1])] == [1, 1, 0]  # cb holds the shared two; its third is free
+    # Over budget: only free leaves go, least recently used first: a's third block (b's is newer).
+    pc.max_bytes = 3 * pc.block_bytes
+    pc._evict()
+    assert len(pc) == 3 and len(pc.match([*a, 1])) == 2 and len(pc.match([*b, 1])) == 3
+    pc.max_bytes = 0
+    pc._evict()
+    assert len(pc) == 2  # the two blocks cb uses stay, whatever the budget
+    cb.reset()  # letting the pages go releases them ...
+    assert [blk.refs for blk in pc.match(b)] == [0, 0]
+    pc._evict()
+    assert len(pc) == 0 and pc.nbytes == 0
+    # ... and so does dropping the cache
+    pc.max_bytes = 1 << 30
+    target.prefill(a, cache=target.new_cache())
+    cc = target.new_cache()
+    target.prefill(a, cache=cc)
+    assert pc.match(a)[0].refs == 1
+    del cc  # CPython frees it here; collect() in case a cycle holds it
+    gc.collect()
+    assert pc.match(a)[0].refs == 0
+
+
+def test_shared_pages_are_never_written_or_cut() -> None:
+    target = lean_target()
+    target.enable_prefix_cache(1 << 30)
+    p = list(range(2, 40))
+    target.prefill(p, cache=target.new_cache())
+    c = target.new_cache()
+    target.prefill(p, cache=c)
+    assert c.layers[0].npre == 32
+    with pytest.raises(ValueError, match="shared pages"):
+        c.truncate(10)
+    with pytest.raises(ValueError, match="shared pages"):
+        c.keep(20, torch.tensor([0]))
+
+
+def test_prefix_cache_needs_the_exact_kernels() -> None:
+    from conftest import tiny_target
+
+    with pytest.raises(DartspecError, match="prefix cache"):
+        tiny_target().enable_prefix_cache(1 << 20)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        PrefixCache(layers=1, kv_heads=1, head_dim=8, max_bytes=1, block=10)
