@@ -11,6 +11,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from dartspec.errors import DartspecError
 from dartspec.formats import DATA_SOURCES, QUANT_CHOICES, RUNTIMES, TREE_BUILDERS
@@ -326,6 +327,31 @@ def serving_threads(args: argparse.Namespace) -> None:
         args.threads = max(1, (os.cpu_count() or 2) - 1)
 
 
+def add_prefix_cache_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--prefix-cache-mb",
+        type=float,
+        default=None,
+        help="memory for shared prompt prefixes' KV (chat template, common system prompts; default 256 where the "
+        "runtime has it: the lean runtime's exact-a16 kernels on a CPU; 0: off)",
+    )
+
+
+def enable_prefix_cache(args: argparse.Namespace, target: Any) -> None:
+    """``--prefix-cache-mb``: on by default where the runtime supports it, an error only where asked for."""
+    wanted = args.prefix_cache_mb
+    if wanted is not None and wanted < 0:
+        raise DartspecError("--prefix-cache-mb must be >= 0")
+    if wanted == 0:
+        return
+    try:
+        target.enable_prefix_cache(int((256 if wanted is None else wanted) * (1 << 20)))
+    except DartspecError as err:
+        if wanted is not None:
+            raise
+        _log(f"prefix cache off: {err}")
+
+
 def cmd_bench_serve(args: argparse.Namespace) -> int:
     try:
         import openai  # noqa: F401
@@ -334,7 +360,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
         from dartspec.serve.engine import ServeEngine
     except ImportError as err:
         raise DartspecError(f"bench serve needs {err.name}: pip install 'dartspec[serve]'") from None
-    from dartspec.bench.serve import local_server, markdown, run_serve_bench, write_results
+    from dartspec.bench.serve import local_server, markdown, run_serve_bench, shared_system_prompt, write_results
     from dartspec.bench.suite import load_prompts
     from dartspec.drafters import NoDrafter
     from dartspec.engine import Generator
@@ -344,8 +370,12 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
     if args.plot:
         require("matplotlib", extra="bench", purpose="plotting (--plot)")
     prompts = [text for _, text in load_prompts(args.dataset, limit=args.limit)]
+    if args.shared_prefix < 0:
+        raise DartspecError("--shared-prefix must be >= 0")
     serving_threads(args)
     target = load_target(args)
+    enable_prefix_cache(args, target)
+    system = shared_system_prompt(target, args.shared_prefix) if args.shared_prefix else None
     engine = ServeEngine(
         make_generator(args, target),
         Generator(target, NoDrafter()),
@@ -363,11 +393,18 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
         "dataset": args.dataset,
         "prompts": len(prompts),
         "max_new_tokens": args.max_new_tokens,
+        "shared_prefix_tokens": len(target.encode(system)) if system else 0,
+        "prefix_cache_mb": round(target.prefix_cache.max_bytes / (1 << 20)) if target.prefix_cache else 0,
     }
     _log(f"{len(prompts)} prompts at concurrency {', '.join(map(str, sorted(set(args.concurrency) | {1})))}...")
     with local_server(create_app(engine)) as url:
         levels = run_serve_bench(
-            url, prompts, model=target.name, concurrency=args.concurrency, max_tokens=args.max_new_tokens
+            url,
+            prompts,
+            model=target.name,
+            concurrency=args.concurrency,
+            max_tokens=args.max_new_tokens,
+            system=system,
         )
     print(markdown(levels, meta))
     for level in levels:
@@ -481,6 +518,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise DartspecError("--protect-all needs an API key (--api-key, --api-key-file or DARTSPEC_API_KEY)")
     serving_threads(args)
     target = load_target(args)
+    enable_prefix_cache(args, target)
     generator = make_generator(args, target)
     engine = ServeEngine(
         generator,
@@ -708,6 +746,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="rows of one batched forward: each request's tree gets rows / requests nodes (default: 4 on a CPU, "
         "64 on a GPU; trees shrink to plain decoding as the batch fills)",
     )
+    add_prefix_cache_arg(p)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds a request may take, its wait included")
     p.add_argument("--default-max-tokens", type=_positive_int, default=256)
     p.set_defaults(func=cmd_serve)
@@ -963,6 +1002,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-batch", type=_positive_int, default=None, help="the server's batch (default: the most clients)"
     )
     p.add_argument("--step-rows", type=_positive_int, default=None, help="rows of a batched step (default: serve's)")
+    add_prefix_cache_arg(p)
+    p.add_argument(
+        "--shared-prefix",
+        type=int,
+        default=0,
+        help="give every request the same system message of about N tokens (measures the prefix cache)",
+    )
     p.add_argument("--out", default=None, help="folder for serve.md, serve.json (and serve.png with --plot)")
     p.add_argument("--plot", action="store_true", help="also draw serve.png")
     p.set_defaults(func=cmd_bench_serve)

@@ -181,6 +181,17 @@ class TreeKVCache(Cache):
         for layer in self.layers:
             layer.keep(base, nodes)
 
+    def position_bytes(self) -> int:
+        """Bytes one position takes in every layer's keys and values (0 before the first write)."""
+        layer = self.layers[0]
+        if not layer.is_initialized:
+            return 0
+        return 2 * len(self.layers) * layer.keys.shape[1] * layer.keys.shape[3] * layer.keys.element_size()
+
+    def own_bytes(self) -> int:
+        """Bytes of the positions this cache holds itself (shared pages not counted)."""
+        return (self.length - self.layers[0].npre) * self.position_bytes()
+
     def truncate(self, length: int) -> None:
         for layer in self.layers:
             layer.truncate(length)

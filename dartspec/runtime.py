@@ -73,12 +73,15 @@ class TargetRuntime(Protocol):
     max_context: int
     eos_token_ids: frozenset[int]
     cache: TreeKVCache  # the runtime's own, for one sequence at a time
+    prefix_cache: PrefixCache | None  # shared prompt prefixes (None: off or unsupported)
 
     @property
     def device(self) -> torch.device: ...
 
     @property
     def cached(self) -> int: ...
+
+    def enable_prefix_cache(self, max_bytes: int) -> PrefixCache: ...
 
     def new_cache(self) -> TreeKVCache: ...
 

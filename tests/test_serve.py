@@ -16,6 +16,7 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 from conftest import tiny_target  # noqa: E402
 
+from dartspec import exact  # noqa: E402
 from dartspec.bench.serve import local_server  # noqa: E402
 from dartspec.drafters import NoDrafter, PromptLookupDrafter  # noqa: E402
 from dartspec.engine import Generator  # noqa: E402
@@ -508,3 +509,34 @@ def test_bench_serve_measures_levels_and_checks_answers(tmp_path: Path) -> None:
     assert levels[0].vs_one == 1.0 and all(lv.tokens > 0 and lv.per_token_ms[0] > 0 for lv in levels)
     write_results(levels, {"drafter": "slow"}, tmp_path, plot=False)
     assert "| 4 |" in (tmp_path / "serve.md").read_text() and "mismatches" in markdown(levels, {})
+
+
+@pytest.mark.skipif(not exact.available(), reason="no C compiler for dartspec's kernels")
+def test_bench_serve_with_a_shared_system_prompt_shares_its_kv(tmp_path: Path) -> None:
+    """16 requests behind one long system message: the prefix cache supplies most prompt tokens, the KV held
+    is a fraction of the unshared, and every answer equals the answer without the cache."""
+    from test_batching import lean_target
+
+    from dartspec.bench.serve import markdown, run_serve_bench
+
+    system = " ".join(f"t{2 + i % 8}" for i in range(64))
+    texts = [prompt(i)[0]["content"] for i in range(8)]
+    runs, answers = {}, {}
+    for cached in (False, True):
+        target = lean_target()
+        target.tokenizer.chat_template = TEMPLATE
+        if cached:
+            target.enable_prefix_cache(1 << 28)
+        with serving(target=target, max_batch=8) as u:
+            runs[cached] = run_serve_bench(
+                u, texts, model="tiny", concurrency=[8], max_tokens=12, system=system, kv_poll_s=0.002
+            )
+            with_system = [[{"role": "system", "content": system}, {"role": "user", "content": t}] for t in texts[:3]]
+            answers[cached] = [stream_text(client(u), m, max_tokens=12) for m in with_system]
+    for levels in runs.values():
+        assert all(not lv.failures and lv.mismatches == 0 for lv in levels)
+    plain, shared = runs[False][-1], runs[True][-1]
+    assert plain.prefix_hit == 0 and shared.prefix_hit > 0.8  # 64 of every ~70 prompt tokens
+    assert 0 < shared.kv_mb < 0.6 * shared.kv_unshared_mb
+    assert "prefix cache" in markdown(runs[True], {"prefix_cache_mb": 256})
+    assert answers[True] == answers[False] and all(answers[True])

@@ -4,8 +4,10 @@ For each concurrency level c, every prompt is sent once (chat, greedy, streamed)
 client taking the next prompt when its answer is done. Per level it reports the aggregate completion tokens per
 second (all tokens over the level's wall time) and its ratio to one client at a time (measured in the same run),
 the time to the first token and the time per later token of each request (p50 / p95), the mean number of
-requests the server decoded together per target forward (from its ``/metrics``), and how many answers differ
-from the same prompt's answer at concurrency 1 (greedy output must not depend on what else the server does).
+requests the server decoded together per target forward, the peak KV memory with and without the prefix cache's
+sharing and the share of prompt tokens it supplied (from the server's ``/metrics``, sampled while the level runs),
+and how many answers differ from the same prompt's answer at concurrency 1 (greedy output must not depend on what
+else the server does). ``system`` gives every request the same system message (``--shared-prefix N``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ class Level:
     per_token_ms: tuple[float, float] = (0.0, 0.0)  # p50, p95 of (end - first token) / (tokens - 1)
     mean_batch: float = 0.0
     mismatches: int = 0
+    kv_mb: float = 0.0  # peak KV memory held (own positions + prefix cache)
+    kv_unshared_mb: float = 0.0  # peak of what the same requests would hold unshared
+    prefix_hit: float = 0.0  # share of the level's prompt tokens taken from the prefix cache
     failures: list[str] = field(default_factory=list)
 
 
@@ -65,16 +70,58 @@ def local_server(app: Any) -> Iterator[str]:
         thread.join(10)
 
 
-def _batch_histogram(url: str) -> tuple[float, float]:
-    """(sum, count) of the server's ``dartspec_step_batch_size`` histogram."""
+def _metrics(url: str) -> dict[str, float]:
+    """The server's unlabelled ``/metrics`` samples by name."""
     import httpx
 
-    found = {"sum": 0.0, "count": 0.0}
+    found = {}
     for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
-        for part in found:
-            if line.startswith(f"dartspec_step_batch_size_{part} "):
-                found[part] = float(line.split()[1])
-    return found["sum"], found["count"]
+        if line and not line.startswith("#") and "{" not in line:
+            name, _, value = line.partition(" ")
+            found[name] = float(value)
+    return found
+
+
+class _KvPeak:
+    """Samples the server's KV gauges while a level runs; keeps the peaks."""
+
+    def __init__(self, url: str, every_s: float = 0.2) -> None:
+        self.url, self.every_s = url, every_s
+        self.held = self.unshared = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def __enter__(self) -> _KvPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.every_s):
+            m = _metrics(self.url)
+            self.held = max(self.held, m.get("dartspec_kv_bytes", 0.0))
+            self.unshared = max(self.unshared, m.get("dartspec_kv_bytes_unshared", 0.0))
+
+
+def shared_system_prompt(target: Any, tokens: int) -> str:
+    """A system message of about ``tokens`` tokens (numbered house rules, cut to length), the same for every
+    request: what a deployment's common instructions look like to the prefix cache."""
+    rules = (
+        "Answer the question that was asked, precisely and without padding.",
+        "When a policy applies, name it and quote the relevant sentence.",
+        "Prefer short answers; give detail when the user asks for it.",
+        "Never invent facts, figures, names or sources; say when you do not know.",
+        "Write code that runs as shown, with the imports it needs.",
+        "Keep a friendly, professional tone with every customer.",
+    )
+    text, i = "You are the assistant of a software company. Follow these rules.", 0
+    while len(target.encode(text)) < tokens:
+        text += f" Rule {i + 1}: {rules[i % len(rules)]}"
+        i += 1
+    return target.decode(target.encode(text)[:tokens])
 
 
 def _percentiles(values: list[float]) -> tuple[float, float]:
@@ -91,14 +138,16 @@ class _Answer:
     per_token_s: float | None  # (end - first token) / (tokens - 1)
 
 
-def _ask(client: Any, model: str, prompt: str, max_tokens: int) -> _Answer:
+def _ask(client: Any, model: str, prompt: str, max_tokens: int, system: str | None) -> _Answer:
     """One streamed greedy chat request, timed."""
     t0 = time.perf_counter()
     first = None
     parts: list[str] = []
     tokens = 0
+    messages = [{"role": "system", "content": system}] if system else []
+    messages.append({"role": "user", "content": prompt})
     stream = client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0, stream=True
+        model=model, messages=messages, max_tokens=max_tokens, temperature=0, stream=True
     )
     for chunk in stream:
         extra = (chunk.model_extra or {}).get("dartspec") or {}
@@ -125,8 +174,11 @@ def run_serve_bench(
     concurrency: list[int],
     max_tokens: int = 128,
     timeout_s: float = 900.0,
+    system: str | None = None,
+    kv_poll_s: float = 0.2,
 ) -> list[Level]:
-    """Measure ``url`` at each concurrency level (see the module docstring); level 1 runs first (the reference)."""
+    """Measure ``url`` at each concurrency level (see the module docstring); level 1 runs first (the reference).
+    ``kv_poll_s``: how often the KV gauges are read while a level runs."""
     import openai
 
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=timeout_s)
@@ -134,10 +186,10 @@ def run_serve_bench(
     out = []
     for c in sorted(set(concurrency) | {1}):
         level = Level(concurrency=c, requests=len(prompts))
-        before = _batch_histogram(url)
+        before = _metrics(url)
         start = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=c) as pool:
-            futures = [pool.submit(_ask, client, model, p, max_tokens) for p in prompts]
+        with _KvPeak(url, kv_poll_s) as kv, ThreadPoolExecutor(max_workers=c) as pool:
+            futures = [pool.submit(_ask, client, model, p, max_tokens, system) for p in prompts]
             answers: list[_Answer | None] = []
             for i, f in enumerate(futures):
                 try:
@@ -146,9 +198,13 @@ def run_serve_bench(
                     level.failures.append(f"prompt {i}: {type(err).__name__}: {err}")
                     answers.append(None)
         level.seconds = time.perf_counter() - start
-        after = _batch_histogram(url)
-        steps = after[1] - before[1]
-        level.mean_batch = (after[0] - before[0]) / steps if steps else 0.0
+        after = _metrics(url)
+        grew = {name: after[name] - before.get(name, 0.0) for name in after}
+        steps = grew.get("dartspec_step_batch_size_count", 0.0)
+        level.mean_batch = grew.get("dartspec_step_batch_size_sum", 0.0) / steps if steps else 0.0
+        level.kv_mb, level.kv_unshared_mb = kv.held / (1 << 20), kv.unshared / (1 << 20)
+        looked = grew.get("dartspec_prefix_cache_prompt_tokens", 0.0)
+        level.prefix_hit = grew.get("dartspec_prefix_cache_hit_tokens", 0.0) / looked if looked else 0.0
         done = [(i, a) for i, a in enumerate(answers) if a is not None]
         level.tokens = sum(a.tokens for _, a in done)
         level.tokens_per_s = level.tokens / level.seconds if level.seconds else 0.0
@@ -171,18 +227,20 @@ def markdown(levels: list[Level], meta: dict[str, Any]) -> str:
     lines = [
         f"Server: {meta.get('runtime', '?')}, drafter {meta.get('drafter', '?')}, max batch {meta.get('max_batch')}, "
         f"{meta.get('step_rows')} rows a step; {meta.get('prompts')} prompts of {meta.get('dataset')}, greedy, "
-        f"{meta.get('max_new_tokens')} new tokens at most, streamed through the openai client.",
+        f"{meta.get('max_new_tokens')} new tokens at most, streamed through the openai client; shared system "
+        f"prompt {meta.get('shared_prefix_tokens', 0)} tokens, prefix cache {meta.get('prefix_cache_mb', 0)} MB.",
         "",
         "| clients | aggregate tok/s | vs 1 client | TTFT p50 / p95 ms | per token p50 / p95 ms | mean batch | "
-        "mismatches vs 1 client | wall s |",
-        "|---|---|---|---|---|---|---|---|",
+        "peak KV MB (unshared) | prompt tokens from prefix cache | mismatches vs 1 client | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for lv in levels:
+        share = f"{lv.kv_mb / lv.kv_unshared_mb:.0%}" if lv.kv_unshared_mb else "-"
         lines.append(
             f"| {lv.concurrency} | {lv.tokens_per_s:.1f} | {lv.vs_one:.2f}x | "
             f"{lv.ttft_ms[0]:.0f} / {lv.ttft_ms[1]:.0f} | {lv.per_token_ms[0]:.1f} / {lv.per_token_ms[1]:.1f} | "
-            f"{lv.mean_batch:.2f} | {lv.mismatches} | "
-            f"{lv.seconds:.1f} |"
+            f"{lv.mean_batch:.2f} | {lv.kv_mb:.1f} ({lv.kv_unshared_mb:.1f}; {share}) | {lv.prefix_hit:.0%} | "
+            f"{lv.mismatches} | {lv.seconds:.1f} |"
         )
     return "\n".join(lines)
 

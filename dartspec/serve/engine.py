@@ -180,19 +180,32 @@ class ServeEngine:
             if not batch:
                 continue
             self.metrics.step_batch.observe(len(batch))
+            self._measure_kv(batch)
             try:
                 self.speculative.advance_many([r.seq for r in batch], step_rows=self.step_rows)  # all admitted: seq set
             except BaseException as err:  # handed to every request of the step, which turns it into an HTTP error
                 for request in batch:
                     request.send(err)
-                    self._leave()
+                    self._leave(request)
                 batch = []
+
+    def _measure_kv(self, batch: list[_Request]) -> None:
+        """KV memory now, with and without the prefix cache's sharing (gauges of ``/metrics``)."""
+        caches = [r.seq.cache for r in batch if r.seq is not None]
+        shared = self.target.prefix_cache
+        own = sum(c.own_bytes() for c in caches)
+        self.metrics.kv_bytes.set(own + (shared.nbytes if shared is not None else 0))
+        self.metrics.kv_bytes_unshared.set(sum(c.length * c.position_bytes() for c in caches))
+        if shared is not None:
+            self.metrics.prefix_hit_tokens.set(shared.stats.hit_tokens)
+            self.metrics.prefix_prompt_tokens.set(shared.stats.prompt_tokens)
+            self.metrics.prefix_bytes.set(shared.nbytes)
 
     def _admit(self, request: _Request) -> bool:
         """Prefill a request and take its first token; False when it is not to run (cancelled meanwhile, error)."""
         job = request.job
         if job.cancel.is_set():  # gone while it waited
-            self._leave(counted=False)
+            self._leave(request, counted=False)
             return False
         request.generator = self.plain if job.plain else self.speculative
         try:
@@ -207,7 +220,7 @@ class ServeEngine:
             )
         except BaseException as err:
             request.send(err)
-            self._leave(counted=False)
+            self._leave(request, counted=False)
             return False
         self.metrics.in_flight.inc()
         return True
@@ -217,24 +230,27 @@ class ServeEngine:
         assert request.seq is not None and request.generator is not None
         if request.job.cancel.is_set():
             self.metrics.cancelled.inc()
-            self._leave()
+            self._leave(request)
             return False
         try:
             event = request.generator.emit(request.seq)
         except BaseException as err:
             request.send(err)
-            self._leave()
+            self._leave(request)
             return False
         request.send(event)
         if event.result is None:
             return True
         self.metrics.record(event.result, drafter="none" if request.job.plain else self.drafter_name)
         request.send(None)
-        self._leave()
+        self._leave(request)
         return False
 
-    def _leave(self, counted: bool = True) -> None:
-        """A request's place in the batch is free (``counted``: it had been admitted and counted as in flight)."""
+    def _leave(self, request: _Request | None = None, counted: bool = True) -> None:
+        """A request's place in the batch is free (``counted``: it had been admitted and counted as in flight); its
+        cache lets shared prefix blocks go now, not when the last reference to the request is dropped."""
+        if request is not None and request.seq is not None:
+            request.seq.cache.reset()
         if counted:
             self.metrics.in_flight.dec()
         with self._wake:

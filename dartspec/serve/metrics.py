@@ -39,6 +39,20 @@ class Metrics:
             registry=r,
         )
 
+        self.kv_bytes = Gauge(
+            "dartspec_kv_bytes", "KV bytes held: running requests' own positions plus the prefix cache", registry=r
+        )
+        self.kv_bytes_unshared = Gauge(
+            "dartspec_kv_bytes_unshared", "KV bytes running requests would hold unshared", registry=r
+        )
+        self.prefix_hit_tokens = Gauge(
+            "dartspec_prefix_cache_hit_tokens", "Prompt tokens taken from the prefix cache (since start)", registry=r
+        )
+        self.prefix_prompt_tokens = Gauge(
+            "dartspec_prefix_cache_prompt_tokens", "Prompt tokens looked up (since start)", registry=r
+        )
+        self.prefix_bytes = Gauge("dartspec_prefix_cache_bytes", "Bytes of the prefix cache's blocks", registry=r)
+
     def record(self, result: GenerationResult, drafter: str) -> None:
         """Add one finished generation (``drafter``: the drafter it ran with, ``none`` for plain decoding)."""
         s = result.stats
