@@ -26,10 +26,14 @@
 #define QUERIES 4 /* queries scored together against a block of keys */
 #define LANES 16 /* partial sums of the softmax and value sums: one 512-bit vector */
 
-/* Key or value row of position j of kv head g: a shared page below npre, else the sequence's own buffer. */
+/* Key or value row of position j of kv head g: a shared page below npre, else the sequence's own buffer. (Pages
+ * hold a power of two of positions: a shift and a mask, not a division per row.) */
 static inline const float *kv_row(const float *own, const float *const *pages, const dartspec_kv *kv, long g, long j,
                                   long D) {
-    if (j < kv->npre) return pages[j / kv->page] + (g * kv->page + j % kv->page) * D;
+    if (j < kv->npre) {
+        long shift = __builtin_ctzl((unsigned long)kv->page);
+        return pages[j >> shift] + ((g << shift) + (j & (kv->page - 1))) * D;
+    }
     return own + (g * kv->cap + j - kv->npre) * D;
 }
 
@@ -77,39 +81,241 @@ static void score_block(const float *const *x, const float *kt, long D, float ac
 #endif
 }
 
+/* Weighted sums of value rows, resumable: ``acc`` ((4, D) floats, zeroed first) takes list entries k0 .. k1 of a row's
+ * list, in order, and value_out turns it into the output. A list may be taken in pieces whose every cut is a multiple
+ * of 4: the arithmetic is that of one pass over the whole list, bit for bit, so the shared prefix of many sequences
+ * can be summed for all of them at once (each value row read once) and each sequence's own part after it. */
+static void value_acc(const dartspec_kv *kv, long g, const long *pos, const float *w, long k0, long k1, long D,
+                      float *acc) {
 #if defined(__AVX512F__)
-/* o (64) = sum over the list of w[k] * values[pos[k]] (kv head g): for each position its whole row at once (4
- * vectors), even and odd positions in separate accumulators (8 independent FMA chains), added at the end. */
-static void value_sum_64(const dartspec_kv *kv, long g, const long *pos, const float *w, long n, long D, float *o) {
-    __m512 e0 = _mm512_setzero_ps(), e1 = e0, e2 = e0, e3 = e0, o0 = e0, o1 = e0, o2 = e0, o3 = e0;
-    long k = 0;
-    for (; k + 2 <= n; k += 2) {
-        const float *a = kv_row(kv->v, kv->vpages, kv, g, pos[k], D);
-        const float *b = kv_row(kv->v, kv->vpages, kv, g, pos[k + 1], D);
-        __m512 wa = _mm512_set1_ps(w[k]), wb = _mm512_set1_ps(w[k + 1]);
-        e0 = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a), e0);
-        e1 = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a + 16), e1);
-        e2 = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a + 32), e2);
-        e3 = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a + 48), e3);
-        o0 = _mm512_fmadd_ps(wb, _mm512_loadu_ps(b), o0);
-        o1 = _mm512_fmadd_ps(wb, _mm512_loadu_ps(b + 16), o1);
-        o2 = _mm512_fmadd_ps(wb, _mm512_loadu_ps(b + 32), o2);
-        o3 = _mm512_fmadd_ps(wb, _mm512_loadu_ps(b + 48), o3);
+    if (D == 64) { /* each position's whole row at once (4 vectors); even and odd positions in 8 FMA chains */
+        __m512 e0 = _mm512_loadu_ps(acc), e1 = _mm512_loadu_ps(acc + 16), e2 = _mm512_loadu_ps(acc + 32),
+               e3 = _mm512_loadu_ps(acc + 48), o0 = _mm512_loadu_ps(acc + 64), o1 = _mm512_loadu_ps(acc + 80),
+               o2 = _mm512_loadu_ps(acc + 96), o3 = _mm512_loadu_ps(acc + 112);
+        long k = k0;
+        for (; k + 2 <= k1; k += 2) {
+            const float *a = kv_row(kv->v, kv->vpages, kv, g, pos[k], D);
+            const float *b = kv_row(kv->v, kv->vpages, kv, g, pos[k + 1], D);
+            __m512 wa = _mm512_set1_ps(w[k]), wb = _mm512_set1_ps(w[k + 1]);
+            e0 = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a), e0);
+            e1 = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a + 16), e1);
+            e2 = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a + 32), e2);
+            e3 = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a + 48), e3);
+            o0 = _mm512_fmadd_ps(wb, _mm512_loadu_ps(b), o0);
+            o1 = _mm512_fmadd_ps(wb, _mm512_loadu_ps(b + 16), o1);
+            o2 = _mm512_fmadd_ps(wb, _mm512_loadu_ps(b + 32), o2);
+            o3 = _mm512_fmadd_ps(wb, _mm512_loadu_ps(b + 48), o3);
+        }
+        if (k < k1) {
+            const float *a = kv_row(kv->v, kv->vpages, kv, g, pos[k], D);
+            __m512 wa = _mm512_set1_ps(w[k]);
+            e0 = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a), e0);
+            e1 = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a + 16), e1);
+            e2 = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a + 32), e2);
+            e3 = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a + 48), e3);
+        }
+        _mm512_storeu_ps(acc, e0);
+        _mm512_storeu_ps(acc + 16, e1);
+        _mm512_storeu_ps(acc + 32, e2);
+        _mm512_storeu_ps(acc + 48, e3);
+        _mm512_storeu_ps(acc + 64, o0);
+        _mm512_storeu_ps(acc + 80, o1);
+        _mm512_storeu_ps(acc + 96, o2);
+        _mm512_storeu_ps(acc + 112, o3);
+        return;
     }
-    if (k < n) {
-        const float *a = kv_row(kv->v, kv->vpages, kv, g, pos[k], D);
-        __m512 wa = _mm512_set1_ps(w[k]);
-        e0 = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a), e0);
-        e1 = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a + 16), e1);
-        e2 = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a + 32), e2);
-        e3 = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a + 48), e3);
-    }
-    _mm512_storeu_ps(o, _mm512_add_ps(e0, o0));
-    _mm512_storeu_ps(o + 16, _mm512_add_ps(e1, o1));
-    _mm512_storeu_ps(o + 32, _mm512_add_ps(e2, o2));
-    _mm512_storeu_ps(o + 48, _mm512_add_ps(e3, o3));
-}
 #endif
+    long d0 = 0; /* LANES dimensions at a time, four partial sums over the list (independent FMA chains) */
+    for (; d0 + LANES <= D; d0 += LANES) {
+        long kk = k0;
+        for (; kk + 4 <= k1; kk += 4)
+            for (int u = 0; u < 4; u++) {
+                const float *v = kv_row(kv->v, kv->vpages, kv, g, pos[kk + u], D) + d0;
+                float wk = w[kk + u], *a = acc + u * D + d0;
+#pragma omp simd
+                for (long l = 0; l < LANES; l++) a[l] += wk * v[l];
+            }
+        for (; kk < k1; kk++) {
+            const float *v = kv_row(kv->v, kv->vpages, kv, g, pos[kk], D) + d0;
+            float wk = w[kk], *a = acc + d0;
+#pragma omp simd
+            for (long l = 0; l < LANES; l++) a[l] += wk * v[l];
+        }
+    }
+    for (long d = d0; d < D; d++) /* a head size that is no multiple of LANES: the rest in order */
+        for (long kk = k0; kk < k1; kk++) acc[d] += w[kk] * kv_row(kv->v, kv->vpages, kv, g, pos[kk], D)[d];
+}
+
+static void value_out(const float *acc, long D, float *o) {
+#if defined(__AVX512F__)
+    if (D == 64) {
+        for (long d = 0; d < 64; d += 16)
+            _mm512_storeu_ps(o + d, _mm512_add_ps(_mm512_loadu_ps(acc + d), _mm512_loadu_ps(acc + 64 + d)));
+        return;
+    }
+#endif
+    long d0 = 0;
+    for (; d0 + LANES <= D; d0 += LANES)
+#pragma omp simd
+        for (long l = 0; l < LANES; l++)
+            o[d0 + l] = (acc[d0 + l] + acc[D + d0 + l]) + (acc[2 * D + d0 + l] + acc[3 * D + d0 + l]);
+    for (long d = d0; d < D; d++) o[d] = acc[d];
+}
+
+/* One sequence's attention in phases (so that many sequences can share the phases' reads of a common prefix). */
+typedef struct {
+    long q, H, KV, D, total;
+    const dartspec_kv *kv;
+    float scale;
+    float *qs;      /* (q, H, D) rotated (and normed) queries */
+    float *scores;  /* (q H, total) by position; then the softmax weights, by list index */
+    long *seen;     /* (q, total) each row's visible positions, in order */
+    long *count;    /* (q) */
+    float *acc;     /* (q H, 4, D) value sums */
+} attention;
+
+/* Rotate the queries, write the new keys and values to the cache, list each row's visible positions. */
+static void att_prepare(attention *a, const float *qkv, long q, long H, long KV, long D, const float *rot,
+                        const dartspec_kv *kv, long base, const uint8_t *mask, const float *q_norm,
+                        const float *k_norm, float eps, float scale) {
+    long width = (H + 2 * KV) * D, total = base + q, slot0 = base - kv->npre; /* new rows' own slots */
+    a->q = q, a->H = H, a->KV = KV, a->D = D, a->total = total, a->kv = kv, a->scale = scale;
+    a->qs = (float *)malloc(sizeof(float) * q * H * D);
+    a->scores = (float *)malloc(sizeof(float) * q * H * total);
+    a->seen = (long *)malloc(sizeof(long) * q * total);
+    a->count = (long *)malloc(sizeof(long) * q);
+    a->acc = (float *)calloc((size_t)q * H * 4 * D, sizeof(float));
+    for (long i = 0; i < q; i++) {
+        const float *row = qkv + i * width;
+        const float *r = rot + i * D;
+        for (long h = 0; h < H; h++) {
+            float *x = a->qs + (i * H + h) * D;
+            memcpy(x, row + h * D, sizeof(float) * D);
+            if (q_norm) rms_norm_head(x, q_norm, D, eps);
+            rotate(x, r, D);
+        }
+        for (long h = 0; h < KV; h++) {
+            float *k = kv->k + (h * kv->cap + slot0 + i) * D;
+            memcpy(k, row + (H + h) * D, sizeof(float) * D);
+            if (k_norm) rms_norm_head(k, k_norm, D, eps);
+            rotate(k, r, D);
+            memcpy(kv->v + (h * kv->cap + slot0 + i) * D, row + (H + KV + h) * D, sizeof(float) * D);
+        }
+    }
+    for (long i = 0; i < q; i++) { /* row i's visible positions, in order */
+        long n = 0;
+        for (long j = 0; j < (mask ? total : base + i + 1); j++)
+            if (!mask || mask[i * total + j]) a->seen[i * total + n++] = j;
+        a->count[i] = n;
+    }
+}
+
+static void att_free(attention *a) {
+    free(a->qs);
+    free(a->scores);
+    free(a->seen);
+    free(a->count);
+    free(a->acc);
+}
+
+/* kt (D, KEYS) = keys j0 .. j0 + n of kv head g, transposed (zeros past n). */
+static void transpose_keys(const dartspec_kv *kv, long g, long j0, long n, long D, float *kt) {
+    for (long jj = 0; jj < KEYS; jj++) {
+        const float *key = jj < n ? kv_row(kv->k, kv->kpages, kv, g, j0 + jj, D) : NULL;
+        for (long d = 0; d < D; d++) kt[d * KEYS + jj] = key ? key[d] : 0.0f;
+    }
+}
+
+/* Scores of nq queries (x[u], each D floats) against one transposed block of n keys, into srow[u][0 .. n):
+ * QUERIES at a time, one load of each key row serving all of them. Each score is its own sum over d in order,
+ * whatever the grouping, so a query's scores do not depend on which other queries share the block. */
+static void score_queries(const float *const *x, float *const *srow, long nq, const float *kt, long n, long D,
+                          float scale) {
+    for (long u0 = 0; u0 < nq; u0 += QUERIES) {
+        const float *xs[QUERIES];
+        for (long u = 0; u < QUERIES; u++) xs[u] = x[u0 + u < nq ? u0 + u : nq - 1]; /* past the end: repeat */
+        float acc[QUERIES][KEYS];
+        score_block(xs, kt, D, acc);
+        for (long u = 0; u < QUERIES && u0 + u < nq; u++)
+            for (long jj = 0; jj < n; jj++) srow[u0 + u][jj] = acc[u][jj] * scale;
+    }
+}
+
+/* The queries of kv head g of sequences a[0 .. m) (rows x heads of the group): pointers to them and to their score
+ * rows at key j0. Returns their number. */
+static long group_queries(attention *const *a, long m, long g, long j0, const float **x, float **srow) {
+    long nq = 0;
+    for (long s = 0; s < m; s++) {
+        long group = a[s]->H / a[s]->KV;
+        for (long i = 0; i < a[s]->q; i++)
+            for (long h = g * group; h < (g + 1) * group; h++) {
+                long t = i * a[s]->H + h;
+                x[nq] = a[s]->qs + t * a[s]->D;
+                srow[nq++] = a[s]->scores + t * a[s]->total + j0;
+            }
+    }
+    return nq;
+}
+
+/* Scores of key block b of kv head g for the queries of sequences a[0 .. m), which all see the same keys there
+ * (one sequence, or sequences sharing the pages of a prefix): the block is read and transposed once for all. */
+static void score_key_block(attention *const *a, long m, long g, long b, float *kt, const float **x, float **srow) {
+    const attention *first = a[0];
+    long j0 = b * KEYS, n = first->total - j0 < KEYS ? first->total - j0 : KEYS;
+    transpose_keys(first->kv, g, j0, n, first->D, kt);
+    long nq = group_queries(a, m, g, j0, x, srow);
+    score_queries(x, srow, nq, kt, n, first->D, first->scale);
+}
+
+/* Softmax weights of query t (row t / H, head t % H) over its row's visible positions, into its score row by list
+ * index: e = exp(score - max) summed in LANES interleaved partial sums, then scaled by the sum's inverse. A tree row's
+ * list equals the list of the same token decoded alone (the cached prefix, then its ancestors in depth order), and so
+ * do its scores: any fixed arithmetic over the list computes what decoding computes, bit for bit. (Summing by cache
+ * slot would not: tree slots differ from sequential ones.) ``e`` is scratch of ``total`` floats. */
+static void softmax_weights(attention *a, long t, float *e) {
+    long i = t / a->H, n = a->count[i];
+    const long *pos = a->seen + i * a->total;
+    float *p = a->scores + t * a->total;
+    float best = -INFINITY;
+    for (long k = 0; k < n; k++) best = p[pos[k]] > best ? p[pos[k]] : best;
+#pragma omp simd
+    for (long k = 0; k < n; k++) e[k] = exp_nonpositive(p[pos[k]] - best);
+    float part[LANES] = {0};
+    long k = 0;
+    for (; k + LANES <= n; k += LANES)
+#pragma omp simd
+        for (long l = 0; l < LANES; l++) part[l] += e[k + l];
+    for (; k < n; k++) part[k % LANES] += e[k];
+    for (long w = LANES / 2; w > 0; w /= 2)
+        for (long l = 0; l < w; l++) part[l] += part[l + w];
+    float inv = 1.0f / part[0];
+#pragma omp simd
+    for (long k2 = 0; k2 < n; k2++) p[k2] = e[k2] * inv; /* the weights, once (not per dimension block) */
+}
+
+/* Query t's weighted value sum over its list entries k0 .. (the rest of its list), written to out. */
+static void finish_values(attention *a, long t, long k0, float *out) {
+    long i = t / a->H, h = t % a->H, g = h / (a->H / a->KV);
+    float *acc = a->acc + t * 4 * a->D;
+    value_acc(a->kv, g, a->seen + i * a->total, a->scores + t * a->total, k0, a->count[i], a->D, acc);
+    value_out(acc, a->D, out + (i * a->H + h) * a->D);
+}
+
+/* Value sums over the shared positions 0 .. common of the queries of kv head g of sequences a[0 .. m), in tiles of
+ * a page: each value row is read from memory once for all of them (and from cache for each query of the tile). */
+static void shared_values(attention *const *a, long m, long g, long common) {
+    long D = a[0]->D;
+    for (long k0 = 0; k0 < common; k0 += KEYS)
+        for (long s = 0; s < m; s++) {
+            long group = a[s]->H / a[s]->KV;
+            for (long i = 0; i < a[s]->q; i++)
+                for (long h = g * group; h < (g + 1) * group; h++) {
+                    long t = i * a[s]->H + h;
+                    value_acc(a[s]->kv, g, a[s]->seen + i * a[s]->total, a[s]->scores + t * a[s]->total, k0,
+                              k0 + KEYS, D, a[s]->acc + t * 4 * D);
+                }
+        }
+}
 
 /* qkv (q, (H + 2 KV) D); rot (q, D/2, 2) cos/sin of each row's position; kc, vc (KV, cap, D) cache buffers
  * holding base positions; mask (q, base + q) or NULL; q_norm / k_norm (D) or NULL; out (q, H D). */
@@ -117,140 +323,138 @@ void dartspec_attend(const float *qkv, long q, long H, long KV, long D, const fl
                      long cap, long base, const uint8_t *mask, const float *q_norm, const float *k_norm, float eps,
                      float scale, float *out) {
     dartspec_kv kv = {kc, vc, cap, NULL, NULL, 0, 1};
-    dartspec_attend_team(qkv, q, H, KV, D, rot, &kv, base, mask, q_norm, k_norm, eps, scale, out, 1);
+    long starts[2] = {0, q};
+    dartspec_attend_seqs(qkv, H, KV, D, rot, 1, starts, &kv, &base, &mask, q_norm, k_norm, eps, scale, out, 0);
 }
 
-/* As dartspec_attend on a cache that may start with shared pages (``kv``); ``threaded`` 0 runs it on the calling
- * thread alone (a caller that spreads many sequences' attention over the threads). The arithmetic is the same
- * either way, and the same whether a position's row is in a shared page or the sequence's own buffer. */
-void dartspec_attend_team(const float *qkv, long q, long H, long KV, long D, const float *rot, const dartspec_kv *kv,
-                          long base, const uint8_t *mask, const float *q_norm, const float *k_norm, float eps,
-                          float scale, float *out, int threaded) {
-    float *kc = kv->k, *vc = kv->v;
-    long cap = kv->cap, slot0 = base - kv->npre; /* the new rows' slots in the own buffers */
-    long width = (H + 2 * KV) * D, total = base + q;
-    float *qs = (float *)malloc(sizeof(float) * q * H * D);
-    for (long i = 0; i < q; i++) {
-        const float *row = qkv + i * width;
-        const float *r = rot + i * D;
-        for (long h = 0; h < H; h++) {
-            float *x = qs + (i * H + h) * D;
-            memcpy(x, row + h * D, sizeof(float) * D);
-            if (q_norm) rms_norm_head(x, q_norm, D, eps);
-            rotate(x, r, D);
-        }
-        for (long h = 0; h < KV; h++) {
-            float *k = kc + (h * cap + slot0 + i) * D;
-            memcpy(k, row + (H + h) * D, sizeof(float) * D);
-            if (k_norm) rms_norm_head(k, k_norm, D, eps);
-            rotate(k, r, D);
-            memcpy(vc + (h * cap + slot0 + i) * D, row + (H + KV + h) * D, sizeof(float) * D);
-        }
+/* Many sequences' attention blocks in one call: sequence s owns rows starts[s] .. starts[s + 1] of qkv, rot and out,
+ * its cache is kv[s] with base[s] positions filled, its mask (rows, base + rows) or NULL (causal). One sequence
+ * spreads over the threads; several spread over the threads by sequence. With ``share``, sequences whose caches
+ * start with the same shared pages (the prefix cache) attend to those pages together (FlashForge's shared-prefix
+ * attention): each key block of the common prefix is read and transposed once for all their queries, and each value
+ * row summed once for all of them. Every score, weight and sum is computed as for the sequence alone (same order),
+ * so the result is the same bit for bit; only the memory reads are shared. */
+void dartspec_attend_seqs(const float *qkv, long H, long KV, long D, const float *rot, long nseq, const long *starts,
+                          const dartspec_kv *kv, const long *base, const uint8_t *const *mask, const float *q_norm,
+                          const float *k_norm, float eps, float scale, float *out, int share) {
+    long width = (H + 2 * KV) * D, half = D / 2;
+    attention *att = (attention *)malloc(sizeof(attention) * nseq);
+    attention **ptrs = (attention **)malloc(sizeof(attention *) * nseq);
+    long *leader = (long *)malloc(sizeof(long) * nseq), *common = (long *)calloc(nseq, sizeof(long));
+    long most_q = 0, most_total = 0;
+    for (long s = 0; s < nseq; s++) {
+        long n = starts[s + 1] - starts[s];
+        most_q = n > most_q ? n : most_q;
+        most_total = base[s] + n > most_total ? base[s] + n : most_total;
+        ptrs[s] = &att[s];
     }
-    long group = H / KV, blocks = (total + KEYS - 1) / KEYS;
-    float *scores = (float *)malloc(sizeof(float) * q * H * total);
-    long *seen = (long *)malloc(sizeof(long) * q * total), *count = (long *)malloc(sizeof(long) * q);
-    for (long i = 0; i < q; i++) { /* row i's visible positions, in order */
-        long n = 0;
-        for (long j = 0; j < (mask ? total : base + i + 1); j++)
-            if (!mask || mask[i * total + j]) seen[i * total + n++] = j;
-        count[i] = n;
-    }
-#pragma omp parallel if (threaded)
-    {
-        /* Scores: each block of KEYS keys is transposed once and every query of its kv head is multiplied
-         * against it (one broadcast and one KEYS-wide FMA per dimension, no horizontal sums). */
-        float *kt = (float *)malloc(sizeof(float) * D * KEYS);
-#pragma omp for schedule(static)
-        for (long gb = 0; gb < KV * blocks; gb++) {
-            long g = gb / blocks, j0 = (gb % blocks) * KEYS, n = total - j0 < KEYS ? total - j0 : KEYS;
-            for (long jj = 0; jj < KEYS; jj++) {
-                const float *key = jj < n ? kv_row(kc, kv->kpages, kv, g, j0 + jj, D) : NULL;
-                for (long d = 0; d < D; d++) kt[d * KEYS + jj] = key ? key[d] : 0.0f;
+    /* Groups: sequences whose first shared page is the same; a group shares the pages all its members have in common
+     * (whole pages, so a multiple of KEYS). A sequence alone in its group shares nothing. */
+    for (long s = 0; s < nseq; s++) {
+        leader[s] = s;
+        if (!share || kv[s].npre == 0) continue;
+        for (long r = 0; r < s; r++)
+            if (kv[r].npre && kv[r].page == kv[s].page && kv[r].kpages[0] == kv[s].kpages[0]) {
+                leader[s] = leader[r];
+                break;
             }
-            /* The queries of this kv head QUERIES at a time: one load of each key row serves all of them, and
-             * their sums are independent FMA chains (one query alone waits on its own chain over D). Each score is
-             * still its own sum over d in order, whatever the grouping. */
-            long nq = q * group;
-            for (long u0 = 0; u0 < nq; u0 += QUERIES) {
-                const float *x[QUERIES];
-                float *srow[QUERIES];
-                for (long u = 0; u < QUERIES; u++) { /* past the last query, repeat it (computed, not stored) */
-                    long at = u0 + u < nq ? u0 + u : nq - 1, i = at / group, h = g * group + at % group;
-                    x[u] = qs + (i * H + h) * D;
-                    srow[u] = u0 + u < nq ? scores + (i * H + h) * total + j0 : NULL;
-                }
-                float acc[QUERIES][KEYS];
-                score_block(x, kt, D, acc);
-                for (long u = 0; u < QUERIES; u++)
-                    if (srow[u])
-                        for (long jj = 0; jj < n; jj++) srow[u][jj] = acc[u][jj] * scale;
+    }
+    for (long s = 0; s < nseq; s++) {
+        long l = leader[s];
+        if (l == s) continue;
+        long run = common[l] ? common[l] : kv[l].npre, p = 0; /* whole pages equal in both */
+        run = run < kv[s].npre ? run : kv[s].npre;
+        while (p * kv[s].page < run && kv[s].kpages[p] == kv[l].kpages[p] && kv[s].vpages[p] == kv[l].vpages[p]) p++;
+        common[l] = p * kv[s].page < run ? p * kv[s].page : run;
+    }
+    /* Members of each group, in order (the leader first). */
+    long *order = (long *)malloc(sizeof(long) * nseq), *first = (long *)malloc(sizeof(long) * (nseq + 1));
+    long ngroups = 0, placed = 0;
+    for (long s = 0; s < nseq; s++) {
+        if (leader[s] != s || common[s] == 0) continue;
+        first[ngroups++] = placed;
+        for (long r = s; r < nseq; r++)
+            if (leader[r] == s) order[placed++] = r;
+    }
+    first[ngroups] = placed;
+    long *shared = (long *)calloc(nseq, sizeof(long)); /* positions each sequence attends to with its group */
+    for (long gi = 0; gi < ngroups; gi++)
+        for (long u = first[gi]; u < first[gi + 1]; u++) shared[order[u]] = common[order[first[gi]]];
+    attention **members = (attention **)malloc(sizeof(attention *) * (placed > 0 ? placed : 1));
+    for (long u = 0; u < placed; u++) members[u] = &att[order[u]];
+    /* Work lists, so that one sequence spreads over the threads as well as many: (group, kv head, block) of the shared
+     * key blocks; (sequence, kv head, block) of the own ones; (sequence, query) of the weights and sums. */
+    long blocks = most_total / KEYS + 1, joint = 0, own = 0, queries = 0;
+    long *joint_task = (long *)malloc(sizeof(long) * 3 * (ngroups * KV * blocks + 1));
+    long *own_task = (long *)malloc(sizeof(long) * 3 * (nseq * KV * blocks + 1));
+    long *query_task = (long *)malloc(sizeof(long) * 2 * (nseq * most_q * H + 1));
+    for (long gi = 0; gi < ngroups; gi++)
+        for (long g = 0; g < KV; g++)
+            for (long b = 0; b < common[order[first[gi]]] / KEYS; b++, joint++)
+                joint_task[3 * joint] = gi, joint_task[3 * joint + 1] = g, joint_task[3 * joint + 2] = b;
+    for (long s = 0; s < nseq; s++) {
+        long total = base[s] + starts[s + 1] - starts[s];
+        for (long g = 0; g < KV; g++)
+            for (long b = shared[s] / KEYS; b * KEYS < total; b++, own++)
+                own_task[3 * own] = s, own_task[3 * own + 1] = g, own_task[3 * own + 2] = b;
+        for (long t = 0; t < (starts[s + 1] - starts[s]) * H; t++, queries++)
+            query_task[2 * queries] = s, query_task[2 * queries + 1] = t;
+    }
+
+    /* One sequence: its preparation is short and serial, its work lists spread over the threads. (Loops left empty
+     * are skipped, not run: every worksharing loop ends in a barrier, a few microseconds each on a decode step.) */
+    if (nseq == 1)
+        att_prepare(&att[0], qkv, starts[1], H, KV, D, rot, &kv[0], base[0], mask[0], q_norm, k_norm, eps, scale);
+#pragma omp parallel
+    {
+        float *kt = (float *)malloc(sizeof(float) * D * KEYS);
+        float *e = (float *)malloc(sizeof(float) * most_total);
+        long most_queries = nseq * most_q * (H / KV);
+        const float **x = (const float **)malloc(sizeof(float *) * most_queries);
+        float **srow = (float **)malloc(sizeof(float *) * most_queries);
+        if (nseq > 1) {
+#pragma omp for schedule(dynamic, 1)
+            for (long s = 0; s < nseq; s++)
+                att_prepare(&att[s], qkv + starts[s] * width, starts[s + 1] - starts[s], H, KV, D,
+                            rot + starts[s] * half * 2, &kv[s], base[s], mask[s], q_norm, k_norm, eps, scale);
+        }
+        if (joint) {
+#pragma omp for schedule(dynamic, 1)
+            for (long k = 0; k < joint; k++) {
+                long gi = joint_task[3 * k];
+                score_key_block(members + first[gi], first[gi + 1] - first[gi], joint_task[3 * k + 1],
+                                joint_task[3 * k + 2], kt, x, srow);
+            }
+        }
+#pragma omp for schedule(static)
+        for (long k = 0; k < own; k++)
+            score_key_block(&ptrs[own_task[3 * k]], 1, own_task[3 * k + 1], own_task[3 * k + 2], kt, x, srow);
+        if (ngroups) {
+#pragma omp for schedule(static)
+            for (long k = 0; k < queries; k++) softmax_weights(&att[query_task[2 * k]], query_task[2 * k + 1], e);
+#pragma omp for schedule(dynamic, 1) collapse(2)
+            for (long gi = 0; gi < ngroups; gi++)
+                for (long g = 0; g < KV; g++)
+                    shared_values(members + first[gi], first[gi + 1] - first[gi], g, common[order[first[gi]]]);
+#pragma omp for schedule(static)
+            for (long k = 0; k < queries; k++) {
+                long s = query_task[2 * k];
+                finish_values(&att[s], query_task[2 * k + 1], shared[s], out + starts[s] * H * D);
+            }
+        } else {
+#pragma omp for schedule(static)
+            for (long k = 0; k < queries; k++) {
+                long s = query_task[2 * k], t = query_task[2 * k + 1];
+                softmax_weights(&att[s], t, e);
+                finish_values(&att[s], t, 0, out + starts[s] * H * D);
             }
         }
         free(kt);
-        /* Softmax over the visible positions and the weighted sum of values, per query row and head, over the
-         * row's visible positions listed in order. A tree row's list equals the list of the same token decoded
-         * alone (the cached prefix, then its ancestors in depth order), and so do its scores: any fixed
-         * arithmetic over the list, such as sums in LANES interleaved partial sums, computes what decoding
-         * computes, bit for bit. (Summing by cache slot would not: tree slots differ from sequential ones.) */
-        float *e = (float *)malloc(sizeof(float) * total);
-#pragma omp for schedule(static)
-        for (long t = 0; t < q * H; t++) {
-            long i = t / H, h = t % H, g = h / group, n = count[i];
-            const long *pos = seen + i * total;
-            const float *p = scores + t * total;
-            float best = -INFINITY;
-            for (long k = 0; k < n; k++) best = p[pos[k]] > best ? p[pos[k]] : best;
-#pragma omp simd
-            for (long k = 0; k < n; k++) e[k] = exp_nonpositive(p[pos[k]] - best);
-            float part[LANES] = {0};
-            long k = 0;
-            for (; k + LANES <= n; k += LANES)
-#pragma omp simd
-                for (long l = 0; l < LANES; l++) part[l] += e[k + l];
-            for (; k < n; k++) part[k % LANES] += e[k];
-            for (long w = LANES / 2; w > 0; w /= 2)
-                for (long l = 0; l < w; l++) part[l] += part[l + w];
-            float inv = 1.0f / part[0], *o = out + i * H * D + h * D;
-#pragma omp simd
-            for (long k = 0; k < n; k++) e[k] *= inv; /* the weights, once (not per dimension block) */
-            /* Values: a weighted sum over the list; a fixed-order scheme per head size, so deterministic per list. */
-#if defined(__AVX512F__)
-            if (D == 64) {
-                value_sum_64(kv, g, pos, e, n, D, o);
-                continue;
-            }
-#endif
-            long d0 = 0; /* LANES dimensions at a time, four partial sums over the list (independent FMA chains) */
-            for (; d0 + LANES <= D; d0 += LANES) {
-                float a[4][LANES] = {{0}};
-                long kk = 0;
-                for (; kk + 4 <= n; kk += 4)
-                    for (int u = 0; u < 4; u++) {
-                        const float *v = kv_row(vc, kv->vpages, kv, g, pos[kk + u], D) + d0;
-                        float w = e[kk + u];
-#pragma omp simd
-                        for (long l = 0; l < LANES; l++) a[u][l] += w * v[l];
-                    }
-                for (; kk < n; kk++) {
-                    const float *v = kv_row(vc, kv->vpages, kv, g, pos[kk], D) + d0;
-                    float w = e[kk];
-#pragma omp simd
-                    for (long l = 0; l < LANES; l++) a[0][l] += w * v[l];
-                }
-#pragma omp simd
-                for (long l = 0; l < LANES; l++) o[d0 + l] = (a[0][l] + a[1][l]) + (a[2][l] + a[3][l]);
-            }
-            for (long d = d0; d < D; d++) { /* a head size that is no multiple of LANES: the rest in order */
-                float acc = 0.0f;
-                for (long kk = 0; kk < n; kk++) acc += e[kk] * kv_row(vc, kv->vpages, kv, g, pos[kk], D)[d];
-                o[d] = acc;
-            }
-        }
         free(e);
+        free(x);
+        free(srow);
     }
-    free(seen);
-    free(count);
-    free(scores);
-    free(qs);
+    for (long s = 0; s < nseq; s++) att_free(&att[s]);
+    free(att), free(ptrs), free(leader), free(common), free(order), free(first), free(shared), free(members);
+    free(joint_task), free(own_task), free(query_task);
 }

@@ -25,12 +25,12 @@ typedef struct {
  * read once), attention per sequence against its own cache. Sequence s owns rows starts[s] .. starts[s + 1]; its
  * cache is kv[s] (shared prefix pages, then its own buffers) with base[s] positions filled, its mask (rows, base +
  * rows) or NULL (causal). x (q, hidden) fp32; attn_in (q, qkv.K) or NULL (rms_norm(x, ln1)); rot (q, D/2, 2). Every
- * row is computed on its own, so a sequence's rows are what a call with that sequence alone computes. */
+ * row is computed on its own, so a sequence's rows are what a call with that sequence alone computes; ``share``
+ * lets sequences on the same prefix pages attend to them together (same results, fewer reads). */
 void dartspec_block_many(const dartspec_block_weights *b, float *x, const float *attn_in, long q, const float *rot,
                          long nseq, const long *starts, const dartspec_kv *kv, const long *base,
-                         const uint8_t *const *mask) {
+                         const uint8_t *const *mask, int share) {
     long hidden = b->o.O, inner = b->down.K, width = b->qkv.O, attn_width = b->heads * b->head_dim;
-    long half = b->head_dim / 2;
     long widest = hidden > inner ? hidden : inner;
     widest = widest > attn_width ? widest : attn_width;
     widest = widest > b->qkv.K ? widest : b->qkv.K;
@@ -45,20 +45,10 @@ void dartspec_block_many(const dartspec_block_weights *b, float *x, const float 
     else
         qdot_prepare(QDOT_RMSNORM, x, q, hidden, hidden, b->ln1, b->eps, &rows);
     qdot_run(&b->qkv, &rows, q, qkv, 0);
-    /* One sequence: its attention spreads over the threads. Several: each thread takes whole sequences (one
-     * parallel region per block instead of one per sequence). Not one loop with an if clause: a parallel region
-     * nested in even an inactive one makes libgomp start a fresh team per call. */
-    if (nseq == 1) {
-        dartspec_attend_team(qkv, q, b->heads, b->kv_heads, b->head_dim, rot, &kv[0], base[0], mask[0], b->q_norm,
-                             b->k_norm, b->eps, b->scale, attn, 1);
-    } else {
-#pragma omp parallel for schedule(dynamic, 1)
-        for (long s = 0; s < nseq; s++) {
-            long r0 = starts[s], n = starts[s + 1] - starts[s];
-            dartspec_attend_team(qkv + r0 * width, n, b->heads, b->kv_heads, b->head_dim, rot + r0 * half * 2, &kv[s],
-                                 base[s], mask[s], b->q_norm, b->k_norm, b->eps, b->scale, attn + r0 * attn_width, 0);
-        }
-    }
+    /* Attention per sequence (spread over the threads; with ``share``, sequences on the same prefix pages read them
+     * once for all: dartspec_attend_seqs). */
+    dartspec_attend_seqs(qkv, b->heads, b->kv_heads, b->head_dim, rot, nseq, starts, kv, base, mask, b->q_norm,
+                         b->k_norm, b->eps, b->scale, attn, share);
     qdot_prepare(QDOT_PLAIN, attn, q, attn_width, attn_width, NULL, 0.0f, &rows);
     qdot_run(&b->o, &rows, q, x, 1);
     qdot_prepare(QDOT_RMSNORM, x, q, hidden, hidden, b->ln2, b->eps, &rows);
@@ -80,5 +70,5 @@ void dartspec_block(const dartspec_block_weights *b, float *x, const float *attn
                     long page, long base, const uint8_t *mask) {
     long starts[2] = {0, q};
     dartspec_kv kv = {kc, vc, cap, kpages, vpages, npre, page > 0 ? page : 1};
-    dartspec_block_many(b, x, attn_in, q, rot, 1, starts, &kv, &base, &mask);
+    dartspec_block_many(b, x, attn_in, q, rot, 1, starts, &kv, &base, &mask, 0);
 }

@@ -394,7 +394,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
         "prompts": len(prompts),
         "max_new_tokens": args.max_new_tokens,
         "shared_prefix_tokens": len(target.encode(system)) if system else 0,
-        "prefix_cache_mb": round(target.prefix_cache.max_bytes / (1 << 20)) if target.prefix_cache else 0,
+        "prefix_cache_mb": round(target.prefix_cache.max_bytes / (1 << 20)) if target.prefix_cache is not None else 0,
     }
     _log(f"{len(prompts)} prompts at concurrency {', '.join(map(str, sorted(set(args.concurrency) | {1})))}...")
     with local_server(create_app(engine)) as url:

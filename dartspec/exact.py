@@ -245,6 +245,46 @@ def attend(
     return out
 
 
+def attend_many(
+    qkv: torch.Tensor,
+    heads: int,
+    kv_heads: int,
+    rot: torch.Tensor,
+    seqs: SequenceSlots,
+    q_norm: torch.Tensor | None,
+    k_norm: torch.Tensor | None,
+    eps: float,
+    scale: float,
+    share: bool = True,
+) -> torch.Tensor:
+    """:func:`attend` for many sequences in one C call (what :meth:`Block.many` runs between its projections):
+    ``qkv`` and ``rot`` hold every sequence's rows one after another, ``seqs`` says whose they are and where each
+    cache is (its ``layer`` row). ``share``: sequences on the same prefix pages attend to them together. Returns
+    ``(rows, H D)``; the new rows' keys and values are written to the caches."""
+    dim = (qkv.shape[1] // (heads + 2 * kv_heads)) if qkv.shape[0] else 0
+    out = torch.empty((qkv.shape[0], heads * dim), dtype=torch.float32)
+    qkv, rot = qkv.contiguous(), rot.contiguous()
+    _library().dartspec_attend_seqs(
+        qkv.data_ptr(),
+        heads,
+        kv_heads,
+        dim,
+        rot.data_ptr(),
+        seqs.count,
+        seqs.starts.ctypes.data,
+        seqs.kv[seqs.layer].ctypes.data,
+        seqs.bases.ctypes.data,
+        seqs.masks.ctypes.data,
+        _ptr(q_norm),
+        _ptr(k_norm),
+        eps,
+        scale,
+        out.data_ptr(),
+        int(share),
+    )
+    return out
+
+
 class _CLinear(ctypes.Structure):
     """``qdot_linear`` of ``qdot.h``: one linear layer in panels."""
 
@@ -360,10 +400,12 @@ class Block:
             None if mask is None else mask.data_ptr(),
         )
 
-    def many(self, x: torch.Tensor, rot: torch.Tensor, seqs: SequenceSlots) -> None:
+    def many(self, x: torch.Tensor, rot: torch.Tensor, seqs: SequenceSlots, share: bool = True) -> None:
         """The block on the new rows of many sequences, **in place**: ``x`` ``(q, hidden)`` and ``rot`` hold every
         sequence's rows one after another; ``seqs`` says which rows are whose and where their caches are (this
-        layer's row of its arrays). The projections run over all rows at once, attention per sequence."""
+        layer's row of its arrays). The projections run over all rows at once, attention per sequence; ``share``:
+        sequences whose caches start with the same shared pages attend to them together (each page read once for
+        all of them; the same results bit for bit)."""
         self._run_many(
             self._ref,
             x.data_ptr(),
@@ -375,6 +417,7 @@ class Block:
             seqs.kv[seqs.layer].ctypes.data,
             seqs.bases.ctypes.data,
             seqs.masks.ctypes.data,
+            int(share),
         )
 
 
@@ -479,7 +522,10 @@ def _library() -> ctypes.CDLL:
     lib.dartspec_block.restype = None
     lib.dartspec_block.argtypes = [ptr, ptr, ptr, c_long, ptr, ptr, ptr, c_long, ptr, ptr, c_long, c_long, c_long, ptr]
     lib.dartspec_block_many.restype = None
-    lib.dartspec_block_many.argtypes = [ptr, ptr, ptr, c_long, ptr, c_long, ptr, ptr, ptr, ptr]
+    lib.dartspec_block_many.argtypes = [ptr, ptr, ptr, c_long, ptr, c_long, ptr, ptr, ptr, ptr, ctypes.c_int]
+    lib.dartspec_attend_seqs.restype = None
+    lib.dartspec_attend_seqs.argtypes = [ptr, c_long, c_long, c_long, ptr, c_long, ptr, ptr, ptr, ptr, ptr, ptr]
+    lib.dartspec_attend_seqs.argtypes += [ctypes.c_float, ctypes.c_float, ptr, ctypes.c_int]
     return lib
 
 

@@ -140,6 +140,9 @@ class LeanTarget(CausalRuntime):
             # however it is cut (so a prefix from the prefix cache changes nothing), and faster than SDPA's
             # (measured on SmolLM2, 600 tokens, 2 cores: 331-342 ms in chunks of 64, 358-368 ms in one of 512).
             self.prefill_chunk = FUSED_ATTENTION_ROWS
+        #: Sequences on the same prefix-cache pages attend to them together in a batched step (each page read once
+        #: for all; the same results bit for bit). False: each sequence reads them itself (for comparison).
+        self.share_prefix_attention = True
 
     def enable_prefix_cache(self, max_bytes: int) -> PrefixCache:
         """Share prompt prefixes' KV among this runtime's requests, up to ``max_bytes`` of blocks
@@ -347,38 +350,21 @@ class LeanTarget(CausalRuntime):
             None if (m := tree_mask(tree)) is None else self._allowed(int(b), tree.size, m)
             for (tree, _), b in zip(items, bases, strict=True)
         ]
-        n, layers = len(items), len(self.layers)
-        kv = np.zeros((layers, n), dtype=exact.KV_SLOT)
-        kv["page"] = 1
-        for s, cache in enumerate(caches):  # shared prefix pages: fixed for the whole forward
-            for i, layer_cache in enumerate(cache.layers):
-                if (shared := layer_cache.shared) is not None:
-                    kv[i, s] = (0, 0, 0, shared.keys.ctypes.data, shared.values.ctypes.data, shared.length, shared.page)
-        slots = exact.SequenceSlots(
-            count=n,
-            starts=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
-            kv=kv,
-            bases=bases,
-            masks=np.array([0 if m is None else m.data_ptr() for m in masks], dtype=np.int64),
-        )
+        n = len(items)
+        slots = self.sequence_slots(caches, sizes, masks)
         ids = torch.from_numpy(np.concatenate([tree.tokens for tree, _ in items])).to(torch.long)
         depths = [tree.depth + b for (tree, _), b in zip(items, bases, strict=True)]
         positions = torch.from_numpy(np.concatenate(depths))
         rot = torch.view_as_real(self._rot[positions.to(torch.long)]).contiguous()
         x = F.embedding(ids, self._embed)
-        empty = x.new_empty((1, self.kv_heads, 0, self.head_dim))
         captured = {}
         try:
             for i, layer in enumerate(self.layers):
                 if features and i in self.feature_layers:
                     captured[i] = x.clone()
-                row = kv[i]
-                for s, (cache, q) in enumerate(zip(caches, sizes, strict=True)):
-                    keys, values, _ = cache.layers[i].extend(q, empty, empty)
-                    row["k"][s], row["v"][s], row["cap"][s] = keys.data_ptr(), values.data_ptr(), keys.shape[2]
-                slots.layer = i
+                self.extend_layer(slots, i, caches, sizes)
                 assert layer.block is not None
-                layer.block.many(x, rot, slots)
+                layer.block.many(x, rot, slots, share=self.share_prefix_attention)
         except BaseException:
             for cache, base in zip(caches, bases, strict=True):  # no half-written entries left behind
                 cache.truncate(int(base))
@@ -386,6 +372,38 @@ class LeanTarget(CausalRuntime):
         logits = self.logits(F.rms_norm(x, (x.shape[-1],), self._norm, self.eps)).split(sizes)
         feats = torch.cat([captured[i] for i in self.feature_layers], dim=-1).split(sizes) if features else None
         return [TargetOutput(logits[s], None if feats is None else feats[s]) for s in range(n)]
+
+    def sequence_slots(
+        self, caches: Sequence[TreeKVCache], sizes: Sequence[int], masks: Sequence[torch.Tensor | None]
+    ) -> exact.SequenceSlots:
+        """Where the batched kernels find each sequence: rows ``sizes`` each after ``cache.length`` cached positions,
+        their masks (None: causal; kept alive by the caller), the shared prefix pages of every layer. The own buffers
+        are filled in per layer by :meth:`extend_layer`."""
+        n, layers = len(caches), len(self.layers)
+        kv = np.zeros((layers, n), dtype=exact.KV_SLOT)
+        kv["page"] = 1
+        for s, cache in enumerate(caches):  # shared prefix pages: fixed for the whole forward
+            for i, layer_cache in enumerate(cache.layers):
+                if (shared := layer_cache.shared) is not None:
+                    kv[i, s] = (0, 0, 0, shared.keys.ctypes.data, shared.values.ctypes.data, shared.length, shared.page)
+        return exact.SequenceSlots(
+            count=n,
+            starts=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
+            kv=kv,
+            bases=np.array([cache.length for cache in caches], dtype=np.int64),
+            masks=np.array([0 if m is None else m.data_ptr() for m in masks], dtype=np.int64),
+        )
+
+    def extend_layer(
+        self, slots: exact.SequenceSlots, layer: int, caches: Sequence[TreeKVCache], sizes: Sequence[int]
+    ) -> None:
+        """Room for each sequence's new rows in ``layer`` of its cache, and the slots pointed at it."""
+        empty = self._embed.new_empty((1, self.kv_heads, 0, self.head_dim))  # shapes for a cache's first write
+        row = slots.kv[layer]
+        for s, (cache, q) in enumerate(zip(caches, sizes, strict=True)):
+            keys, values, _ = cache.layers[layer].extend(q, empty, empty)
+            row["k"][s], row["v"][s], row["cap"][s] = keys.data_ptr(), values.data_ptr(), keys.shape[2]
+        slots.layer = layer
 
     def _attention(
         self,

@@ -72,8 +72,8 @@ class PrefixCache:
     def __init__(
         self, *, layers: int, kv_heads: int, head_dim: int, max_bytes: int, block: int = 16, device=None
     ) -> None:
-        if block < 1 or block % 16:
-            raise ValueError(f"the block size must be a positive multiple of 16, got {block}")
+        if block < 16 or block & (block - 1):
+            raise ValueError(f"the block size must be a power of two of at least 16, got {block}")
         self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
         self.block, self.max_bytes = block, max_bytes
         self.device = torch.device("cpu") if device is None else torch.device(device)

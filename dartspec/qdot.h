@@ -41,7 +41,7 @@ typedef struct {
 void dartspec_attend(const float *qkv, long q, long H, long KV, long D, const float *rot, float *kc, float *vc,
                      long cap, long base, const uint8_t *mask, const float *q_norm, const float *k_norm, float eps,
                      float scale, float *out);
-void dartspec_attend_team(const float *qkv, long q, long H, long KV, long D, const float *rot, const dartspec_kv *kv,
-                          long base, const uint8_t *mask, const float *q_norm, const float *k_norm, float eps,
-                          float scale, float *out, int threaded);
+void dartspec_attend_seqs(const float *qkv, long H, long KV, long D, const float *rot, long nseq, const long *starts,
+                          const dartspec_kv *kv, const long *base, const uint8_t *const *mask, const float *q_norm,
+                          const float *k_norm, float eps, float scale, float *out, int share);
 #endif

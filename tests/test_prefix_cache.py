@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import torch
 from conftest import VOCAB
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_batching import lean_target, needs_kernels, random_tree, run_batched
 from test_lossless import drafter
 
@@ -122,5 +124,50 @@ def test_prefix_cache_needs_the_exact_kernels() -> None:
 
     with pytest.raises(DartspecError, match="prefix cache"):
         tiny_target().enable_prefix_cache(1 << 20)
-    with pytest.raises(ValueError, match="multiple of 16"):
-        PrefixCache(layers=1, kv_heads=1, head_dim=8, max_bytes=1, block=10)
+    for block in (10, 48):
+        with pytest.raises(ValueError, match="power of two"):
+            PrefixCache(layers=1, kv_heads=1, head_dim=8, max_bytes=1, block=block)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    shared=st.integers(0, 70),
+    tails=st.lists(st.integers(1, 30), min_size=2, max_size=5),
+    sizes=st.lists(st.integers(1, 9), min_size=5, max_size=5),
+    seed=st.integers(0, 2**16),
+)
+def test_shared_prefix_attention_equals_each_sequence_alone(
+    shared: int, tails: list[int], sizes: list[int], seed: int
+) -> None:
+    """Sequences on common prefix pages (random prefix and own lengths, one sharing only part of the prefix or none,
+    random trees) attend to them together, pages read once, and get what they get when each reads them itself,
+    and what each gets verified alone on a runtime without a prefix cache: bit for bit."""
+    cached, plain = _targets()
+    cached.prefix_cache.clear()
+    rng = np.random.default_rng(seed)
+    prompts = _prompts(rng, shared, tails)
+    prompts[-1] = prompts[-1][: max(2, shared // 2)]
+    trees = [random_tree(np.random.default_rng(seed + i), p[-1], sizes[i]) for i, p in enumerate(prompts)]
+    results = {}
+    for share in (True, False):
+        cached.share_prefix_attention = share
+        caches = [cached.new_cache() for _ in prompts]
+        for p, c in zip(prompts, caches, strict=True):
+            cached.prefill(p, cache=c)
+        results[share] = [o.logits for o in cached.verify_many(list(zip(trees, caches, strict=True)))]
+    for p, tree, together, apart in zip(prompts, trees, results[True], results[False], strict=True):
+        alone = plain.new_cache()
+        plain.prefill(p, cache=alone)
+        assert torch.equal(together, apart) and torch.equal(together, plain.verify(tree, cache=alone).logits)
+
+
+_TARGETS: list = []
+
+
+def _targets():
+    """(a runtime with a prefix cache, one without), built once for the hypothesis examples."""
+    if not _TARGETS:
+        cached = lean_target()
+        cached.enable_prefix_cache(1 << 30)
+        _TARGETS.extend([cached, lean_target()])
+    return _TARGETS[0], _TARGETS[1]
