@@ -211,3 +211,24 @@ class PrefixCache:
             budget, self.max_bytes = self.max_bytes, 0
             self._evict()
             self.max_bytes = budget
+
+
+def positions_read(caches: Sequence[TreeKVCache], share: bool) -> tuple[int, int]:
+    """KV positions one batched step's attention reads, by layout: ``(read, unshared)``. With ``share``, caches
+    whose shared pages begin alike read their common pages once (as the lean runtime's batched attention does);
+    unshared, every cache reads all its positions."""
+    unshared = sum(c.length for c in caches)
+    if not share:
+        return unshared, unshared
+    groups: dict[int, list[SharedPages]] = {}
+    for c in caches:
+        pages = c.layers[0].shared
+        if pages is not None and len(pages.keys):
+            groups.setdefault(int(pages.keys[0]), []).append(pages)
+    saved = 0
+    for members in groups.values():
+        n = min(len(m.keys) for m in members)
+        same = np.all([m.keys[:n] == members[0].keys[:n] for m in members], axis=0)
+        common = n if same.all() else int(np.argmin(same))  # pages equal in every member
+        saved += (len(members) - 1) * common * members[0].page
+    return unshared - saved, unshared

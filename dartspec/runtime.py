@@ -74,6 +74,7 @@ class TargetRuntime(Protocol):
     eos_token_ids: frozenset[int]
     cache: TreeKVCache  # the runtime's own, for one sequence at a time
     prefix_cache: PrefixCache | None  # shared prompt prefixes (None: off or unsupported)
+    share_prefix_attention: bool  # batched steps read common prefix pages once
 
     @property
     def device(self) -> torch.device: ...
@@ -195,6 +196,8 @@ class CausalRuntime(ABC):
         self.prefill_chunk = PREFILL_CHUNK
         #: Shared prompt-prefix KV (:mod:`dartspec.prefix_cache`), on runtimes that support it once enabled.
         self.prefix_cache: PrefixCache | None = None
+        #: Whether a batched step's sequences on the same prefix pages attend to them together (the lean runtime).
+        self.share_prefix_attention = False
         self.feature_layers: tuple[int, ...] = ()
         self.set_feature_layers(feature_layers)
 

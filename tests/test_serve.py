@@ -538,5 +538,8 @@ def test_bench_serve_with_a_shared_system_prompt_shares_its_kv(tmp_path: Path) -
     plain, shared = runs[False][-1], runs[True][-1]
     assert plain.prefix_hit == 0 and shared.prefix_hit > 0.8  # 64 of every ~70 prompt tokens
     assert 0 < shared.kv_mb < 0.6 * shared.kv_unshared_mb
+    # the batched steps' attention read the 64 shared tokens once per step, not once per request
+    assert 0 < shared.kv_read_mb < 0.6 * shared.kv_read_unshared_mb
+    assert plain.kv_read_mb == pytest.approx(plain.kv_read_unshared_mb)
     assert "prefix cache" in markdown(runs[True], {"prefix_cache_mb": 256})
     assert answers[True] == answers[False] and all(answers[True])

@@ -42,6 +42,8 @@ class Level:
     kv_mb: float = 0.0  # peak KV memory held (own positions + prefix cache)
     kv_unshared_mb: float = 0.0  # peak of what the same requests would hold unshared
     prefix_hit: float = 0.0  # share of the level's prompt tokens taken from the prefix cache
+    kv_read_mb: float = 0.0  # KV read per batched step by attention (layout), mean over the level's steps
+    kv_read_unshared_mb: float = 0.0  # the same with every request reading its own
     failures: list[str] = field(default_factory=list)
 
 
@@ -205,6 +207,9 @@ def run_serve_bench(
         level.kv_mb, level.kv_unshared_mb = kv.held / (1 << 20), kv.unshared / (1 << 20)
         looked = grew.get("dartspec_prefix_cache_prompt_tokens", 0.0)
         level.prefix_hit = grew.get("dartspec_prefix_cache_hit_tokens", 0.0) / looked if looked else 0.0
+        if steps:
+            level.kv_read_mb = grew.get("dartspec_kv_read_bytes_total", 0.0) / steps / (1 << 20)
+            level.kv_read_unshared_mb = grew.get("dartspec_kv_read_bytes_unshared_total", 0.0) / steps / (1 << 20)
         done = [(i, a) for i, a in enumerate(answers) if a is not None]
         level.tokens = sum(a.tokens for _, a in done)
         level.tokens_per_s = level.tokens / level.seconds if level.seconds else 0.0
@@ -231,8 +236,9 @@ def markdown(levels: list[Level], meta: dict[str, Any]) -> str:
         f"prompt {meta.get('shared_prefix_tokens', 0)} tokens, prefix cache {meta.get('prefix_cache_mb', 0)} MB.",
         "",
         "| clients | aggregate tok/s | vs 1 client | TTFT p50 / p95 ms | per token p50 / p95 ms | mean batch | "
-        "peak KV MB (unshared) | prompt tokens from prefix cache | mismatches vs 1 client | wall s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "peak KV MB (unshared) | prompt tokens from prefix cache | KV MB read a step (unshared) | "
+        "mismatches vs 1 client | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for lv in levels:
         share = f"{lv.kv_mb / lv.kv_unshared_mb:.0%}" if lv.kv_unshared_mb else "-"
@@ -240,7 +246,7 @@ def markdown(levels: list[Level], meta: dict[str, Any]) -> str:
             f"| {lv.concurrency} | {lv.tokens_per_s:.1f} | {lv.vs_one:.2f}x | "
             f"{lv.ttft_ms[0]:.0f} / {lv.ttft_ms[1]:.0f} | {lv.per_token_ms[0]:.1f} / {lv.per_token_ms[1]:.1f} | "
             f"{lv.mean_batch:.2f} | {lv.kv_mb:.1f} ({lv.kv_unshared_mb:.1f}; {share}) | {lv.prefix_hit:.0%} | "
-            f"{lv.mismatches} | {lv.seconds:.1f} |"
+            f"{lv.kv_read_mb:.1f} ({lv.kv_read_unshared_mb:.1f}) | {lv.mismatches} | {lv.seconds:.1f} |"
         )
     return "\n".join(lines)
 

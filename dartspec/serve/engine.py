@@ -24,6 +24,7 @@ from typing import Any
 
 from dartspec.engine import GenerationResult, Generator, SequenceState, StepEvent
 from dartspec.errors import DartspecError
+from dartspec.prefix_cache import positions_read
 from dartspec.serve.metrics import Metrics
 
 
@@ -196,6 +197,10 @@ class ServeEngine:
         own = sum(c.own_bytes() for c in caches)
         self.metrics.kv_bytes.set(own + (shared.nbytes if shared is not None else 0))
         self.metrics.kv_bytes_unshared.set(sum(c.length * c.position_bytes() for c in caches))
+        if caches:
+            read, unshared = positions_read(caches, self.target.share_prefix_attention)
+            self.metrics.kv_read.inc(read * caches[0].position_bytes())
+            self.metrics.kv_read_unshared.inc(unshared * caches[0].position_bytes())
         if shared is not None:
             self.metrics.prefix_hit_tokens.set(shared.stats.hit_tokens)
             self.metrics.prefix_prompt_tokens.set(shared.stats.prompt_tokens)

@@ -51,6 +51,12 @@ class Metrics:
         self.prefix_prompt_tokens = Gauge(
             "dartspec_prefix_cache_prompt_tokens", "Prompt tokens looked up (since start)", registry=r
         )
+        self.kv_read = Counter(
+            "dartspec_kv_read_bytes", "KV bytes batched steps' attention read (by layout, all layers)", registry=r
+        )
+        self.kv_read_unshared = Counter(
+            "dartspec_kv_read_bytes_unshared", "KV bytes they would read with every request reading its own", registry=r
+        )
         self.prefix_bytes = Gauge("dartspec_prefix_cache_bytes", "Bytes of the prefix cache's blocks", registry=r)
 
     def record(self, result: GenerationResult, drafter: str) -> None:
