@@ -70,9 +70,9 @@ def _int_list(text: str) -> list[int]:
 def _drafter_kinds(text: str) -> list[str]:
     """``bench accuracy --drafter``: comma-separated dart / eagle3."""
     kinds = [k.strip() for k in text.split(",") if k.strip()]
-    bad = [k for k in kinds if k not in ("dart", "eagle3")]
+    bad = [k for k in kinds if k not in ("dart", "eagle3", "dflash")]
     if not kinds or bad:
-        raise argparse.ArgumentTypeError(f"expected dart, eagle3 or dart,eagle3, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected dart, eagle3, dflash or a comma-separated list, got {text!r}")
     return list(dict.fromkeys(kinds))
 
 
@@ -690,10 +690,9 @@ def cmd_train_curve(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from dartspec.train.cli import train_dart, train_eagle3
+    from dartspec.train.cli import TRAINERS
 
-    run = train_eagle3 if args.train_command == "eagle3" else train_dart
-    run(args, load_target(args), log=_log)
+    TRAINERS[args.train_command](args, load_target(args), log=_log)
     return 0
 
 
@@ -808,6 +807,11 @@ def build_parser() -> argparse.ArgumentParser:
             "the EAGLE-3 baseline (training-time test)",
             "warm start from this EAGLE-3 checkpoint, or from a DART one (same layer; its depth-1 row)",
         ),
+        (
+            "dflash",
+            "a DFlash block drafter (without --config: 2 layers, 5 feature layers, CE weighted exp(-(k-1)/7))",
+            "warm start from this DFlash checkpoint",
+        ),
     ):
         p = train.add_parser(kind, help=f"train {what} online against the target")
         add_target_args(p, runtime="hf")
@@ -844,7 +848,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_target_args(p, runtime="hf")
     p.add_argument("--candidate", required=True, help="the trained checkpoint folder")
-    p.add_argument("--kind", default="dart", choices=["dart", "eagle3"])
+    p.add_argument("--kind", default="dart", choices=["dart", "eagle3", "dflash"])
     p.add_argument("--into", default=None, help="the installed drafter folder (default: the shipped one)")
     p.add_argument("--dev", default="data/smollm2-135m-sharegpt-dev", help="regenerated dev shards")
     p.add_argument("--limit", type=_positive_int, default=200, help="dev answers compared (default 200)")

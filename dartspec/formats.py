@@ -35,6 +35,7 @@ DRAFTERS = (
     DrafterKind("dart", "dartspec.drafters.dart:build", feature=True, options=_DART_OPTIONS),
     DrafterKind("dart+pld", "dartspec.drafters.hybrid:build", feature=True, options=_DART_OPTIONS),
     DrafterKind("eagle3", "dartspec.drafters.eagle3:build", feature=True, options=_EAGLE3_OPTIONS),
+    DrafterKind("dflash", "dartspec.drafters.dflash:build", feature=True, options=_DART_OPTIONS),
 )
 DRAFTER_NAMES = tuple(d.name for d in DRAFTERS)
 

@@ -40,6 +40,12 @@ def drafter(name: str, target: Target, reference: list[int]):
         return RandomDrafter(seed=3, reference=reference)
     if name == "eagle3":
         return Eagle3Drafter(eagle_for(target).to(target.dtype), target, topk=3)
+    if name == "dflash":
+        from test_dflash import dflash_for
+
+        from dartspec.drafters.dflash import DFlashDrafter
+
+        return DFlashDrafter(dflash_for(target).to(target.dtype), target, "beam")
     dart = DartDrafter(model_for(target).to(target.dtype), target, "beam")
     return HybridDrafter(dart, drafter_nodes=4) if name == "dart+pld" else dart
 

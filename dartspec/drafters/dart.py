@@ -80,11 +80,14 @@ class DartDrafter(FeatureDrafter):
         if self._fast is not None:
             self._fast = self._fast.fork()
 
+    #: The network class this drafter runs (a subclass drafts with another parallel network the same way).
+    model_cls: type[DartModel] = DartModel
+
     @classmethod
     def from_pretrained(
         cls, folder: str | Path, target: FeatureSource, tree: str | TreeBuilder = "chain", **kw
     ) -> DartDrafter:
-        model = DartModel.load(folder, device=target.device, dtype=target.dtype)
+        model = cls.model_cls.load(folder, device=target.device, dtype=target.dtype)
         return cls(model, target, tree, **kw)
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
@@ -130,9 +133,16 @@ def build(target: FeatureSource, options: DrafterOptions) -> DartDrafter:
     ``"off"`` for none), ``online_ngram`` adds prompt/output n-grams, ``ngram_smoothing`` (0 < s < 1) scores with
     the interpolated n-gram instead of DART's longest-context rule, ``auto_size`` cuts each tree to the size with
     the best expected tokens/s on this machine (:mod:`dartspec.tree_size`)."""
+    return build_parallel(DartDrafter, "dart", "DART", target, options)
+
+
+def build_parallel(
+    cls: type[DartDrafter], kind: str, label: str, target: FeatureSource, options: DrafterOptions
+) -> DartDrafter:
+    """A drafter of ``cls`` (DART's propose over another parallel network) from ``options`` (see :func:`build`)."""
     from dartspec.ngram import SmoothedNgram, tokenizer_identity
 
-    folder = checkpoint_folder("dart", target, options.checkpoint, "DART")
+    folder = checkpoint_folder(kind, target, options.checkpoint, label)
     if options.ngram == "off":
         ngram_path = None
     elif options.ngram:
@@ -142,7 +152,7 @@ def build(target: FeatureSource, options: DrafterOptions) -> DartDrafter:
     static = NgramModel.load(ngram_path, tokenizer=tokenizer_identity(target.tokenizer)) if ngram_path else None
     if static is not None and options.ngram_smoothing:
         static = SmoothedNgram(static, options.ngram_smoothing)
-    return DartDrafter.from_pretrained(
+    return cls.from_pretrained(
         folder,
         target,
         options.tree,

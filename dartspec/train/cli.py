@@ -22,9 +22,13 @@ def train_dart(args: argparse.Namespace, target: Any, log: Callable[[str], None]
 
 
 def _train(
-    trainer_cls: type[DartTrainer], args: argparse.Namespace, target: Any, log: Callable[[str], None]
+    trainer_cls: type[DartTrainer],
+    args: argparse.Namespace,
+    target: Any,
+    log: Callable[[str], None],
+    defaults: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    cfg = TrainConfig.from_file(args.config) if args.config else TrainConfig()
+    cfg = TrainConfig.from_file(args.config) if args.config else TrainConfig(**(defaults or {}))
     if args.max_steps is not None:
         cfg = replace(cfg, max_steps=args.max_steps)
     if getattr(args, "init", None):
@@ -47,3 +51,13 @@ def train_eagle3(args: argparse.Namespace, target: Any, log: Callable[[str], Non
     from dartspec.train.eagle3 import Eagle3Trainer
 
     return _train(Eagle3Trainer, args, target, log)
+
+
+def train_dflash(args: argparse.Namespace, target: Any, log: Callable[[str], None]) -> dict[str, Any]:
+    from dartspec.train.dflash import DEFAULTS, DFlashTrainer
+
+    return _train(DFlashTrainer, args, target, log, DEFAULTS)
+
+
+#: ``dartspec train KIND`` -> its runner.
+TRAINERS = {"dart": train_dart, "eagle3": train_eagle3, "dflash": train_dflash}

@@ -175,9 +175,23 @@ def dart_loss(
         model.lm_head(hidden[seq, row]), target_logits[seq, target_row[seq, row]], model.d2t, kind
     )
 
+    return depth_summary(per_row, correct, seq, depth[seq, row], batch, model.cfg.depth, decay)
+
+
+def depth_summary(
+    per_row: torch.Tensor,
+    correct: torch.Tensor,
+    seq: torch.Tensor,
+    depth: torch.Tensor,
+    batch: int,
+    d: int,
+    decay: float,
+) -> LossOutput:
+    """The objective from scored rows (row loss, top-1 hit, its sequence and depth 1..d): per sequence the
+    ``decay ** (t-1)``-weighted sum of its per-depth mean losses, averaged over the ``batch`` sequences."""
     # Per-(sequence, depth) sums with index_add (no host round trip per depth: on a GPU those syncs dominated).
-    d = model.cfg.depth
-    key = seq * d + depth[seq, row] - 1
+    device = per_row.device
+    key = seq * d + depth - 1
     count = per_row.new_zeros(batch * d).index_add_(0, key, torch.ones_like(per_row)).view(batch, d)
     loss_sum = per_row.new_zeros(batch * d).index_add_(0, key, per_row).view(batch, d)
     hits = per_row.new_zeros(batch * d).index_add_(0, key, correct.to(per_row.dtype)).view(batch, d)

@@ -57,8 +57,15 @@ class DepthAccuracy:
 def model_objective(model: DartModel, *, anchors: int, decay: float = 0.6, kind: str = "kl") -> Objective:
     """The training objective of ``model``'s kind: DART's anchor blocks (all sequences in one drafter forward),
     or EAGLE-3's unrolled steps (one sequence at a time: each step's rows depend on the sequence's length)."""
+    from dartspec.drafters.dflash_model import DFlashModel
     from dartspec.drafters.eagle3_model import Eagle3Model
 
+    if isinstance(model, DFlashModel):
+        from dartspec.train.dflash_loss import dflash_anchor_loss
+
+        return lambda f, e, logits, lengths, prompt_lens, gen: dflash_anchor_loss(
+            model, f, e, logits, lengths, prompt_lens, anchors=anchors, generator=gen, decay=decay, kind=kind
+        )
     if isinstance(model, Eagle3Model):
         from dartspec.train.eagle3_loss import eagle3_loss
 
@@ -156,18 +163,19 @@ def greedy_samples(
 
 
 #: Drafter networks whose accuracy can be measured (and that `train promote` installs).
-KINDS = ("dart", "eagle3")
+KINDS = ("dart", "eagle3", "dflash")
 
 
 def load_drafter_model(kind: str, target: Any, path: str | None) -> Any:
     """The network of a ``dart`` or ``eagle3`` checkpoint (``path`` or the shipped one), float32."""
     from dartspec.drafters import checkpoint_folder
     from dartspec.drafters.dart_model import DartModel
+    from dartspec.drafters.dflash_model import DFlashModel
     from dartspec.drafters.eagle3_model import Eagle3Model
 
     if kind not in KINDS:
-        raise DartspecError(f"--drafter {kind!r}: accuracy is measured for {' or '.join(KINDS)}")
-    cls = Eagle3Model if kind == "eagle3" else DartModel
+        raise DartspecError(f"--drafter {kind!r}: accuracy is measured for {', '.join(KINDS)}")
+    cls = {"dart": DartModel, "eagle3": Eagle3Model, "dflash": DFlashModel}[kind]
     model = cls.load(checkpoint_folder(kind, target, path), device=target.device, dtype=torch.float32)
     model.check_target(target)
     return model.eval()
