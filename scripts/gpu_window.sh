@@ -85,29 +85,35 @@ data | train)
             --max-minutes "$minutes" "${resume[@]}" 2>&1 | tee "$out/data.txt"
         exit 0
     fi
-    ckpt=$WORK/ckpt
+    kind=${KIND:-dart}  # KIND=dflash trains the DFlash drafter (scripts/dflash-window.yaml: sized like the reference)
+    ckpt=$WORK/ckpt-$kind
     config=$WORK/window.yaml
-    sed "s/^seed: .*//" scripts/window.yaml > "$config" && echo "seed: $window" >> "$config"
+    base=scripts/window.yaml
+    [ "$kind" = dflash ] && base=scripts/dflash-window.yaml
+    sed "s/^seed: .*//" "$base" > "$config" && echo "seed: $window" >> "$config"
+    init=()
+    [ -d "dartspec/checkpoints/smollm2-135m-$kind" ] && init=(--init "dartspec/checkpoints/smollm2-135m-$kind")
     data=()
     for d in data/smollm2-135m-sharegpt-a data/smollm2-135m-sharegpt-b data/smollm2-135m-sharegpt-c "$WORK"/data-w*; do
         [ -d "$d" ] && data+=(--data "$d")
     done
     resume=()
     [ -f "$ckpt/train_state.pt" ] && resume=(--resume --new-data)  # a data call in between adds shards
-    python3 -m dartspec.cli train dart --model smollm2-135m --device "${DEVICE:-cuda}" "${data[@]}" \
+    python3 -m dartspec.cli train "$kind" --model smollm2-135m --device "${DEVICE:-cuda}" "${data[@]}" \
         --dev data/smollm2-135m-sharegpt-dev --out "$ckpt" --config "$config" \
-        --init dartspec/checkpoints/smollm2-135m-dart --max-minutes "$minutes" "${resume[@]}" 2>&1 | tee "$out/train.txt"
+        "${init[@]}" --max-minutes "$minutes" "${resume[@]}" 2>&1 | tee "$out/train.txt"
     # Back through the 16 MB limit: the drafter in fp16, split; config, log and settings as they are.
-    python3 - "$ckpt" "$out" <<'PY'
+    python3 - "$ckpt" "$out" "$kind" <<'PY'
 import sys
 from pathlib import Path
 
 import torch
 
 from dartspec.drafters.dart_model import DartModel
+from dartspec.drafters.dflash_model import DFlashModel
 
-ckpt, out = Path(sys.argv[1]), Path(sys.argv[2])
-DartModel.load(ckpt).save(out / "drafter", dtype=torch.float16)
+ckpt, out, kind = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+(DFlashModel if kind == "dflash" else DartModel).load(ckpt).save(out / "drafter", dtype=torch.float16)
 PY
     split -b 15M -d -a 1 "$out/drafter/model.safetensors" "$out/model.safetensors.part-"
     mv "$out/drafter/config.json" "$out/config.json" && rm -rf "$out/drafter"
@@ -122,7 +128,16 @@ collect)
     cp "$src/config.json" "$src/train_log.jsonl" "$dest/"
     cp "$src/window.yaml" "$dest/train.yaml"
     cp dartspec/checkpoints/smollm2-135m-dart/ngram.bin "$dest/"  # same tokenizer and data: the shipped n-gram
-    python3 -c "import sys; from dartspec.drafters.dart_model import DartModel; DartModel.load(sys.argv[1])" "$dest"
+    python3 - "$dest" <<'PY'
+import json
+import sys
+
+from dartspec.drafters.dart_model import DartModel
+from dartspec.drafters.dflash_model import DFlashModel
+
+kind = json.load(open(sys.argv[1] + "/config.json"))["format"]
+(DFlashModel if kind == "dartspec-dflash" else DartModel).load(sys.argv[1])
+PY
     echo "drafter in $dest (compare: dartspec bench accuracy --drafter-path $dest --dataset data/smollm2-135m-sharegpt-dev)"
     ;;
 *)
