@@ -68,7 +68,7 @@ def _int_list(text: str) -> list[int]:
 
 
 def _drafter_kinds(text: str) -> list[str]:
-    """``bench accuracy --drafter``: comma-separated dart / eagle3."""
+    """``bench accuracy --drafter``: comma-separated dart / eagle3 / dflash."""
     kinds = [k.strip() for k in text.split(",") if k.strip()]
     bad = [k for k in kinds if k not in ("dart", "eagle3", "dflash")]
     if not kinds or bad:

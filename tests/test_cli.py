@@ -166,4 +166,4 @@ def test_bench_accuracy_errors(tiny_model_dir: Path, flags: list[str], needle: s
 def test_bench_accuracy_rejects_unknown_drafter_kinds() -> None:
     proc = run_cli("bench", "accuracy", "--drafter", "dart,pld")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "expected dart, eagle3 or dart,eagle3" in proc.stderr
+    assert "expected dart, eagle3, dflash or a comma-separated list" in proc.stderr
