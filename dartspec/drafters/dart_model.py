@@ -155,6 +155,15 @@ class DraftKV:
     def length(self) -> int:
         return self.keys[0].shape[1] if self.keys else 0
 
+    def append(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Add positions' ``(kv_heads, n, head_dim)`` keys and values to ``layer`` (layers are filled in order)."""
+        if len(self.keys) > layer:
+            self.keys[layer] = torch.cat([self.keys[layer], keys], dim=1)
+            self.values[layer] = torch.cat([self.values[layer], values], dim=1)
+        else:
+            self.keys.append(keys.contiguous())
+            self.values.append(values.contiguous())
+
 
 class DraftLayer(nn.Module):
     """A Llama-style decoder layer whose attention may read a wider (2H) input than its residual (H)."""
@@ -290,19 +299,9 @@ class DartModel(nn.Module):
                 past = more if past is None else (torch.cat([past[0], more[0]], 1), torch.cat([past[1], more[1]], 1))
             h, k, v = layer(x, h, positions, mask, past)
             if cache is not None and keep:
-                if len(cache.keys) > i:
-                    cache.keys[i] = torch.cat([cache.keys[i], k[:, :keep]], dim=1)
-                    cache.values[i] = torch.cat([cache.values[i], v[:, :keep]], dim=1)
-                else:
-                    cache.keys.append(k[:, :keep].contiguous())
-                    cache.values.append(v[:, :keep].contiguous())
+                cache.append(i, k[:, :keep], v[:, :keep])
             if tree is not None:
-                if len(tree.keys) > i:
-                    tree.keys[i] = torch.cat([tree.keys[i], k], dim=1)
-                    tree.values[i] = torch.cat([tree.values[i], v], dim=1)
-                else:
-                    tree.keys.append(k)
-                    tree.values.append(v)
+                tree.append(i, k, v)
         return h
 
     @torch.inference_mode()

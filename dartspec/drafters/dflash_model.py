@@ -153,13 +153,7 @@ class DFlashModel(DartModel):
         ctx = self.context(features)
         ctx_positions = torch.arange(start, start + m, device=features.device)
         for i, layer in enumerate(self.layers):
-            k, v = layer.kv(ctx, ctx_positions)
-            if len(cache.keys) > i:
-                cache.keys[i] = torch.cat([cache.keys[i], k], 1)
-                cache.values[i] = torch.cat([cache.values[i], v], 1)
-            else:
-                cache.keys.append(k.contiguous())
-                cache.values.append(v.contiguous())
+            cache.append(i, *layer.kv(ctx, ctx_positions))
         anchor = start + m
         positions = torch.arange(anchor, anchor + self.cfg.depth + 1, device=features.device)
         contexts = list(zip(cache.keys, cache.values, strict=True))
