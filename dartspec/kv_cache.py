@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
@@ -150,21 +151,26 @@ class TreeKVCache(Cache):
     def __init__(self, num_layers: int) -> None:
         super().__init__(layers=[TreeKVLayer() for _ in range(num_layers)])
         self._release: Callable[[], None] | None = None
+        #: The shared pages as the batched attention kernel reads them, one ``exact.KV_SLOT`` row per layer (the
+        #: own-buffer fields left zero), or None.
+        self.page_slots: np.ndarray | None = None
 
     def share(
         self,
         shared: Sequence[SharedPages],
         pages: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor]]],
         release: Callable[[], None],
+        page_slots: np.ndarray,
     ) -> None:
         """Start the empty cache with shared pages per layer (see :meth:`TreeKVLayer.share`); ``release`` is called
         once when the cache lets them go (reset, or the cache itself is dropped)."""
         for layer, s, p in zip(self.layers, shared, pages, strict=True):
             layer.share(s, p)
-        self._release = release
+        self._release, self.page_slots = release, page_slots
 
     def reset(self) -> None:
         super().reset()
+        self.page_slots = None
         if self._release is not None:
             release, self._release = self._release, None
             release()

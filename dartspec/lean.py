@@ -133,6 +133,8 @@ class LeanTarget(CausalRuntime):
         angles = torch.outer(t, rotary.inv_freq.to(device=embed.device, dtype=real))
         self._rot = torch.polar(torch.full_like(angles, float(rotary.attention_scaling)), angles)
         self._fused_attention = embed.device.type == "cpu" and embed.dtype == torch.float32 and exact.available()
+        # Shapes and dtype for a cache layer's first write (TreeKVLayer.extend): no keys, no values.
+        self._no_kv = embed.new_empty((1, self.kv_heads, 0, self.head_dim))
         if self._fused_attention and quant == "exact-a16":
             for layer in self.layers:
                 layer.block = self._block(layer)
@@ -296,24 +298,24 @@ class LeanTarget(CausalRuntime):
         # The weight formats' kernels take rows; only attention needs the (B, q) split (one sequence: B = 1).
         b, q = x.shape[:2] if batched else (1, x.shape[0])
         x = x.reshape(b * q, x.shape[-1])
-        H, K, D, eps = self.heads, self.kv_heads, self.head_dim, self.eps
+        H, K, eps = self.heads, self.kv_heads, self.eps
         rot = self._rot[positions].reshape(b, q, -1)  # complex
         # A few new rows of one sequence (decoding, trees): the whole attention block is one C call
         # (exact.attend); long prefills and batches keep SDPA's kernels.
         fused = self._fused_attention and q <= FUSED_ATTENTION_ROWS and not batched
         if fused:
-            rot_pairs, empty = torch.view_as_real(rot[0]).contiguous(), x.new_empty((1, K, 0, D))
+            rot_pairs = torch.view_as_real(rot[0]).contiguous()
         captured = []
         for i, layer in enumerate(self.layers):
             if features and i in self.feature_layers:
                 captured.append(x.clone() if fused and layer.block is not None else x)
             if fused and layer.block is not None:  # the whole block in one C call, x updated in place
-                keys, values, base = cache.layers[i].extend(q, empty, empty)
+                keys, values, base = cache.layers[i].extend(q, self._no_kv, self._no_kv)
                 layer.block(x, rot_pairs, keys, values, base, mask, pages=cache.layers[i].shared)
                 continue
             qkv = layer.qkv(F.rms_norm(x, (x.shape[-1],), layer.ln1, eps))
             if fused:
-                keys, values, base = cache.layers[i].extend(q, empty, empty)
+                keys, values, base = cache.layers[i].extend(q, self._no_kv, self._no_kv)
                 attn = exact.attend(
                     qkv, H, K, rot_pairs, keys, values, base, mask, layer.q_norm, layer.k_norm, eps, self.scaling
                 )
@@ -383,9 +385,8 @@ class LeanTarget(CausalRuntime):
         kv = np.zeros((layers, n), dtype=exact.KV_SLOT)
         kv["page"] = 1
         for s, cache in enumerate(caches):  # shared prefix pages: fixed for the whole forward
-            for i, layer_cache in enumerate(cache.layers):
-                if (shared := layer_cache.shared) is not None:
-                    kv[i, s] = (0, 0, 0, shared.keys.ctypes.data, shared.values.ctypes.data, shared.length, shared.page)
+            if cache.page_slots is not None:
+                kv[:, s] = cache.page_slots
         return exact.SequenceSlots(
             count=n,
             starts=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
@@ -398,10 +399,9 @@ class LeanTarget(CausalRuntime):
         self, slots: exact.SequenceSlots, layer: int, caches: Sequence[TreeKVCache], sizes: Sequence[int]
     ) -> None:
         """Room for each sequence's new rows in ``layer`` of its cache, and the slots pointed at it."""
-        empty = self._embed.new_empty((1, self.kv_heads, 0, self.head_dim))  # shapes for a cache's first write
         row = slots.kv[layer]
         for s, (cache, q) in enumerate(zip(caches, sizes, strict=True)):
-            keys, values, _ = cache.layers[layer].extend(q, empty, empty)
+            keys, values, _ = cache.layers[layer].extend(q, self._no_kv, self._no_kv)
             row["k"][s], row["v"][s], row["cap"][s] = keys.data_ptr(), values.data_ptr(), keys.shape[2]
         slots.layer = layer
 

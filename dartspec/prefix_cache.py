@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dartspec.exact import SharedPages
+from dartspec.exact import KV_SLOT, SharedPages
 from dartspec.kv_cache import TreeKVCache
 
 
@@ -38,15 +38,14 @@ class PrefixBlock:
     parent: PrefixBlock | None
     tokens: tuple[int, ...]
     kv: torch.Tensor
+    features: torch.Tensor | None = None
+    refs: int = 0
+    children: int = 0
 
     @property
     def key(self) -> tuple[int, tuple[int, ...]]:
         """Where the cache files it: the parent's uid (0 at the start of a prompt) and its own tokens."""
         return (self.parent.uid if self.parent else 0, self.tokens)
-
-    features: torch.Tensor | None = None
-    refs: int = 0
-    children: int = 0
 
     @property
     def nbytes(self) -> int:
@@ -58,12 +57,8 @@ class PrefixBlock:
 class PrefixStats:
     """Counters for ``/metrics`` and ``bench serve``."""
 
-    lookups: int = 0
     hit_tokens: int = 0
     prompt_tokens: int = 0
-    stored_blocks: int = 0
-    evicted_blocks: int = 0
-    peak_bytes: int = 0
 
 
 class PrefixCache:
@@ -97,7 +92,6 @@ class PrefixCache:
         """The longest chain of cached blocks that starts ``token_ids``, leaving at least its last token to compute
         (its logits are what the prefill is for); with ``features`` only blocks that kept their feature rows."""
         with self._lock:
-            self.stats.lookups += 1
             self.stats.prompt_tokens += len(token_ids)
             chain: list[PrefixBlock] = []
             parent = 0
@@ -124,23 +118,24 @@ class PrefixCache:
         base = np.array([b.kv.data_ptr() for b in chain], dtype=np.int64)
         layer_stride = 2 * self.kv_heads * self.block * self.head_dim * 4
         half = layer_stride // 2
+        npre = len(chain) * self.block
         shared, pages = [], []
         for layer in range(self.layers):
             keys = base + layer * layer_stride
-            shared.append(SharedPages(keys=keys, values=keys + half, length=len(chain) * self.block, page=self.block))
+            shared.append(SharedPages(keys=keys, values=keys + half, length=npre, page=self.block))
             pages.append([(b.kv[layer, 0], b.kv[layer, 1]) for b in chain])
-        released = False
+        # The batched kernel's per-layer view of these pages, built once here rather than at every step.
+        slots = np.zeros(self.layers, dtype=KV_SLOT)
+        slots["kpages"] = [p.keys.ctypes.data for p in shared]
+        slots["vpages"] = [p.values.ctypes.data for p in shared]
+        slots["npre"], slots["page"] = npre, self.block
 
-        def release() -> None:
-            nonlocal released
-            if released:
-                return
-            released = True
+        def release() -> None:  # the cache calls it once
             with self._lock:
                 for b in chain:
                     b.refs -= 1
 
-        cache.share(shared, pages, release)
+        cache.share(shared, pages, release, slots)
 
     # --- insertion ---------------------------------------------------------------------------
 
@@ -184,10 +179,8 @@ class PrefixCache:
                     parent.children += 1
                 self._blocks[key] = block
                 self.nbytes += block.nbytes
-                self.stats.stored_blocks += 1
                 parent = block
             self._evict()
-            self.stats.peak_bytes = max(self.stats.peak_bytes, self.nbytes)
 
     def _evict(self) -> None:
         """Least recently used first, leaves only (a parent goes after its children), never a block in use."""
@@ -201,7 +194,6 @@ class PrefixCache:
             key, block = victim
             del self._blocks[key]
             self.nbytes -= block.nbytes
-            self.stats.evicted_blocks += 1
             if block.parent is not None:
                 block.parent.children -= 1
 
