@@ -77,7 +77,8 @@ def _drafter_kinds(text: str) -> list[str]:
 
 
 def _train_setting(text: str) -> str:
-    """``--settings`` item: comma-separated ``pack=N`` / ``precision=auto|bf16|fp32`` (the bench's own parser)."""
+    """``--settings`` item: comma-separated ``pack=N`` / ``precision=...`` / ``cache=...`` / ``target=...`` (the
+    bench's own parser)."""
     from dartspec.bench.train_speed import parse_setting
 
     try:
@@ -98,8 +99,8 @@ def _positive_minutes(text: str) -> float:
 
 
 def add_target_args(p: argparse.ArgumentParser, runtime: str = "auto") -> None:
-    """Options shared by every command that loads a target model (training and data default to the exact
-    transformers runtime: drafters learn the fp32 model's features)."""
+    """Options shared by every command that loads a target model (data regeneration and ``train promote``
+    default to the transformers runtime: answers and the promotion's judge are the fp32 model's)."""
     p.add_argument(
         "--model", default=DEFAULT_MODEL, help=f"known name, local folder or .gguf (default {DEFAULT_MODEL})"
     )
@@ -578,17 +579,12 @@ def cmd_bench_train(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from dartspec.bench.train_speed import run_train_bench
-    from dartspec.train.cli import samples_from
-    from dartspec.train.dart import DartTrainer, TrainConfig
+    from dartspec.train.cli import samples_from, trainer_kind
+    from dartspec.train.dart import TrainConfig
 
-    cfg = TrainConfig.from_file(args.config) if args.config else TrainConfig()
+    trainer_cls, defaults = trainer_kind(args.kind)
+    cfg = TrainConfig.from_file(args.config) if args.config else TrainConfig(**defaults)
     cfg = replace(cfg, seqs_per_step=args.seqs_per_step, init=args.init or cfg.init)
-    if args.kind == "eagle3":
-        from dartspec.train.eagle3 import Eagle3Trainer
-
-        trainer_cls: type[DartTrainer] = Eagle3Trainer
-    else:
-        trainer_cls = DartTrainer
     folders = args.data or ["data/smollm2-135m-sharegpt-dev"]
     train = samples_from(folders)
     if len(train) < args.seqs_per_step:
@@ -690,9 +686,9 @@ def cmd_train_curve(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from dartspec.train.cli import TRAINERS
+    from dartspec.train.cli import run_training
 
-    TRAINERS[args.train_command](args, load_target(args), log=_log)
+    run_training(args.train_command, args, load_target(args), log=_log)
     return 0
 
 
@@ -814,7 +810,9 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     ):
         p = train.add_parser(kind, help=f"train {what} online against the target")
-        add_target_args(p, runtime="hf")
+        # auto: on a CPU the lean runtime scores the training sequences ~2x faster than transformers, with the
+        # features a drafter reads when it serves there (its default format); on a GPU, transformers in bf16.
+        add_target_args(p)
         p.add_argument(
             "--data", required=True, action="append", help="regenerated training shards (repeatable; data regenerate)"
         )
@@ -946,8 +944,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="One trainer per setting from the same start and data order, one optimizer step each per "
         "round in rotating order; medians over --rounds counted steps.",
     )
-    add_target_args(p, runtime="hf")
-    p.add_argument("--kind", default="dart", choices=["dart", "eagle3"], help="which trainer (default dart)")
+    add_target_args(p)
+    p.add_argument("--kind", default="dart", choices=["dart", "eagle3", "dflash"], help="which trainer (default dart)")
     p.add_argument(
         "--data", action="append", default=None, help="regenerated shards (default data/smollm2-135m-sharegpt-dev)"
     )
@@ -957,7 +955,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_train_setting,
         default=["pack=1", "pack=64", "pack=1,precision=bf16"],
         help="TrainConfig overrides to compare (default pack=1 pack=64 pack=1,precision=bf16): pack=N sequences per "
-        "forward (1: one at a time; 0: auto), precision=bf16|fp32|auto",
+        "forward (1: one at a time; 0: auto), precision=bf16|fp32|auto, cache=0|1 (fp16 feature cache, timed "
+        "filled), target=RUNTIME[:QUANT] (what scores the sequences: e.g. hf, lean:exact-a16)",
     )
     p.add_argument("--seqs-per-step", type=_positive_int, default=8, help="sequences per optimizer step (default 8)")
     p.add_argument("--rounds", type=_positive_int, default=4, help="counted steps per setting (default 4)")

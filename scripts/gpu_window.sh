@@ -102,19 +102,10 @@ data | train)
     python3 -m dartspec.cli train "$kind" --model smollm2-135m --device "${DEVICE:-cuda}" "${data[@]}" \
         --dev data/smollm2-135m-sharegpt-dev --out "$ckpt" --config "$config" \
         "${init[@]}" --max-minutes "$minutes" "${resume[@]}" 2>&1 | tee "$out/train.txt"
-    # Back through the 16 MB limit: the drafter in fp16, split; config, log and settings as they are.
-    python3 - "$ckpt" "$out" "$kind" <<'PY'
-import sys
-from pathlib import Path
-
-import torch
-
-from dartspec.drafters.dart_model import DartModel
-from dartspec.drafters.dflash_model import DFlashModel
-
-ckpt, out, kind = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
-(DFlashModel if kind == "dflash" else DartModel).load(ckpt).save(out / "drafter", dtype=torch.float16)
-PY
+    # Back through the 16 MB limit: the drafter stored as shipped (int8 matrices), split; config, log and settings
+    # as they are.
+    python3 -c 'import sys; from dartspec.drafters.dart_model import recast_checkpoint as r; r(sys.argv[1], sys.argv[2], int8=True)' \
+        "$ckpt" "$out/drafter"
     split -b 15M -d -a 1 "$out/drafter/model.safetensors" "$out/model.safetensors.part-"
     mv "$out/drafter/config.json" "$out/config.json" && rm -rf "$out/drafter"
     cp "$ckpt/train_log.jsonl" "$config" "$out/"

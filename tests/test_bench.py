@@ -151,9 +151,32 @@ def test_train_bench_rows_and_equal_losses(tmp_path: Path) -> None:
     assert "| pack=4 |" in (tmp_path / "train_speed.md").read_text()
 
 
+def test_train_bench_lean_scorer_trains_like_transformers(tmp_path: Path) -> None:
+    """`bench train` setting target=lean: the lean runtime scores the sequences (a runtime of its own over the same
+    model) and the trainer learns what it learns on transformers' scores (fp32 weights: the same loss to rounding)."""
+    from test_dart import random_samples, small_config, tiny_target
+
+    from dartspec.bench.train_speed import run_train_bench
+
+    rows = run_train_bench(
+        tiny_target(),
+        random_samples(8, 0),
+        ["pack=1", "pack=1,target=lean"],
+        small_config(seqs_per_step=4),
+        rounds=2,
+        log=lambda m: None,
+        out=tmp_path,
+    )
+    assert [r["scorer"].split("/")[0] for r in rows] == ["hf", "lean"]
+    assert rows[1]["loss"] == pytest.approx(rows[0]["loss"], rel=1e-4)
+
+
 def test_train_bench_settings_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
     from dartspec.cli import main
 
     with pytest.raises(SystemExit):
         main(["bench", "train", "--settings", "pack=x"])
     assert "expected pack=N" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", "train", "--settings", "target=lean:q3"])
+    assert "target=lean|hf[:QUANT]" in capsys.readouterr().err

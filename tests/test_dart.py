@@ -483,3 +483,32 @@ def test_resume_refuses_other_data_and_incomplete_state(tmp_path: Path, target: 
     torch.save(state, tmp_path / STATE_FILE)
     with pytest.raises(DartspecError, match=r"incomplete .*optimizer"):
         DartTrainer(target, other, dev, tmp_path, cfg, log=lambda m: None).fit(resume=True, new_data=True)
+
+
+def test_int8_storage_round_trip(tmp_path: Path) -> None:
+    """``save(int8=True)``: matrices as int8 rows + a scale per row (within half a grid step of each weight), the
+    rest as fp16; loads back into floats; ``recast_checkpoint`` writes the same file from an fp32 export; a damaged
+    scale is a clear error."""
+    from safetensors.torch import load_file, save_file
+
+    from dartspec.drafters.dart_model import SCALE_SUFFIX, recast_checkpoint
+
+    target = tiny_target()
+    model = model_for(target)
+    model.save(tmp_path / "fp32", dtype=torch.float32)
+    model.save(tmp_path / "int8", int8=True)
+    stored = load_file(str(tmp_path / "int8" / "model.safetensors"))
+    assert stored["fc.weight"].dtype == torch.int8 and stored["fc.weight" + SCALE_SUFFIX].shape == (32, 1)
+    assert stored["mask_resid"].dtype == torch.float16
+    loaded = DartModel.load(tmp_path / "int8")
+    for name, value in model.state_dict().items():
+        if value.dim() == 2:
+            step = value.abs().amax(dim=1, keepdim=True) / 127
+            assert bool(((loaded.state_dict()[name] - value).abs() <= step / 2 + 1e-7).all()), name
+    recast_checkpoint(tmp_path / "fp32", tmp_path / "recast", int8=True)
+    again = load_file(str(tmp_path / "recast" / "model.safetensors"))
+    assert all(torch.equal(again[k], stored[k]) for k in stored)
+    stored["fc.weight" + SCALE_SUFFIX] = stored["fc.weight" + SCALE_SUFFIX][:3]
+    save_file(stored, str(tmp_path / "int8" / "model.safetensors"))
+    with pytest.raises(DartspecError, match="corrupted"):
+        DartModel.load(tmp_path / "int8")

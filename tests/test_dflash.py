@@ -140,8 +140,20 @@ def test_training_lowers_the_loss_saves_loads_and_resumes(tmp_path: Path, tiny: 
     log = [json.loads(line) for line in (tmp_path / "a" / "train_log.jsonl").read_text().splitlines()]
     assert np.mean([r["loss"] for r in log[-3:]]) < 0.8 * np.mean([r["loss"] for r in log[:3]])
     assert len(trainer.evaluate()["dev_top1"]) == 4
-    loaded = DFlashModel.load(tmp_path / "a")
+    # The frozen head is the target's rows: not stored, rebuilt from the target at load (and refused without it).
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "a" / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    assert "lm_head.weight" not in names and "fc.weight" in names
+    with pytest.raises(DartspecError, match=r"takes lm_head\.weight from its target"):
+        DFlashModel.load(tmp_path / "a")
+    loaded = DFlashModel.load(tmp_path / "a", target=tiny)
     assert loaded.cfg.format == "dartspec-dflash" and loaded.cfg.feature_layers == dflash_feature_layers(6)
+    assert torch.equal(loaded.lm_head.weight, tiny.lm_head_weight()[loaded.d2t].float())
+    for name, value in trainer.model.state_dict().items():
+        want = value.float() if value.is_floating_point() else value
+        torch.testing.assert_close(loaded.state_dict()[name], want, msg=name)
     with pytest.raises(DartspecError, match="dartspec-dart"):
         from dartspec.drafters.dart_model import DartModel
 

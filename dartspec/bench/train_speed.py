@@ -1,4 +1,5 @@
-"""``dartspec bench train``: training tokens/s of the drafter trainers, packing and precision side by side.
+"""``dartspec bench train``: training tokens/s of the drafter trainers, packing, precision, feature cache and the
+runtime that scores the sequences side by side.
 
 Each setting is its own trainer (same data order, same start: a fresh network or ``--init``) taking one
 optimizer step per round, the settings in rotating order so that drift on a shared machine hits all of
@@ -16,12 +17,21 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from dartspec.formats import QUANT_CHOICES, RUNTIMES
+from dartspec.runtime import describe
+from dartspec.targets import wrap_format
 from dartspec.train.dart import DartTrainer, Sample, TrainConfig
 
 
+def _runtime_spec(value: str) -> bool:
+    runtime, _, quant = value.partition(":")
+    return runtime in RUNTIMES and runtime != "auto" and (not quant or quant in QUANT_CHOICES)
+
+
 def parse_setting(text: str) -> dict[str, Any]:
-    """``pack=1,precision=fp32,cache=1`` -> TrainConfig overrides (pack: int, precision: str, feature_cache: bool,
-    which the bench turns into a folder of its own); ValueError if malformed."""
+    """``pack=1,precision=fp32,cache=1,target=lean:exact-a16`` -> TrainConfig overrides (pack: int, precision: str,
+    feature_cache: bool, which the bench turns into a folder of its own) and ``target``: the runtime that scores the
+    sequences, ``RUNTIME[:QUANT]`` over the loaded model; ValueError if malformed."""
     out: dict[str, Any] = {}
     for part in filter(None, text.split(",")):
         key, _, value = part.partition("=")
@@ -31,8 +41,12 @@ def parse_setting(text: str) -> dict[str, Any]:
             out[key] = value
         elif key == "cache" and value in ("0", "1"):
             out["feature_cache"] = value == "1"
+        elif key == "target" and _runtime_spec(value):
+            out[key] = value
         else:
-            raise ValueError(f"{part!r}: expected pack=N, precision=auto|bf16|fp32 or cache=0|1")
+            raise ValueError(
+                f"{part!r}: expected pack=N, precision=auto|bf16|fp32, cache=0|1 or target=lean|hf[:QUANT]"
+            )
     return out
 
 
@@ -55,12 +69,13 @@ def run_train_bench(
         used = list(train[: (rounds + 1) * cfg.seqs_per_step])
         for i, text in enumerate(settings):
             overrides = parse_setting(text)
+            scorer_target = wrap_format(target, overrides.pop("target")) if "target" in overrides else target
             if overrides.get("feature_cache"):
                 overrides["feature_cache"] = str(Path(tmp) / f"cache-{i}")
             else:
                 overrides.pop("feature_cache", None)
             setting_cfg = replace(cfg, **overrides)
-            trainer = trainer_cls(target, used, [], Path(tmp) / str(i), setting_cfg, log=lambda m: None)
+            trainer = trainer_cls(scorer_target, used, [], Path(tmp) / str(i), setting_cfg, log=lambda m: None)
             trainer.build()
             if setting_cfg.feature_cache:
                 scorer = trainer.scorer()
@@ -76,10 +91,11 @@ def run_train_bench(
                 if r:  # round 0 warms up (allocator, kernels, caches)
                     timings[i].append(metrics)
     rows = []
-    for text, runs in zip(settings, timings, strict=True):
+    for text, runs, trainer in zip(settings, timings, trainers, strict=True):
         rows.append(
             {
                 "setting": text or "default",
+                "scorer": describe(trainer.target),
                 "tokens_per_s": statistics.median(m["tokens_per_s"] for m in runs),
                 "step_seconds": statistics.median(m["seconds"] for m in runs),
                 "loss": runs[-1]["loss"],
@@ -90,12 +106,12 @@ def run_train_bench(
         f"### {trainer_cls.name} trainer on {target.name} ({target.device.type}), {cfg.seqs_per_step} sequences "
         f"per step, {rounds} steps each",
         "",
-        "| setting | tokens/s | step s | vs first | loss after |",
-        "|---|---|---|---|---|",
+        "| setting | scored by | tokens/s | step s | vs first | loss after |",
+        "|---|---|---|---|---|---|",
     ]
     for row in rows:
         lines.append(
-            f"| {row['setting']} | {row['tokens_per_s']:.0f} | {row['step_seconds']:.2f} | "
+            f"| {row['setting']} | {row['scorer']} | {row['tokens_per_s']:.0f} | {row['step_seconds']:.2f} | "
             f"{row['tokens_per_s'] / base:.2f}x | {row['loss']:.4f} |"
         )
     report = "\n".join(lines)

@@ -87,7 +87,7 @@ class DartDrafter(FeatureDrafter):
     def from_pretrained(
         cls, folder: str | Path, target: FeatureSource, tree: str | TreeBuilder = "chain", **kw
     ) -> DartDrafter:
-        model = cls.model_cls.load(folder, device=target.device, dtype=target.dtype)
+        model = cls.model_cls.load(folder, device=target.device, dtype=target.dtype, target=target)
         return cls(model, target, tree, **kw)
 
     def begin(self, prompt_ids: Sequence[int]) -> None:

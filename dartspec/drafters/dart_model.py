@@ -335,24 +335,37 @@ class DartModel(nn.Module):
 
     # --- persistence -----------------------------------------------------------------------------
 
-    def save(self, folder: str | Path, *, dtype: torch.dtype = torch.float16) -> None:
-        """Write ``config.json`` and ``model.safetensors`` atomically into ``folder``."""
+    #: Weights that are the target's own (frozen, rebuilt from it at load): not stored in checkpoints.
+    TARGET_TIED: tuple[str, ...] = ()
+
+    def save(self, folder: str | Path, *, dtype: torch.dtype = torch.float16, int8: bool = False) -> None:
+        """Write ``config.json`` and ``model.safetensors`` atomically into ``folder``.
+
+        ``int8``: matrices stored as int8 with a float32 scale per row (:func:`pack_int8`; half the bytes of fp16,
+        what the shipped drafters use to keep the repository small); loading restores floats, so a drafter runs as
+        usual. Drafts only steer what the target verifies: rounding a drafter's weights never changes an output."""
         from safetensors.torch import save_file
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        tensors = {
-            k: (v.detach().to("cpu", dtype) if v.is_floating_point() else v.detach().cpu()).contiguous()
-            for k, v in self.state_dict().items()
-        }
+        state = {k: v.detach().cpu() for k, v in self.state_dict().items() if k not in self.TARGET_TIED}
+        tensors = stored_tensors(state, dtype=dtype, int8=int8)
         # Weights first, config last: a config only ever describes weights already in place.
         with atomic_path(folder / "model.safetensors") as tmp:
             save_file(tensors, str(tmp), metadata={"format": self.FORMAT})
         write_text(folder / "config.json", self.cfg.to_json())
 
     @classmethod
-    def load(cls, folder: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
-        """Load a drafter saved by :meth:`save`; corrupt or mismatched files raise DartspecError."""
+    def load(
+        cls,
+        folder: str | Path,
+        *,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+        target: Any = None,
+    ):
+        """Load a drafter saved by :meth:`save`; corrupt or mismatched files raise DartspecError. ``target``
+        (checked against the drafter) supplies the weights the checkpoint takes from it (:attr:`TARGET_TIED`)."""
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
@@ -364,11 +377,12 @@ class DartModel(nn.Module):
         cfg = DartConfig.from_json(cfg_path.read_text(), str(cfg_path), cls.FORMAT)
         model = cls(cfg)
         try:
-            state = load_file(str(w_path))
+            state = unpack_int8(load_file(str(w_path)))
         except (SafetensorError, OSError, ValueError) as err:
             raise DartspecError(f"{w_path} is corrupted ({err}); retrain or re-download the drafter") from None
         expected = model.state_dict()
-        missing = sorted(set(expected) - set(state))
+        tied = [k for k in cls.TARGET_TIED if k not in state]
+        missing = sorted(set(expected) - set(state) - set(tied))
         unexpected = sorted(set(state) - set(expected))
         wrong = [k for k in expected if k in state and tuple(state[k].shape) != tuple(expected[k].shape)]
         if missing or unexpected or wrong:
@@ -382,9 +396,18 @@ class DartModel(nn.Module):
                 if s
             )
             raise DartspecError(f"{w_path} does not match its config.json ({detail})")
-        model.load_state_dict(state)
+        model.load_state_dict(state, strict=False)
+        if target is not None:
+            model.check_target(target)
+        if tied:
+            if target is None:
+                raise DartspecError(f"{folder} takes {', '.join(tied)} from its target: load it with the target")
+            model.tie_to_target(target)
         # load_state_dict copies into the existing float32 parameters: the dtype is set afterwards.
         return model.to(device=device, dtype=dtype)
+
+    def tie_to_target(self, target: Any) -> None:
+        """Fill :attr:`TARGET_TIED` weights from ``target`` (networks that have some override it)."""
 
     def check_target(self, target: Any) -> None:
         """Refuse a drafter trained for another target (vocabulary or shapes differ)."""
@@ -405,6 +428,67 @@ class DartModel(nn.Module):
                 f"this drafter was trained for {cfg.target_name or 'another target'}, not {target.name} "
                 "(their tokenizers or numbers of layers differ)"
             )
+
+
+#: Key suffix of an int8-stored matrix's per-row scales in ``model.safetensors``.
+SCALE_SUFFIX = ":scale"
+
+
+def pack_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A matrix as int8 rows and float32 scales (row max / 127): each weight within half a step of its row's grid."""
+    w = weight.to(torch.float32)
+    scale = (w.abs().amax(dim=1, keepdim=True) / 127).clamp_min(torch.finfo(torch.float32).tiny)
+    return torch.round(w / scale).clamp_(-127, 127).to(torch.int8).contiguous(), scale.contiguous()
+
+
+def stored_tensors(
+    state: dict[str, torch.Tensor], *, dtype: torch.dtype = torch.float16, int8: bool = False
+) -> dict[str, torch.Tensor]:
+    """What ``model.safetensors`` holds for ``state``: floats in ``dtype``, matrices int8 + scales if ``int8``."""
+    out = {}
+    for k, v in state.items():
+        if int8 and v.is_floating_point() and v.dim() == 2:
+            out[k], out[k + SCALE_SUFFIX] = pack_int8(v)
+        else:
+            out[k] = (v.to(dtype) if v.is_floating_point() else v).contiguous()
+    return out
+
+
+def recast_checkpoint(
+    src: str | Path,
+    dst: str | Path,
+    *,
+    dtype: torch.dtype = torch.float16,
+    int8: bool = False,
+    drop: tuple[str, ...] = (),
+) -> None:
+    """Copy a drafter checkpoint folder (any kind) with its weights stored as :meth:`DartModel.save` would
+    (e.g. a training run's fp32 export -> the shipped int8 form), without building the network or its target;
+    ``drop``: weights left out (a network's :attr:`~DartModel.TARGET_TIED`, from exports that still held them)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    src, dst = Path(src), Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    with safe_open(str(src / "model.safetensors"), "pt") as f:
+        metadata = f.metadata()
+    state = {k: v for k, v in unpack_int8(load_file(str(src / "model.safetensors"))).items() if k not in drop}
+    tensors = stored_tensors(state, dtype=dtype, int8=int8)
+    with atomic_path(dst / "model.safetensors") as tmp:
+        save_file(tensors, str(tmp), metadata=metadata)
+    write_text(dst / "config.json", (src / "config.json").read_text())
+
+
+def unpack_int8(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with every int8-stored matrix (a key with a :data:`SCALE_SUFFIX` partner) back in float32."""
+    out = {k: v for k, v in state.items() if not k.endswith(SCALE_SUFFIX)}
+    for key, scale in state.items():
+        if key.endswith(SCALE_SUFFIX):
+            name = key[: -len(SCALE_SUFFIX)]
+            if name not in out or out[name].dtype != torch.int8 or scale.shape != (out[name].shape[0], 1):
+                raise ValueError(f"{key} has no int8 matrix of {scale.shape[0]} rows beside it")
+            out[name] = out[name].to(torch.float32) * scale
+    return out
 
 
 def init_head_from_target(model: DartModel, target: Any, draft_ids: torch.Tensor) -> None:

@@ -5,11 +5,12 @@ exact as for every drafter."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from dartspec.drafters.dart import DartDrafter, build_parallel
 from dartspec.drafters.dflash_model import DFlashModel
-from dartspec.drafters.options import DrafterOptions
+from dartspec.drafters.options import DrafterOptions, checkpoint_folder, shipped_checkpoint
 from dartspec.runtime import FeatureSource
 
 
@@ -26,5 +27,12 @@ class DFlashDrafter(DartDrafter):
 
 
 def build(target: FeatureSource, options: DrafterOptions) -> DartDrafter:
-    """The registry's builder of ``dflash``: ``options.checkpoint`` or the shipped one, DART's tree options."""
+    """The registry's builder of ``dflash``: ``options.checkpoint`` or the shipped one, DART's tree options. A
+    checkpoint without its own ``ngram.bin`` uses the shipped DART drafter's (an n-gram of the same target's
+    training answers) rather than store a second copy."""
+    if not options.ngram:
+        folder = checkpoint_folder("dflash", target, options.checkpoint, "DFlash")
+        dart = shipped_checkpoint("dart", target.name)
+        if not (folder / "ngram.bin").is_file() and dart is not None and (dart / "ngram.bin").is_file():
+            options = replace(options, ngram=dart / "ngram.bin")
     return build_parallel(DFlashDrafter, "dflash", "DFlash", target, options)

@@ -20,6 +20,7 @@ persistence (``config.json`` + ``model.safetensors``, format ``dartspec-dflash``
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -95,6 +96,8 @@ class DFlashModel(DartModel):
     """The DFlash drafter network (see the module docstring)."""
 
     FORMAT = FORMAT
+    #: The head is the target's rows of the draft vocabulary, frozen: rebuilt from the target, never stored.
+    TARGET_TIED = ("lm_head.weight",)
 
     def __init__(self, cfg: DartConfig) -> None:
         nn.Module.__init__(self)  # DartModel's persistence and checks, not its modules
@@ -114,6 +117,11 @@ class DFlashModel(DartModel):
                 nn.init.normal_(module.weight, std=0.02)
         # The target's head rows (init_head_from_target), shared and not trained, as in the reference.
         self.lm_head.weight.requires_grad_(False)
+
+    def tie_to_target(self, target: Any) -> None:
+        with torch.no_grad():
+            rows = target.lm_head_weight()[self.d2t.to(target.device)]
+            self.lm_head.weight.copy_(rows.to(self.lm_head.weight))
 
     def context(self, features: torch.Tensor) -> torch.Tensor:
         """Context rows ``(..., m, H)`` from target features ``(..., m, K H)``."""

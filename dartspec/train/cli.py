@@ -17,18 +17,25 @@ def samples_from(folders: str | list[str]) -> list[Sample]:
     return [Sample(r.tokens, r.prompt_len, r.index) for folder in names for r in load_shards(folder)]
 
 
-def train_dart(args: argparse.Namespace, target: Any, log: Callable[[str], None]) -> dict[str, Any]:
-    return _train(DartTrainer, args, target, log)
+def trainer_kind(kind: str) -> tuple[type[DartTrainer], dict[str, Any]]:
+    """``dartspec train KIND``'s trainer class and its built-in config (used without ``--config``)."""
+    if kind == "eagle3":
+        from dartspec.train.eagle3 import Eagle3Trainer
+
+        return Eagle3Trainer, {}
+    if kind == "dflash":
+        from dartspec.train.dflash import DEFAULTS, DFlashTrainer
+
+        return DFlashTrainer, DEFAULTS
+    if kind != "dart":
+        raise ValueError(f"unknown trainer {kind!r}")
+    return DartTrainer, {}
 
 
-def _train(
-    trainer_cls: type[DartTrainer],
-    args: argparse.Namespace,
-    target: Any,
-    log: Callable[[str], None],
-    defaults: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    cfg = TrainConfig.from_file(args.config) if args.config else TrainConfig(**(defaults or {}))
+def run_training(kind: str, args: argparse.Namespace, target: Any, log: Callable[[str], None]) -> dict[str, Any]:
+    """Train (or resume) a drafter of ``kind`` as the command line asks."""
+    trainer_cls, defaults = trainer_kind(kind)
+    cfg = TrainConfig.from_file(args.config) if args.config else TrainConfig(**defaults)
     if args.max_steps is not None:
         cfg = replace(cfg, max_steps=args.max_steps)
     if getattr(args, "init", None):
@@ -45,19 +52,3 @@ def _train(
     )
     log(f"saved {args.out} at step {trainer.step}/{trainer.total_steps}")
     return metrics
-
-
-def train_eagle3(args: argparse.Namespace, target: Any, log: Callable[[str], None]) -> dict[str, Any]:
-    from dartspec.train.eagle3 import Eagle3Trainer
-
-    return _train(Eagle3Trainer, args, target, log)
-
-
-def train_dflash(args: argparse.Namespace, target: Any, log: Callable[[str], None]) -> dict[str, Any]:
-    from dartspec.train.dflash import DEFAULTS, DFlashTrainer
-
-    return _train(DFlashTrainer, args, target, log, DEFAULTS)
-
-
-#: ``dartspec train KIND`` -> its runner.
-TRAINERS = {"dart": train_dart, "eagle3": train_eagle3, "dflash": train_dflash}

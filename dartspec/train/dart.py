@@ -250,7 +250,7 @@ class DartTrainer:
 
     def load_init(self, folder: str) -> DartModel:
         """The network to warm-start from (float32, on the target's device)."""
-        return self.model_cls.load(folder, device=self.target.device, dtype=torch.float32)
+        return self.model_cls.load(folder, device=self.target.device, dtype=torch.float32, target=self.target)
 
     def _permutation(self, epoch: int) -> np.ndarray:
         return np.random.default_rng(self.cfg.seed + 1000 * epoch).permutation(len(self.train))
@@ -320,7 +320,9 @@ class DartTrainer:
             self.model.load_state_dict(state["model"])
             self.model.to(self.target.device)
         else:  # checkpoints written before the state carried the weights
-            self.model = self.model_cls.load(self.out, device=self.target.device, dtype=torch.float32)
+            self.model = self.model_cls.load(
+                self.out, device=self.target.device, dtype=torch.float32, target=self.target
+            )
         self.model.check_target(self.target)
         self.target.set_feature_layers(self.model.cfg.feature_layers)
         self.optimizer = self._optimizer(self.model)

@@ -176,6 +176,5 @@ def load_drafter_model(kind: str, target: Any, path: str | None) -> Any:
     if kind not in KINDS:
         raise DartspecError(f"--drafter {kind!r}: accuracy is measured for {', '.join(KINDS)}")
     cls = {"dart": DartModel, "eagle3": Eagle3Model, "dflash": DFlashModel}[kind]
-    model = cls.load(checkpoint_folder(kind, target, path), device=target.device, dtype=torch.float32)
-    model.check_target(target)
+    model = cls.load(checkpoint_folder(kind, target, path), device=target.device, dtype=torch.float32, target=target)
     return model.eval()
