@@ -20,7 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=/tmp/dartspec-window
 GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
-PIECE_MB=${PIECE_MB:-10}  # what fits beside the tracked tree under a call's 64 MiB (see README)
+PIECE_MB=${PIECE_MB:-20}  # what fits beside the tracked tree (42.5 MB) under a call's 64 MiB (see README)
 
 case "${1:-}" in
 prepare)

@@ -10,7 +10,7 @@ import torch
 from conftest import tiny_target
 from test_dart import random_samples, small_config
 
-from dartspec.drafters.dart_model import DartModel
+from dartspec.drafters.dart_model import DartModel, stored_tensors, unpack_int8
 from dartspec.errors import DartspecError
 from dartspec.train.dart import DartTrainer
 from dartspec.train.promote import promote
@@ -41,8 +41,10 @@ def test_a_better_drafter_is_installed_and_a_worse_one_is_not(trained, tmp_path:
     record = promote(target, strong, into, dev, log=messages.append)
     assert record["promoted"]
     got, want = DartModel.load(into), DartModel.load(strong)
-    for (name, a), (_, b) in zip(got.state_dict().items(), want.state_dict().items(), strict=True):
-        assert torch.equal(a, b.to(torch.float16).to(a.dtype)), name  # the candidate's weights, in fp16
+    stored = unpack_int8(stored_tensors(want.state_dict(), int8=True))
+    for name, a in got.state_dict().items():
+        b = stored[name]
+        assert torch.equal(a, b.to(a.dtype)), name  # the candidate's weights, stored as shipped (int8 matrices)
     assert (into / "ngram.bin").read_bytes() == b"kept" and (into / "README.md").read_text() == "model card"
     assert list(into.glob("train_log_*.jsonl"))
     # The weak one now loses against what is installed: nothing changes but the record.

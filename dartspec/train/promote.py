@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from dartspec.errors import DartspecError
 from dartspec.model_cache import swap_into_place
@@ -44,15 +43,15 @@ def is_better(candidate: DepthAccuracy, installed: DepthAccuracy) -> bool:
 
 
 def install(kind: str, target: Any, candidate: Path, into: Path) -> None:
-    """Replace the network in ``into`` by ``candidate``'s (fp16), keeping ``into``'s other files; the folder
-    at ``into`` is always complete (a finished copy is renamed into place)."""
+    """Replace the network in ``into`` by ``candidate``'s (stored as shipped: int8 matrices), keeping ``into``'s
+    other files; the folder at ``into`` is always complete (a finished copy is renamed into place)."""
     model = load_drafter_model(kind, target, str(candidate))
     tmp = Path(tempfile.mkdtemp(prefix=f".{into.name}.tmp-", dir=into.parent))
     try:
         for item in into.iterdir():
             if item.name not in _NETWORK_FILES and item.is_file():
                 shutil.copy2(item, tmp / item.name)
-        model.save(tmp, dtype=torch.float16)
+        model.save(tmp, int8=True)
         log = candidate / "train_log.jsonl"
         if log.is_file():  # beside the earlier logs, not over them
             shutil.copy2(log, tmp / f"train_log_{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
