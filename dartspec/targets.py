@@ -78,10 +78,19 @@ def wrap_model(
         return LeanTarget(model, tokenizer, quant=CPU_DEFAULT_QUANTS[1], name=name, feature_layers=feature_layers)
 
 
+def parse_format(spec: str) -> tuple[str, str]:
+    """``RUNTIME[:QUANT]`` (``lean:fp16``, ``hf``) -> ``(runtime, quant)``, quant ``none`` when left out;
+    DartspecError if either part is unknown."""
+    runtime, _, quant = spec.partition(":")
+    if runtime not in RUNTIMES or (quant and quant not in QUANT_CHOICES):
+        raise DartspecError(f"{spec!r}: expected RUNTIME[:QUANT], RUNTIME in {'|'.join(RUNTIMES)}")
+    return runtime, quant or "none"
+
+
 def wrap_format(target: Any, spec: str) -> Any:  # -> Target | LeanTarget
     """``target``'s loaded model in another runtime / format, given as ``RUNTIME[:QUANT]`` (``lean:fp16``, ``hf``)."""
-    runtime, _, quant = spec.partition(":")
-    return wrap_model(target.model, target.tokenizer, runtime=runtime, quant=quant or "none", name=target.name)
+    runtime, quant = parse_format(spec)
+    return wrap_model(target.model, target.tokenizer, runtime=runtime, quant=quant, name=target.name)
 
 
 def load_target(

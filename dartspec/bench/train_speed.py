@@ -17,15 +17,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from dartspec.formats import QUANT_CHOICES, RUNTIMES
+from dartspec.errors import DartspecError
 from dartspec.runtime import describe
-from dartspec.targets import wrap_format
+from dartspec.targets import parse_format, wrap_format
 from dartspec.train.dart import DartTrainer, Sample, TrainConfig
 
 
-def _runtime_spec(value: str) -> bool:
-    runtime, _, quant = value.partition(":")
-    return runtime in RUNTIMES and runtime != "auto" and (not quant or quant in QUANT_CHOICES)
+def _is_format(value: str) -> bool:
+    try:
+        parse_format(value)
+    except DartspecError:
+        return False
+    return True
 
 
 def parse_setting(text: str) -> dict[str, Any]:
@@ -41,7 +44,7 @@ def parse_setting(text: str) -> dict[str, Any]:
             out[key] = value
         elif key == "cache" and value in ("0", "1"):
             out["feature_cache"] = value == "1"
-        elif key == "target" and _runtime_spec(value):
+        elif key == "target" and _is_format(value):
             out[key] = value
         else:
             raise ValueError(

@@ -30,9 +30,9 @@ def build(target: FeatureSource, options: DrafterOptions) -> DartDrafter:
     """The registry's builder of ``dflash``: ``options.checkpoint`` or the shipped one, DART's tree options. A
     checkpoint without its own ``ngram.bin`` uses the shipped DART drafter's (an n-gram of the same target's
     training answers) rather than store a second copy."""
-    if not options.ngram:
-        folder = checkpoint_folder("dflash", target, options.checkpoint, "DFlash")
-        dart = shipped_checkpoint("dart", target.name)
-        if not (folder / "ngram.bin").is_file() and dart is not None and (dart / "ngram.bin").is_file():
-            options = replace(options, ngram=dart / "ngram.bin")
+    folder = checkpoint_folder("dflash", target, options.checkpoint, "DFlash")
+    dart = shipped_checkpoint("dart", target.name)
+    if not options.ngram and not (folder / "ngram.bin").is_file() and dart and (dart / "ngram.bin").is_file():
+        options = replace(options, ngram=dart / "ngram.bin")
+    options = replace(options, checkpoint=folder)  # resolved once
     return build_parallel(DFlashDrafter, "dflash", "DFlash", target, options)

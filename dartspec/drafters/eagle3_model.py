@@ -41,9 +41,12 @@ class Eagle3Model(DartModel):
         return replace(DartConfig.for_target(target, **kw), format=FORMAT)
 
     @classmethod
-    def from_dart(cls, folder: str | Path, *, depth: int, device: str | torch.device = "cpu") -> Eagle3Model:
-        """A network whose first step equals the DART drafter's depth-1 row (warm start)."""
-        dart = DartModel.load(folder, device=device, dtype=torch.float32)
+    def from_dart(
+        cls, folder: str | Path, *, depth: int, device: str | torch.device = "cpu", target: Any = None
+    ) -> Eagle3Model:
+        """A network whose first step equals the DART drafter's depth-1 row (warm start); ``target`` as for
+        :meth:`DartModel.load`."""
+        dart = DartModel.load(folder, device=device, dtype=torch.float32, target=target)
         model = cls(replace(dart.cfg, depth=depth, extra={**dart.cfg.extra, "init": str(folder)})).to(device)
         state = {k: v for k, v in dart.state_dict().items() if k not in ("mask_input", "mask_resid")}
         model.load_state_dict(state)

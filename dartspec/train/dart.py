@@ -225,7 +225,6 @@ class DartTrainer:
     def _build_from(self, folder: str) -> None:
         """Warm start: the network and draft vocabulary of an existing checkpoint, a fresh optimizer."""
         model = self.load_init(folder)
-        model.check_target(self.target)
         if self.cfg.feature_layers is not None and list(model.cfg.feature_layers) != list(self.cfg.feature_layers):
             raise DartspecError(
                 f"--init {folder} reads target layers {list(model.cfg.feature_layers)}; the training config asks "
@@ -249,7 +248,7 @@ class DartTrainer:
         )
 
     def load_init(self, folder: str) -> DartModel:
-        """The network to warm-start from (float32, on the target's device)."""
+        """The network to warm-start from (float32, on the target's device; checked against the target)."""
         return self.model_cls.load(folder, device=self.target.device, dtype=torch.float32, target=self.target)
 
     def _permutation(self, epoch: int) -> np.ndarray:

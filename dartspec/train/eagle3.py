@@ -30,5 +30,5 @@ class Eagle3Trainer(DartTrainer):
         except (OSError, json.JSONDecodeError, AttributeError):
             fmt = None  # let the loader give its precise error
         if fmt == DART_FORMAT:
-            return Eagle3Model.from_dart(folder, depth=self.cfg.depth, device=self.target.device)
-        return Eagle3Model.load(folder, device=self.target.device, dtype=torch.float32)
+            return Eagle3Model.from_dart(folder, depth=self.cfg.depth, device=self.target.device, target=self.target)
+        return Eagle3Model.load(folder, device=self.target.device, dtype=torch.float32, target=self.target)
