@@ -11,7 +11,7 @@
 #   device: scripts/gpu_window.sh train MIN [WINDOW]
 #                                               join the model, install the wheels, train (resuming the window's run
 #                                               if one is there) for MIN minutes, evaluate, and leave the drafter
-#                                               (fp16, in pieces of < 16 MB), its config and logs under $OUT
+#                                               (int8 as shipped, in pieces of < 16 MB), its config and logs under $OUT
 #   here:   scripts/gpu_window.sh collect DIR   join what came back (files_at) into a drafter folder DIR
 #
 # WINDOW (default 0) seeds the data order and numbers the fresh data, so successive windows see other data and
@@ -127,7 +127,12 @@ from dartspec.drafters.dart_model import DartModel
 from dartspec.drafters.dflash_model import DFlashModel
 
 kind = json.load(open(sys.argv[1] + "/config.json"))["format"]
-(DFlashModel if kind == "dartspec-dflash" else DartModel).load(sys.argv[1])
+if kind == "dartspec-dflash":  # its frozen head is the target's, never stored: the load needs the target
+    from dartspec.targets import load_target
+
+    DFlashModel.load(sys.argv[1], target=load_target("smollm2-135m", runtime="hf"))
+else:
+    DartModel.load(sys.argv[1])
 PY
     echo "drafter in $dest (compare: dartspec bench accuracy --drafter-path $dest --dataset data/smollm2-135m-sharegpt-dev)"
     ;;

@@ -87,7 +87,7 @@ def test_resume_skips_finished_shards_and_redoes_a_lost_one(target: Target, shar
             assert p.stat().st_mtime_ns == mtime  # untouched
         new = read_shard(p)
         assert [r.tokens.tolist() for r in new] == [r.tokens.tolist() for r in old]
-    with pytest.raises(DartspecError, match="other settings"):
+    with pytest.raises(DartspecError, match=r"other settings \(--turns 1 \(this run: 2\)\)"):
         run(target, out, resume=True, turns=2)
 
 

@@ -176,6 +176,20 @@ def _settings(manifest: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _differences(existing: dict[str, Any], wanted: dict[str, Any]) -> str:
+    """What a resume would change, as ``--max-new-tokens 256 (this run: 512)``, so the user can repeat it."""
+
+    def flags(manifest: dict[str, Any]) -> dict[str, Any]:
+        settings = _settings(manifest)
+        cfg = dict(settings.pop("config"))
+        cfg["range"] = f"{cfg.pop('start', '?')}:{cfg.pop('stop', '?')}"
+        return {f"--{k.replace('_', '-')}": v for k, v in cfg.items()} | settings
+
+    before, now = flags(existing), flags(wanted)
+    parts = [f"{k} {before.get(k)} (this run: {v})" for k, v in now.items() if before.get(k) != v]
+    return ", ".join(parts) or "unknown"
+
+
 def regenerate(
     target: Any,
     cfg: RegenConfig,
@@ -205,7 +219,10 @@ def regenerate(
         if not resume:
             raise DartspecError(f"{out} already holds data: pass --resume to continue it, or choose another --out")
         if existing is not None and _settings(existing) != _settings(manifest):
-            raise DartspecError(f"{out} was made with other settings ({existing.get('config')}); use another --out")
+            raise DartspecError(
+                f"{out} was made with other settings ({_differences(existing, manifest)}): "
+                "repeat them, or use another --out"
+            )
     write_manifest(out, manifest)
 
     blocks = _blocks(cfg.start, cfg.stop, cfg.shard_size)
