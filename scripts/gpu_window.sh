@@ -16,11 +16,12 @@
 #
 # WINDOW (default 0) seeds the data order and numbers the fresh data, so successive windows see other data and
 # nothing large is stored or carried: a window's data is made and used on the device.
+# Environment: KIND=dflash (train DFlash, from scratch), DEVICE=cpu and CONFIG=small.yaml (a rehearsal on a CPU),
+# PIECE_MB (prepare's piece size; default: what the working tree leaves of a call's 64 MiB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=/tmp/dartspec-window
 GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
-PIECE_MB=${PIECE_MB:-20}  # what fits beside the tracked tree (42.5 MB) under a call's 64 MiB (see README)
 
 case "${1:-}" in
 prepare)
@@ -31,8 +32,13 @@ prepare)
     mkdir -p "$(dirname "$exclude")" && touch "$exclude"
     grep -qx '/.whl/' "$exclude" || echo '/.whl/' >> "$exclude"
     grep -qx '/.window/' "$exclude" || echo '/.window/' >> "$exclude"
+    # A call sends the working tree (tracked files and untracked ones git does not ignore) plus what it carries,
+    # 64 MiB in all: the pieces are as large as what is left, less 2 MiB of margin, unless PIECE_MB says.
+    tree=$(git ls-files -z -c -o --exclude-standard | xargs -0 du -cb | tail -1 | cut -f1)
+    piece_mb=${PIECE_MB:-$(((64 * 1048576 - tree) / 1048576 - 2))}
+    [ "$piece_mb" -ge 4 ] || { echo "error: the working tree ($tree bytes) leaves no room for a model piece under 64 MiB" >&2; exit 2; }
     rm -rf .window && mkdir -p .window .whl
-    split -b "${PIECE_MB}M" -d -a 2 "$gguf" .window/piece-
+    split -b "${piece_mb}M" -d -a 2 "$gguf" .window/piece-
     for f in .window/piece-*; do n=${f##*-}; mkdir -p ".window/p$n"; mv "$f" ".window/p$n/"; done
     sha256sum "$gguf" | cut -d' ' -f1 > .window/gguf.sha256
     # The image has transformers 5.17 and no gguf; dartspec needs transformers 5.23 (the KV-cache API).
@@ -40,7 +46,7 @@ prepare)
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
         -d .whl transformers==5.23.0 gguf==0.19.0
     echo "pieces: $(ls -d .window/p* | tr '\n' ' ')"
-    echo "tracked tree: $(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1) bytes; each call may carry the rest of 64 MiB"
+    echo "working tree: $tree bytes; pieces of $piece_mb MiB"
     echo "device calls: receive with carry=[\".window/pNN\"] for each piece, then train with carry=[\".whl\"]"
     ;;
 receive)
@@ -90,9 +96,12 @@ data | train)
     config=$WORK/window.yaml
     base=scripts/window.yaml
     [ "$kind" = dflash ] && base=scripts/dflash-window.yaml
+    base=${CONFIG:-$base}  # a rehearsal on a CPU passes a small one
     sed "s/^seed: .*//" "$base" > "$config" && echo "seed: $window" >> "$config"
     init=()
-    [ -d "dartspec/checkpoints/smollm2-135m-$kind" ] && init=(--init "dartspec/checkpoints/smollm2-135m-$kind")
+    # DART goes on from the shipped drafter; DFlash starts fresh at the reference's size (the shipped DFlash is the
+    # 1-layer CPU size, which a warm start would refuse).
+    [ "$kind" = dart ] && init=(--init dartspec/checkpoints/smollm2-135m-dart)
     data=()
     for d in data/smollm2-135m-sharegpt-a data/smollm2-135m-sharegpt-b data/smollm2-135m-sharegpt-c "$WORK"/data-w*; do
         [ -d "$d" ] && data+=(--data "$d")
@@ -114,6 +123,8 @@ data | train)
 collect)
     src=${2:?usage: gpu_window.sh collect FILES_AT [DIR]}
     dest=${3:-ckpt/window}
+    ls "$src"/model.safetensors.part-* > /dev/null 2>&1 ||
+        { echo "error: no model.safetensors.part-* in $src: the train call did not finish (see its train.txt)" >&2; exit 2; }
     mkdir -p "$dest"
     cat "$src"/model.safetensors.part-* > "$dest/model.safetensors.tmp" && mv "$dest/model.safetensors.tmp" "$dest/model.safetensors"
     cp "$src/config.json" "$src/train_log.jsonl" "$dest/"
@@ -134,7 +145,8 @@ if kind == "dartspec-dflash":  # its frozen head is the target's, never stored: 
 else:
     DartModel.load(sys.argv[1])
 PY
-    echo "drafter in $dest (compare: dartspec bench accuracy --drafter-path $dest --dataset data/smollm2-135m-sharegpt-dev)"
+    kind=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["format"].removeprefix("dartspec-"))' "$dest/config.json")
+    echo "drafter in $dest (compare: dartspec bench accuracy --drafter $kind --drafter-path $dest --dataset data/smollm2-135m-sharegpt-dev)"
     ;;
 *)
     sed -n '2,22p' "$0"
