@@ -130,7 +130,7 @@ collect)
     cp "$src/config.json" "$src/train_log.jsonl" "$dest/"
     cp "$src/window.yaml" "$dest/train.yaml"
     cp dartspec/checkpoints/smollm2-135m-dart/ngram.bin "$dest/"  # same tokenizer and data: the shipped n-gram
-    python3 - "$dest" <<'PY'
+    kind=$(python3 - "$dest" <<'PY' | tail -1
 import json
 import sys
 
@@ -144,8 +144,9 @@ if kind == "dartspec-dflash":  # its frozen head is the target's, never stored: 
     DFlashModel.load(sys.argv[1], target=load_target("smollm2-135m", runtime="hf"))
 else:
     DartModel.load(sys.argv[1])
+print(kind.removeprefix("dartspec-"))
 PY
-    kind=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["format"].removeprefix("dartspec-"))' "$dest/config.json")
+    )
     echo "drafter in $dest (compare: dartspec bench accuracy --drafter $kind --drafter-path $dest --dataset data/smollm2-135m-sharegpt-dev)"
     ;;
 *)

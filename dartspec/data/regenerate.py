@@ -186,8 +186,8 @@ def _differences(existing: dict[str, Any], wanted: dict[str, Any]) -> str:
         return {f"--{k.replace('_', '-')}": v for k, v in cfg.items()} | settings
 
     before, now = flags(existing), flags(wanted)
-    parts = [f"{k} {before.get(k)} (this run: {v})" for k, v in now.items() if before.get(k) != v]
-    return ", ".join(parts) or "unknown"
+    keys = dict.fromkeys([*now, *before])  # both sides' settings, in order: one may lack a key the other has
+    return ", ".join(f"{k} {before.get(k)} (this run: {now.get(k)})" for k in keys if before.get(k) != now.get(k))
 
 
 def regenerate(
