@@ -88,6 +88,16 @@ def _train_setting(text: str) -> str:
     return text
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction between 0 and 1, got {text!r}")
+    return value
+
+
 def _positive_minutes(text: str) -> float:
     try:
         value = float(text)
@@ -678,7 +688,7 @@ def cmd_train_curve(args: argparse.Namespace) -> int:
     from dartspec.train.curve import describe, load_curve, plot
 
     curve = load_curve(args.logs)
-    print(describe(curve))
+    print(describe(curve, args.goal))
     if args.plot:
         plot(curve, args.plot, args.title)
         _log(f"saved {args.plot}")
@@ -857,6 +867,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("logs", nargs="+", help="train_log.jsonl files, first run first (warm starts after it)")
     p.add_argument("--plot", default=None, help="draw it to this PNG (needs matplotlib)")
     p.add_argument("--title", default="", help="plot title")
+    p.add_argument(
+        "--goal", type=_fraction, default=None, help="dev depth-1 top-1 to extrapolate to, e.g. 0.70: tokens needed"
+    )
     p.set_defaults(func=cmd_train_curve)
 
     ng = sub.add_parser("ngram", help="n-gram models").add_subparsers(dest="ngram_command", required=True)

@@ -33,6 +33,16 @@ def test_runs_join_on_one_token_axis_and_the_fit_recovers_a_log_linear_trend(tmp
     slope, intercept = curve.fit()
     assert math.isclose(slope, 0.1) and math.isclose(intercept, 0.0, abs_tol=1e-12)
     assert "10x the tokens -> 0.600" in describe(curve)
+    # 0.7 = 0.1 x log10(tokens) at 10^7 tokens: 100x the 10^5 seen.
+    assert math.isclose(curve.tokens_for(0.7), 1e7)
+    assert "goal 0.700: ~10.0 M training tokens in all (100.0x those seen)" in describe(curve, 0.7)
+    assert "goal 0.450: reached" in describe(curve, 0.45)
+
+
+def test_a_flat_or_falling_curve_has_no_goal_estimate(tmp_path: Path) -> None:
+    curve = load_curve([write_log(tmp_path / "a.jsonl", 30, {10: 0.4, 20: 0.4, 30: 0.39})])
+    assert curve.tokens_for(0.7) is None
+    assert "no rising trend" in describe(curve, 0.7)
 
 
 def test_too_few_points_have_no_fit_and_bad_logs_are_named(tmp_path: Path) -> None:

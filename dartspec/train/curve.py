@@ -4,7 +4,8 @@ A drafter is trained in pieces (a first run, warm starts, GPU windows, CPU runs 
 ``train_log.jsonl`` whose step count starts again at 1. Given the logs in training order, the curve joins them on
 one axis of training tokens seen (``tokens_per_s x seconds`` per step), plots the training loss (a moving
 average) and the dev depth-1 top-1 at each evaluation, and fits dev top-1 as a straight line in log10(tokens):
-the slope says what ten times the training tokens would buy, if the trend holds (a rough guide, not a promise).
+the slope says what ten times the training tokens would buy, and the line where it would reach a goal, if the trend
+holds (a rough guide, not a promise: a warm start that sees its data again bends below it).
 """
 
 from __future__ import annotations
@@ -42,6 +43,14 @@ class Curve:
         slope = sum((x - mx) * (y - my) for x, y in points) / sxx
         return slope, my - slope * mx
 
+    def tokens_for(self, goal: float) -> float | None:
+        """Training tokens at which the fitted line reaches dev top-1 ``goal``; None without a rising fit."""
+        fitted = self.fit()
+        if fitted is None or fitted[0] <= 0:
+            return None
+        slope, intercept = fitted
+        return 10 ** ((goal - intercept) / slope)
+
 
 def load_curve(paths: Sequence[str | Path]) -> Curve:
     tokens, loss, dev_tokens, dev_top1, runs = [], [], [], [], []
@@ -72,7 +81,7 @@ def load_curve(paths: Sequence[str | Path]) -> Curve:
     return Curve(tokens, loss, dev_tokens, dev_top1, runs)
 
 
-def describe(curve: Curve) -> str:
+def describe(curve: Curve, goal: float | None = None) -> str:
     lines = [f"{len(curve.loss)} steps, {curve.tokens[-1] / 1e6:.2f} M training tokens in {len(curve.runs)} run(s)"]
     if curve.dev_top1:
         lines.append(f"dev depth-1 top-1: {curve.dev_top1[0]:.3f} -> {curve.dev_top1[-1]:.3f}")
@@ -84,6 +93,17 @@ def describe(curve: Curve) -> str:
             f"fit: top-1 = {intercept:.3f} + {slope:.3f} x log10(tokens); 10x the tokens -> "
             f"{intercept + slope * (now + 1):.3f} if the trend holds"
         )
+    if goal is not None:
+        needed = curve.tokens_for(goal)
+        if needed is None:
+            lines.append(f"goal {goal:.3f}: no rising trend to extrapolate (need 3+ dev points that climb)")
+        elif curve.dev_top1 and curve.dev_top1[-1] >= goal:
+            lines.append(f"goal {goal:.3f}: reached")
+        else:
+            lines.append(
+                f"goal {goal:.3f}: ~{needed / 1e6:.1f} M training tokens in all "
+                f"({needed / curve.tokens[-1]:.1f}x those seen) if the trend holds"
+            )
     return "\n".join(lines)
 
 
