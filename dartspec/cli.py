@@ -88,24 +88,23 @@ def _train_setting(text: str) -> str:
     return text
 
 
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"expected a fraction between 0 and 1, got {text!r}")
-    return value
+def _float_where(ok: Callable[[float], bool], what: str) -> Callable[[str], float]:
+    """An argparse type for numbers that pass ``ok`` (``what`` names them in the error; NaN never passes)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    return parse
 
 
-def _positive_minutes(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of minutes, got {text!r}")
-    return value
+_fraction = _float_where(lambda v: 0 < v < 1, "a fraction between 0 and 1")
+_positive_minutes = _float_where(lambda v: v > 0, "a positive number of minutes")
 
 
 def add_target_args(p: argparse.ArgumentParser, runtime: str = "auto") -> None:

@@ -43,6 +43,7 @@ def test_a_flat_or_falling_curve_has_no_goal_estimate(tmp_path: Path) -> None:
     curve = load_curve([write_log(tmp_path / "a.jsonl", 30, {10: 0.4, 20: 0.4, 30: 0.39})])
     assert curve.tokens_for(0.7) is None
     assert "no rising trend" in describe(curve, 0.7)
+    assert "goal 0.350: reached" in describe(curve, 0.35)  # a goal already met needs no trend
 
 
 def test_too_few_points_have_no_fit_and_bad_logs_are_named(tmp_path: Path) -> None:

@@ -95,10 +95,10 @@ def describe(curve: Curve, goal: float | None = None) -> str:
         )
     if goal is not None:
         needed = curve.tokens_for(goal)
-        if needed is None:
-            lines.append(f"goal {goal:.3f}: no rising trend to extrapolate (need 3+ dev points that climb)")
-        elif curve.dev_top1 and curve.dev_top1[-1] >= goal:
+        if curve.dev_top1 and curve.dev_top1[-1] >= goal:  # reached, whatever the trend
             lines.append(f"goal {goal:.3f}: reached")
+        elif needed is None:
+            lines.append(f"goal {goal:.3f}: no rising trend to extrapolate (need 3+ dev points that climb)")
         else:
             lines.append(
                 f"goal {goal:.3f}: ~{needed / 1e6:.1f} M training tokens in all "
