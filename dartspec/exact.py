@@ -118,8 +118,9 @@ def linear(x: torch.Tensor, packed: ExactWeight, bias: torch.Tensor | None = Non
 
 
 def _gemm(kernel: Any, x: torch.Tensor, packed: ExactWeight, bias: torch.Tensor | None) -> torch.Tensor:
-    """Call one of the C GEMMs (same signature) on contiguous fp32 ``x``."""
-    x = x.contiguous()
+    """Call one of the C GEMMs (same signature) on ``x`` made contiguous fp32 (the kernels read float32 rows: a
+    half-precision tensor, e.g. from an op under autocast, would otherwise be read past its end)."""
+    x = x.to(torch.float32).contiguous()
     y = torch.empty((x.shape[0], packed.out_features), dtype=torch.float32)
     kernel(
         packed.kind,

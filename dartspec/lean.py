@@ -20,8 +20,9 @@ Transformers still loads the model, tokenizes and is the reference this forward 
 
 from __future__ import annotations
 
+import functools
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +59,18 @@ class _Layer:
     k_norm: torch.Tensor | None
     #: The whole block as one C call (exact-a16 on a CPU), for the rows the fused attention takes.
     block: exact.Block | None = None
+
+
+def _own_arithmetic(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a forward of the runtime with autocast off: its weight format decides its arithmetic (exact-a16 serves
+    the values the fidelity gate passed), not a caller's autocast (a trainer's bf16 for its drafter)."""
+
+    @functools.wraps(forward)
+    def run(self: Any, x: torch.Tensor, *args: Any) -> Any:
+        with torch.autocast(x.device.type, enabled=False):
+            return forward(self, x, *args)
+
+    return run
 
 
 def lean_supported(model_type: str) -> bool:
@@ -283,6 +296,7 @@ class LeanTarget(CausalRuntime):
         mask = None if plain else self._allowed(base, q, local_mask)
         return self._layers(F.embedding(ids, self._embed), positions, mask, plain and q > 1, cache, features)
 
+    @_own_arithmetic
     def _layers(
         self,
         x: torch.Tensor,
@@ -468,6 +482,7 @@ class LeanTarget(CausalRuntime):
         )
         return TargetOutput(self.logits(hidden), feats, hidden)
 
+    @_own_arithmetic
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if hidden.shape[0] == 0:
             return hidden.new_zeros((0, self.vocab_size), dtype=torch.float32)

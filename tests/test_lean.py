@@ -268,6 +268,24 @@ def test_exact_runtimes_equal_fp32_and_verify_trees_like_sequential_decoding(qua
 
 
 @pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
+@pytest.mark.parametrize("quant", ["exact-a16", "fp16", "none"])
+def test_a_callers_autocast_does_not_reach_the_runtime(quant: str) -> None:
+    """A trainer's bf16 autocast (for its drafter) leaves the target's features and logits as served, bit for bit:
+    under autocast, SDPA's bf16 output once reached the C GEMMs, which read it as float32 rows (all NaN)."""
+    model = tiny_model("llama", seed=5).float()
+    t = LeanTarget(_gguf_like(model) if quant == "exact-a16" else model, tiny_tokenizer(), quant=quant)
+    ids = [list(range(3, 40)), list(range(50, 70))]
+    ref = t.score_batch(ids)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = t.score_batch(ids)
+    assert torch.equal(got.logits, ref.logits) and torch.equal(got.features, ref.features)
+    packed = exact.pack(t.lm_head_weight().detach()) if quant == "exact-a16" else None
+    if packed is not None:  # the GEMM widens a half-precision input instead of reading past its end
+        x = torch.randn(3, packed.in_features).bfloat16()
+        assert torch.equal(exact.linear(x, packed), exact.linear(x.float(), packed))
+
+
+@pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
 def test_fused_block_equals_the_op_by_op_forward(arch: str) -> None:
     # exact-a16 runs each decoder block as one C call (norms, projections, attention, SiLU, residuals); the same
