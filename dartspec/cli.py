@@ -965,10 +965,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--settings",
         nargs="+",
         type=_train_setting,
-        default=["pack=1", "pack=64", "pack=1,precision=bf16"],
-        help="TrainConfig overrides to compare (default pack=1 pack=64 pack=1,precision=bf16): pack=N sequences per "
-        "forward (1: one at a time; 0: auto), precision=bf16|fp32|auto, cache=0|1 (fp16 feature cache, timed "
-        "filled), target=RUNTIME[:QUANT] (what scores the sequences: e.g. hf, lean:exact-a16)",
+        default=["pack=1,precision=fp32", "pack=1", "pack=64"],
+        help="TrainConfig overrides to compare (default pack=1,precision=fp32 pack=1 pack=64): pack=N sequences per "
+        "forward (1: one at a time; 0: auto), precision=bf16|fp32|auto|bf16-drafter, cache=0|1 (fp16 feature cache, "
+        "timed filled), target=RUNTIME[:QUANT] (what scores the sequences: e.g. hf, lean:exact-a16)",
     )
     p.add_argument("--seqs-per-step", type=_positive_int, default=8, help="sequences per optimizer step (default 8)")
     p.add_argument("--rounds", type=_positive_int, default=4, help="counted steps per setting (default 4)")

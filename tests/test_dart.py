@@ -241,6 +241,7 @@ def small_config(**kw) -> TrainConfig:
         checkpoint_every=5,
         eval_every=1000,
         eval_samples=4,
+        precision="fp32",  # the exact comparisons below; auto may pick bf16 for the drafter on this CPU
     )
     base.update(kw)
     return TrainConfig(**base)
@@ -321,6 +322,57 @@ def test_trainer_packing_does_not_change_training(tmp_path: Path, target: Target
             [json.loads(x)["loss"] for x in (tmp_path / str(pack) / "train_log.jsonl").read_text().splitlines()]
         )
     np.testing.assert_allclose(logs[0], logs[1], rtol=1e-5)
+
+
+def test_auto_precision_follows_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dartspec.train import dart
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert dart.resolve_precision("auto", cuda) == "bf16" and dart.resolve_precision("fp32", cuda) == "fp32"
+    for native, expected in ((True, "bf16-drafter"), (False, "fp32")):
+        monkeypatch.setattr(dart, "cpu_has_bf16", lambda native=native: native)
+        assert dart.resolve_precision("auto", cpu) == expected
+        assert dart.resolve_precision("bf16", cpu) == "bf16"
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "bf16-drafter"])
+def test_precision_picks_what_runs_under_autocast(
+    tmp_path: Path, target: Target, precision: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``bf16`` autocasts the target's scoring and the drafter; ``bf16-drafter`` only the drafter's training forward
+    (features and logits stay the runtime's, evaluation runs as served); its losses stay close to fp32's."""
+    train, dev = random_samples(8, 0), random_samples(2, 1)
+    seen: dict[str, set[bool]] = {"score": set(), "train": set(), "eval": set()}
+    score = type(target).score_batch
+    monkeypatch.setattr(
+        type(target),
+        "score_batch",
+        lambda self, seqs: seen["score"].add(torch.is_autocast_enabled("cpu")) or score(self, seqs),
+    )
+    forward = DartModel.forward
+    monkeypatch.setattr(
+        DartModel,
+        "forward",
+        lambda self, *a: (
+            seen["train" if self.training else "eval"].add(torch.is_autocast_enabled("cpu")) or forward(self, *a)
+        ),
+    )
+    trainer = DartTrainer(
+        target, train, dev, tmp_path / precision, small_config(max_steps=3, precision=precision), log=lambda m: None
+    )
+    trainer.fit()
+    trainer.evaluate()
+    bf16 = precision == "bf16"
+    assert seen == {"score": {bf16}, "train": {precision != "fp32"}, "eval": {bf16}}
+    if precision == "bf16-drafter":  # the same steps as fp32 within bf16's rounding, but not bit for bit
+        ref = DartTrainer(target, train, dev, tmp_path / "ref", small_config(max_steps=3), log=lambda m: None)
+        ref.fit()
+        losses = [
+            [json.loads(x)["loss"] for x in (tmp_path / name / "train_log.jsonl").read_text().splitlines()]
+            for name in (precision, "ref")
+        ]
+        np.testing.assert_allclose(losses[0], losses[1], rtol=3e-2)
+        assert losses[0] != losses[1]
 
 
 def test_time_limit_stops_at_a_checkpoint_with_dev_figures(tmp_path: Path, target: Target) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 from dartspec.errors import DartspecError
 from dartspec.runtime import describe
 from dartspec.targets import parse_format, wrap_format
-from dartspec.train.dart import DartTrainer, Sample, TrainConfig
+from dartspec.train.dart import PRECISIONS, DartTrainer, Sample, TrainConfig, resolve_precision
 
 
 def _is_format(value: str) -> bool:
@@ -40,7 +40,7 @@ def parse_setting(text: str) -> dict[str, Any]:
         key, _, value = part.partition("=")
         if key == "pack" and value.isdigit():
             out[key] = int(value)
-        elif key == "precision" and value in ("auto", "bf16", "fp32"):
+        elif key == "precision" and value in PRECISIONS:
             out[key] = value
         elif key == "cache" and value in ("0", "1"):
             out["feature_cache"] = value == "1"
@@ -48,7 +48,7 @@ def parse_setting(text: str) -> dict[str, Any]:
             out[key] = value
         else:
             raise ValueError(
-                f"{part!r}: expected pack=N, precision=auto|bf16|fp32, cache=0|1 or target=lean|hf[:QUANT]"
+                f"{part!r}: expected pack=N, precision={'|'.join(PRECISIONS)}, cache=0|1 or target=lean|hf[:QUANT]"
             )
     return out
 
@@ -98,6 +98,7 @@ def run_train_bench(
         rows.append(
             {
                 "setting": text or "default",
+                "precision": resolve_precision(trainer.cfg.precision, trainer.target.device),
                 "scorer": describe(trainer.target),
                 "tokens_per_s": statistics.median(m["tokens_per_s"] for m in runs),
                 "step_seconds": statistics.median(m["seconds"] for m in runs),
@@ -109,12 +110,13 @@ def run_train_bench(
         f"### {trainer_cls.name} trainer on {target.name} ({target.device.type}), {cfg.seqs_per_step} sequences "
         f"per step, {rounds} steps each",
         "",
-        "| setting | scored by | tokens/s | step s | vs first | loss after |",
-        "|---|---|---|---|---|---|",
+        "| setting | precision | scored by | tokens/s | step s | vs first | loss after |",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         lines.append(
-            f"| {row['setting']} | {row['scorer']} | {row['tokens_per_s']:.0f} | {row['step_seconds']:.2f} | "
+            f"| {row['setting']} | {row['precision']} | {row['scorer']} | {row['tokens_per_s']:.0f} | "
+            f"{row['step_seconds']:.2f} | "
             f"{row['tokens_per_s'] / base:.2f}x | {row['loss']:.4f} |"
         )
     report = "\n".join(lines)
