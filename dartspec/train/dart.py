@@ -64,7 +64,7 @@ class TrainConfig:
     pack: int = 0
     # bf16 (autocast over the target's scoring and the drafter), fp32, or bf16-drafter (autocast over the drafter's
     # training forward only: the target's features and logits stay what the runtime serves); auto: see
-    # resolve_precision (bf16 on CUDA; bf16-drafter on a CPU with bf16 instructions, measured 1.23x; else fp32).
+    # resolve_precision (bf16 on CUDA; bf16-drafter on a CPU with bf16 instructions, measured 1.27x; else fp32).
     precision: str = "auto"
     # A folder for the fp16 feature cache (train/feature_cache.py): epochs after the first skip the target.
     # Empty: off (the default; the cache rounds the target's values to fp16, which the online path does not).
@@ -147,7 +147,7 @@ def cpu_has_bf16() -> bool:
 
 def resolve_precision(precision: str, device: torch.device) -> str:
     """What ``precision: auto`` means on ``device``: bf16 autocast on CUDA; on a CPU with bf16 instructions
-    ``bf16-drafter`` (the drafter's training forward only, 1.23x on 2 cores, the target's values untouched);
+    ``bf16-drafter`` (the drafter's training forward only, 1.27x on 2 cores, the target's values untouched);
     otherwise fp32. Explicit settings are returned as they are."""
     if precision != "auto":
         return precision
