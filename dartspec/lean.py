@@ -67,6 +67,8 @@ def _own_arithmetic(forward: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(forward)
     def run(self: Any, x: torch.Tensor, *args: Any) -> Any:
+        if not torch.is_autocast_enabled(x.device.type):  # decoding: a 0.3 us check, not a 5 us context per call
+            return forward(self, x, *args)
         with torch.autocast(x.device.type, enabled=False):
             return forward(self, x, *args)
 

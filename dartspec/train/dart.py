@@ -10,6 +10,7 @@ scheduler, data position and RNG states.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import math
@@ -137,12 +138,13 @@ class TrainConfig:
             raise DartspecError(f"{path}: a training option has the wrong type ({err})") from None
 
 
+@functools.cache
 def cpu_has_bf16() -> bool:
     """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX): without it, bf16 matrix products are emulated
-    and slower than fp32 (measured 2.5-4.5x slower on an AVX2-only CPU)."""
-    cpu = getattr(torch, "cpu", None)
+    and slower than fp32 (measured 2.5-4.5x slower on an AVX2-only CPU). torch's probes are private: a missing one
+    counts as no."""
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(bool(getattr(cpu, name, lambda: False)()) for name in checks)
+    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in checks)
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
