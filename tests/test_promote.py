@@ -13,7 +13,7 @@ from test_dart import random_samples, small_config
 from dartspec.drafters.dart_model import DartModel, stored_tensors, unpack_int8
 from dartspec.errors import DartspecError
 from dartspec.train.dart import DartTrainer
-from dartspec.train.promote import promote
+from dartspec.train.promote import promote, score
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +46,9 @@ def test_a_better_drafter_is_installed_and_a_worse_one_is_not(trained, tmp_path:
         b = stored[name]
         assert torch.equal(a, b.to(a.dtype)), name  # the candidate's weights, stored as shipped (int8 matrices)
     assert (into / "ngram.bin").read_bytes() == b"kept" and (into / "README.md").read_text() == "model card"
+    # The gate judged what now ships: the installed folder scores exactly what the candidate's record says.
+    rescored = score(target, "dart", into, dev, 256).as_dict("candidate_")
+    assert rescored == record["candidate_scores"]
     assert list(into.glob("train_log_*.jsonl"))
     # The weak one now loses against what is installed: nothing changes but the record.
     before = (into / "model.safetensors").read_bytes()

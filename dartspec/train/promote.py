@@ -5,8 +5,9 @@ Training continues in many places (GPU windows, CPU background runs), and a run 
 hand: both are scored on the same dev answers with the same seed (teacher-forced top-1 per depth, the
 full-vocabulary rule of :mod:`dartspec.train.evaluate`), and the candidate goes in only if its depth-1 top-1 is
 higher and its chain tau estimate is not lower. The installed folder is replaced whole (a finished copy renamed into
-place, keeping the files the candidate lacks, such as the n-gram model and the model card), weights in fp16, and
-every decision is appended to its ``promotions.jsonl``.
+place, keeping the files the candidate lacks, such as the n-gram model and the model card), matrices in int8 with a
+scale per row, and every decision is appended to its ``promotions.jsonl``. The candidate is scored as it would be
+installed (its weights rounded to that format), so the gate judges the drafter that would ship, not its fp32 export.
 """
 
 from __future__ import annotations
@@ -35,6 +36,16 @@ def score(
     model = load_drafter_model(kind, target, str(folder))
     target.set_feature_layers(model.cfg.feature_layers)
     return depth_accuracy(target, samples, model_objective(model, anchors=anchors), depth=model.cfg.depth)
+
+
+def score_as_installed(
+    target: Any, kind: str, candidate: Path, samples: Sequence[tuple[np.ndarray, int]], anchors: int
+) -> DepthAccuracy:
+    """:func:`score` of ``candidate`` stored as :func:`install` would store it (int8 matrices): rounding moves a
+    drafter's dev top-1 in the fourth decimal, as much as one promotion can gain on a CPU step."""
+    with tempfile.TemporaryDirectory(prefix="dartspec-promote-") as tmp:
+        load_drafter_model(kind, target, str(candidate)).save(tmp, int8=True)
+        return score(target, kind, Path(tmp), samples, anchors)
 
 
 def is_better(candidate: DepthAccuracy, installed: DepthAccuracy) -> bool:
@@ -82,7 +93,7 @@ def promote(
         raise DartspecError("no dev samples to compare on")
     log(f"scoring the installed drafter ({into}) and the candidate ({candidate}) on {len(samples)} dev answers")
     installed = score(target, kind, into, samples, anchors)
-    cand = score(target, kind, candidate, samples, anchors)
+    cand = score_as_installed(target, kind, candidate, samples, anchors)
     better = is_better(cand, installed)
     record = {
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
