@@ -6,8 +6,9 @@ hand: both are scored on the same dev answers with the same seed (teacher-forced
 full-vocabulary rule of :mod:`dartspec.train.evaluate`), and the candidate goes in only if its depth-1 top-1 is
 higher and its chain tau estimate is not lower. The installed folder is replaced whole (a finished copy renamed into
 place, keeping the files the candidate lacks, such as the n-gram model and the model card), matrices in int8 with a
-scale per row, and every decision is appended to its ``promotions.jsonl``. The candidate is scored as it would be
-installed (its weights rounded to that format), so the gate judges the drafter that would ship, not its fp32 export.
+scale per row, and every decision is appended to its ``promotions.jsonl``. The candidate is stored in that format once,
+and those files are both what the gate scores and what it installs: it judges the drafter that would ship, not its
+fp32 export.
 """
 
 from __future__ import annotations
@@ -38,14 +39,11 @@ def score(
     return depth_accuracy(target, samples, model_objective(model, anchors=anchors), depth=model.cfg.depth)
 
 
-def score_as_installed(
-    target: Any, kind: str, candidate: Path, samples: Sequence[tuple[np.ndarray, int]], anchors: int
-) -> DepthAccuracy:
-    """:func:`score` of ``candidate`` stored as :func:`install` would store it (int8 matrices): rounding moves a
-    drafter's dev top-1 in the fourth decimal, as much as one promotion can gain on a CPU step."""
-    with tempfile.TemporaryDirectory(prefix="dartspec-promote-") as tmp:
-        load_drafter_model(kind, target, str(candidate)).save(tmp, int8=True)
-        return score(target, kind, Path(tmp), samples, anchors)
+def store_as_shipped(kind: str, target: Any, candidate: Path, folder: Path) -> None:
+    """Write ``candidate``'s network into ``folder`` as the shipped drafters store it (int8 matrices, a scale per
+    row): the gate scores these files and installs them, so what it judged is what ships (the rounding moves dev
+    top-1 in the fourth decimal, as much as a CPU training step can gain)."""
+    load_drafter_model(kind, target, str(candidate)).save(folder, int8=True)
 
 
 def is_better(candidate: DepthAccuracy, installed: DepthAccuracy) -> bool:
@@ -53,16 +51,17 @@ def is_better(candidate: DepthAccuracy, installed: DepthAccuracy) -> bool:
     return candidate.top1[0] > installed.top1[0] and candidate.chain_tau_est >= installed.chain_tau_est
 
 
-def install(kind: str, target: Any, candidate: Path, into: Path) -> None:
-    """Replace the network in ``into`` by ``candidate``'s (stored as shipped: int8 matrices), keeping ``into``'s
-    other files; the folder at ``into`` is always complete (a finished copy is renamed into place)."""
-    model = load_drafter_model(kind, target, str(candidate))
+def install(shipped: Path, candidate: Path, into: Path) -> None:
+    """Replace the network in ``into`` by the files in ``shipped`` (:func:`store_as_shipped`), keeping ``into``'s
+    other files and adding ``candidate``'s training log; the folder at ``into`` is always complete (a finished copy
+    is renamed into place)."""
     tmp = Path(tempfile.mkdtemp(prefix=f".{into.name}.tmp-", dir=into.parent))
     try:
         for item in into.iterdir():
             if item.name not in _NETWORK_FILES and item.is_file():
                 shutil.copy2(item, tmp / item.name)
-        model.save(tmp, int8=True)
+        for name in _NETWORK_FILES:
+            shutil.copy2(shipped / name, tmp / name)
         log = candidate / "train_log.jsonl"
         if log.is_file():  # beside the earlier logs, not over them
             shutil.copy2(log, tmp / f"train_log_{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
@@ -93,8 +92,18 @@ def promote(
         raise DartspecError("no dev samples to compare on")
     log(f"scoring the installed drafter ({into}) and the candidate ({candidate}) on {len(samples)} dev answers")
     installed = score(target, kind, into, samples, anchors)
-    cand = score_as_installed(target, kind, candidate, samples, anchors)
-    better = is_better(cand, installed)
+    with tempfile.TemporaryDirectory(prefix="dartspec-promote-") as tmp:
+        shipped = Path(tmp)
+        store_as_shipped(kind, target, candidate, shipped)
+        cand = score(target, kind, shipped, samples, anchors)
+        better = is_better(cand, installed)
+        log(
+            f"depth-1 top-1 {installed.top1[0]:.4f} -> {cand.top1[0]:.4f}, chain tau estimate "
+            f"{installed.chain_tau_est:.3f} -> {cand.chain_tau_est:.3f}: {'better' if better else 'not better'}"
+        )
+        if better and not dry_run:
+            install(shipped, candidate, into)
+            log(f"installed {candidate} into {into}")
     record = {
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "candidate": str(candidate),
@@ -103,14 +112,6 @@ def promote(
         "dev_answers": len(samples),
         "promoted": better and not dry_run,
     }
-    verdict = "better" if better else "not better"
-    log(
-        f"depth-1 top-1 {installed.top1[0]:.4f} -> {cand.top1[0]:.4f}, chain tau estimate "
-        f"{installed.chain_tau_est:.3f} -> {cand.chain_tau_est:.3f}: {verdict}"
-    )
-    if better and not dry_run:
-        install(kind, target, candidate, into)
-        log(f"installed {candidate} into {into}")
     if not dry_run:
         with open(into / "promotions.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
