@@ -37,14 +37,21 @@ prepare)
     tree=$(git ls-files -z -c -o --exclude-standard | xargs -0 du -cb | tail -1 | cut -f1)
     piece_mb=${PIECE_MB:-$(((64 * 1048576 - tree) / 1048576 - 2))}
     [ "$piece_mb" -ge 4 ] || { echo "error: the working tree ($tree bytes) leaves no room for a model piece under 64 MiB" >&2; exit 2; }
-    rm -rf .window && mkdir -p .window .whl
-    split -b "${piece_mb}M" -d -a 2 "$gguf" .window/piece-
-    for f in .window/piece-*; do n=${f##*-}; mkdir -p ".window/p$n"; mv "$f" ".window/p$n/"; done
-    sha256sum "$gguf" | cut -d' ' -f1 > .window/gguf.sha256
     # The image has transformers 5.17 and no gguf; dartspec needs transformers 5.23 (the KV-cache API).
+    rm -rf .window .whl && mkdir -p .window .whl
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
         -d .whl transformers==5.23.0 gguf==0.19.0
+    # The data and train calls send the tree with the wheels: refuse here, at no device time, when they cannot.
+    wheels=$(du -cb .whl/*.whl | tail -1 | cut -f1)
+    if [ $((tree + wheels + 2 * 1048576)) -gt $((64 * 1048576)) ]; then
+        echo "error: the working tree ($((tree / 1048576)) MiB) and the wheels ($((wheels / 1048576)) MiB) leave under" \
+            "2 MiB of a device call's 64 MiB: drop self-written data already trained on (README 'Training data')" >&2
+        exit 2
+    fi
+    split -b "${piece_mb}M" -d -a 2 "$gguf" .window/piece-
+    for f in .window/piece-*; do n=${f##*-}; mkdir -p ".window/p$n"; mv "$f" ".window/p$n/"; done
+    sha256sum "$gguf" | cut -d' ' -f1 > .window/gguf.sha256
     echo "pieces: $(ls -d .window/p* | tr '\n' ' ')"
     echo "working tree: $tree bytes; pieces of $piece_mb MiB"
     echo "device calls: receive with carry=[\".window/pNN\"] for each piece, then train with carry=[\".whl\"]"
@@ -80,6 +87,9 @@ data | train)
     if [ -d .whl ] && [ ! -d "$WORK/site" ]; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$WORK/site" .whl/*.whl
     fi
+    # Without them the image's transformers 5.17 fails deep inside the first forward: say so now.
+    [ -d "$WORK/site" ] || [ "${DEVICE:-cuda}" = cpu ] ||
+        { echo "error: no wheels installed on this machine: carry [\".whl\"] with this call" >&2; exit 2; }
     export PYTHONPATH=$PWD:$WORK/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
     fresh=$WORK/data-w$window
     if [ "$phase" = data ]; then
