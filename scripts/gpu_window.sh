@@ -46,7 +46,7 @@ prepare)
     wheels=$(du -cb .whl/*.whl | tail -1 | cut -f1)
     if [ $((tree + wheels + 2 * 1048576)) -gt $((64 * 1048576)) ]; then
         echo "error: the working tree ($((tree / 1048576)) MiB) and the wheels ($((wheels / 1048576)) MiB) leave under" \
-            "2 MiB of a device call's 64 MiB: drop self-written data already trained on (README 'Training data')" >&2
+            "2 MiB of a device call's 64 MiB: drop self-written data already trained on (README 'Training data and a DART drafter')" >&2
         exit 2
     fi
     split -b "${piece_mb}M" -d -a 2 "$gguf" .window/piece-
