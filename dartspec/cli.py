@@ -697,6 +697,8 @@ def cmd_train_curve(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from dartspec.train.cli import run_training
 
+    if getattr(args, "fit_schedule", False) and args.max_minutes is None:
+        raise DartspecError("--fit-schedule fits the schedule to --max-minutes: give both")
     run_training(args.train_command, args, load_target(args), log=_log)
     return 0
 
@@ -835,6 +837,12 @@ def build_parser() -> argparse.ArgumentParser:
             type=_positive_minutes,
             default=None,
             help="stop (evaluated and checkpointed) after the step that ends this many minutes in (resume later)",
+        )
+        p.add_argument(
+            "--fit-schedule",
+            action="store_true",
+            help="with --max-minutes: after the warmup, shorten the learning-rate schedule to the steps that fit in "
+            "the time, so it has decayed when time is up (a GPU window's run)",
         )
         p.add_argument("--resume", action="store_true", help="continue the run in --out exactly")
         p.add_argument(

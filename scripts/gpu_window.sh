@@ -1,33 +1,71 @@
 #!/usr/bin/env bash
 # One GPU window of DART training, in device-tool calls (README "GPU windows"). Phases:
 #
-#   here:   scripts/gpu_window.sh prepare       wheels -> .whl/, the SmolLM2 GGUF in pieces -> .window/pN/
-#   device: scripts/gpu_window.sh receive       keep the carried pieces in /tmp/dartspec-window (one call per piece,
-#                                               back to back: a machine idle for 30 s is given back, /tmp with it)
+#   here:   scripts/gpu_window.sh slim          for the window only: untrack what the device does not need (docs,
+#                                               tests, the other drafters, the n-gram table), so a call sends
+#                                               ~21 MB of tree; `unslim` puts it back (before any commit)
+#   here:   scripts/gpu_window.sh prepare       wheels -> .whl/, the SmolLM2 GGUF in pieces -> .window/pNN/ (the first
+#                                               piece leaves room for the wheels, which travel with it)
+#   device: scripts/gpu_window.sh receive       keep the carried pieces (and install carried wheels) in
+#                                               /tmp/dartspec-window: one call per piece but the last, back to back (a
+#                                               machine idle for 30 s is given back, /tmp with it)
+#   device: scripts/gpu_window.sh window SECONDS [WINDOW]
+#                                               the last piece's call: receive it, `profile` the data generator
+#                                               (PROFILE=0: not), `data` for DATA_SHARE of the time (default 0), and
+#                                               `train` (schedule fitted) for the rest, all within SECONDS
+#   device: scripts/gpu_window.sh profile       where the batched data generator's time goes -> $OUT/profile.txt
 #   device: scripts/gpu_window.sh data MIN [WINDOW]
 #                                               the target writes fresh training data for MIN minutes: its own
 #                                               requests (data regenerate --source self) numbered from
 #                                               WINDOW x 1,000,000, answered greedily, into /tmp/dartspec-window
 #   device: scripts/gpu_window.sh train MIN [WINDOW]
-#                                               join the model, install the wheels, train (resuming the window's run
-#                                               if one is there) for MIN minutes, evaluate, and leave the drafter
-#                                               (int8 as shipped, in pieces of < 16 MB), its config and logs under $OUT
+#                                               join the model, install the wheels, train for MIN minutes (schedule
+#                                               fitted; from the window's last run if there is one, else from the
+#                                               shipped drafter), evaluate, and leave the drafter (int8 as shipped,
+#                                               in pieces of < 16 MB), its config and the window's logs under $OUT
 #   here:   scripts/gpu_window.sh collect DIR   join what came back (files_at) into a drafter folder DIR
 #
 # WINDOW (default 0) seeds the data order and numbers the fresh data, so successive windows see other data and
-# nothing large is stored or carried: a window's data is made and used on the device.
+# nothing large is stored or carried: a window's data is made and used on the device (and comes back as a tarball).
 # Environment: KIND=dflash (train DFlash, from scratch), DEVICE=cpu and CONFIG=small.yaml (a rehearsal on a CPU),
+# DATA_SHARE and PROFILE (the window phase),
 # PIECE_MB (prepare's piece size; default: what the working tree leaves of a call's 64 MiB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=/tmp/dartspec-window
 GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
+SLIM_LIST=$(git rev-parse --git-dir)/dartspec-window-slim
+# What a window's calls do not need (README "GPU windows"); `slim` untracks these for the window only.
+SLIM_PATHS=(docs tests BENCHMARKS.md dartspec/checkpoints/smollm2-135m-dflash dartspec/checkpoints/smollm2-135m-eagle3
+    dartspec/checkpoints/smollm2-135m-dart/ngram.bin)
 
 case "${1:-}" in
+slim)
+    [ -f "$SLIM_LIST" ] && { echo "already slim (scripts/gpu_window.sh unslim puts the files back)" >&2; exit 2; }
+    git diff --cached --quiet || { echo "error: commit or unstage your staged changes first" >&2; exit 2; }
+    exclude=$(git rev-parse --git-dir)/info/exclude
+    mkdir -p "$(dirname "$exclude")" && touch "$exclude"
+    present=()
+    for path in "${SLIM_PATHS[@]}"; do [ -e "$path" ] && present+=("$path"); done
+    printf '%s\n' "${present[@]}" > "$SLIM_LIST"
+    git rm -r -q --cached -- "${present[@]}"
+    for path in "${present[@]}"; do echo "/$path" >> "$exclude"; done
+    echo "slim: ${present[*]} untracked for the window (files untouched); run 'scripts/gpu_window.sh unslim' after it"
+    ;;
+unslim)
+    [ -f "$SLIM_LIST" ] || { echo "not slim: nothing to put back"; exit 0; }
+    mapfile -t present < "$SLIM_LIST"
+    git reset -q -- "${present[@]}"
+    exclude=$(git rev-parse --git-dir)/info/exclude
+    for path in "${present[@]}"; do grep -vxF "/$path" "$exclude" > "$exclude.tmp" || true; mv "$exclude.tmp" "$exclude"; done
+    rm "$SLIM_LIST"
+    echo "unslim: ${present[*]} tracked again"
+    ;;
 prepare)
     cache=${DARTSPEC_CACHE:-$HOME/.cache/dartspec}
     gguf=$(find "$cache/packages" -name "$GGUF_NAME" | head -1)
     [ -n "$gguf" ] || { echo "error: $GGUF_NAME not in $cache: run any dartspec command on smollm2-135m first" >&2; exit 2; }
+    [ -f "$SLIM_LIST" ] || echo "note: the tree is not slim (scripts/gpu_window.sh slim): more, smaller pieces" >&2
     exclude=$(git rev-parse --git-dir)/info/exclude  # ignored here, so only `carry` sends them
     mkdir -p "$(dirname "$exclude")" && touch "$exclude"
     grep -qx '/.whl/' "$exclude" || echo '/.whl/' >> "$exclude"
@@ -49,12 +87,24 @@ prepare)
             "2 MiB of a device call's 64 MiB: drop self-written data already trained on (README 'Training data and a DART drafter')" >&2
         exit 2
     fi
-    split -b "${piece_mb}M" -d -a 2 "$gguf" .window/piece-
-    for f in .window/piece-*; do n=${f##*-}; mkdir -p ".window/p$n"; mv "$f" ".window/p$n/"; done
+    # The first piece travels with the wheels (installed by its receive call), the others alone.
+    wheels_mb=$(((wheels + 1048575) / 1048576))
+    size=$(stat -c %s "$gguf")
+    offset=0 n=0
+    while [ $((offset * 1048576)) -lt "$size" ]; do
+        count=$piece_mb
+        [ "$n" = 0 ] && count=$((piece_mb - wheels_mb))
+        dir=$(printf '.window/p%02d' "$n")
+        mkdir -p "$dir"
+        dd if="$gguf" of="$dir/piece-$(printf %02d "$n")" bs=1M skip="$offset" count="$count" status=none
+        offset=$((offset + count)) n=$((n + 1))
+    done
     sha256sum "$gguf" | cut -d' ' -f1 > .window/gguf.sha256
+    cp .window/gguf.sha256 .window/p00/  # travels with the first piece
     echo "pieces: $(ls -d .window/p* | tr '\n' ' ')"
-    echo "working tree: $tree bytes; pieces of $piece_mb MiB"
-    echo "device calls: receive with carry=[\".window/pNN\"] for each piece, then train with carry=[\".whl\"]"
+    echo "working tree: $tree bytes; pieces of $piece_mb MiB (the first $((piece_mb - wheels_mb)) MiB, with the wheels)"
+    echo "device calls: receive with carry=[\".window/p00\", \".whl\"], receive with carry=[\".window/pNN\"] for" \
+        "the middle pieces, then 'window SECONDS WINDOW' with the last piece's carry"
     ;;
 receive)
     mkdir -p "$WORK/pieces"
@@ -64,12 +114,47 @@ receive)
         cp "$d"/piece-* "$WORK/pieces/" && found=1
     done
     [ "$found" = 1 ] || { echo "error: no .window/pNN piece was carried" >&2; exit 2; }
-    cp .window/gguf.sha256 "$WORK/" 2>/dev/null || true
+    cp .window/p*/gguf.sha256 "$WORK/" 2>/dev/null || true
+    if [ -d .whl ] && [ ! -d "$WORK/site" ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$WORK/site" .whl/*.whl
+    fi
     ls -la "$WORK/pieces"
+    nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv 2>/dev/null || true
     ;;
-data | train)
+window)
+    # The last piece's call: everything else, inside SECONDS (the call's limit less a margin for the transfers).
+    seconds=${2:?usage: gpu_window.sh window SECONDS [WINDOW]}
+    window=${3:-0}
+    started=$SECONDS
+    "$0" receive
+    # Where the data generator's time goes (~40 s of the window): the first window measured ~2.5k answer tokens/s
+    # on the H100, a twelfth of the goal, and the next fix needs the profile first. PROFILE=0 skips it.
+    if [ "${PROFILE:-1}" != 0 ]; then
+        timeout -k 5 120 "$0" profile || echo "window: the profile stopped with status $?"
+    fi
+    # Fresh data for DATA_SHARE of the time (default 0: at the measured speed a fifth of the first window made 396
+    # answers, 2% of the data, for the time that trains ~2.5 M tokens). Hard-capped: a shard crossing its time may
+    # run long; finished shards stay. A failed data phase leaves training on the committed data.
+    data_s=$(awk "BEGIN {print int($seconds * ${DATA_SHARE:-0})}")
+    if [ "$data_s" -gt 0 ]; then
+        timeout -k 5 $((data_s + 45)) "$0" data "$(awk "BEGIN {print $data_s / 60}")" "$window" ||
+            echo "window: the data phase stopped with status $? (finished shards are kept)"
+    fi
+    # The rest less the export and the first load: the train phase stops after the step that crosses its time.
+    left=$((seconds - (SECONDS - started) - 75))
+    [ "$left" -ge 60 ] || { echo "window: only ${left}s left for training: stopping" >&2; exit 2; }
+    timeout -k 5 $((left + 60)) "$0" train "$(awk "BEGIN {print $left / 60}")" "$window" ||
+        echo "window: the train phase stopped with status $?"
+    if compgen -G "$WORK/data-w$window/shard-*.npz" > /dev/null; then
+        tar -czf "$OUT/data-w$window.tar.gz" -C "$WORK" "data-w$window"
+        [ "$(stat -c %s "$OUT/data-w$window.tar.gz")" -lt 16000000 ] || rm "$OUT/data-w$window.tar.gz"
+    fi
+    ls -la "$OUT"
+    ;;
+data | train | profile)
     phase=$1
-    minutes=${2:?usage: gpu_window.sh $phase MINUTES [WINDOW]}
+    minutes=${2:-}
+    [ "$phase" = profile ] || [ -n "$minutes" ] || { echo "usage: gpu_window.sh $phase MINUTES [WINDOW]" >&2; exit 2; }
     window=${3:-0}
     out=${OUT:?OUT is where results come back}
     # The model: joined once per machine into the package cache layout dartspec reads.
@@ -91,6 +176,12 @@ data | train)
     [ -d "$WORK/site" ] || [ "${DEVICE:-cuda}" = cpu ] ||
         { echo "error: no wheels installed on this machine: carry [\".whl\"] with this call" >&2; exit 2; }
     export PYTHONPATH=$PWD:$WORK/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+    if [ "$phase" = profile ]; then
+        size=()
+        [ "${DEVICE:-cuda}" = cpu ] && size=(--batch 4 --new-tokens 4)  # a rehearsal
+        python3 scripts/profile_decode.py --device "${DEVICE:-cuda}" "${size[@]}" --out "$out/profile.txt"
+        exit 0
+    fi
     fresh=$WORK/data-w$window
     if [ "$phase" = data ]; then
         first=$((window * 1000000))
@@ -102,32 +193,41 @@ data | train)
         exit 0
     fi
     kind=${KIND:-dart}  # KIND=dflash trains the DFlash drafter (scripts/dflash-window.yaml: sized like the reference)
-    ckpt=$WORK/ckpt-$kind
-    config=$WORK/window.yaml
+    # Each train call is one run whose schedule is fitted to the call's minutes (--fit-schedule: the learning rate
+    # has decayed when time is up); a later call on the same warm machine goes on from the last run's drafter with
+    # a schedule of its own, so a window spends its minutes in calls of any length and every call ends decayed.
+    mapfile -t runs < <(find "$WORK" -maxdepth 1 -type d -name "ckpt-$kind-[0-9]*" | sort -V)
+    ckpt=$WORK/ckpt-$kind-$((${#runs[@]} + 1))
+    config=$WORK/settings-$kind-$((${#runs[@]} + 1)).yaml
     base=scripts/window.yaml
     [ "$kind" = dflash ] && base=scripts/dflash-window.yaml
     base=${CONFIG:-$base}  # a rehearsal on a CPU passes a small one
-    sed "s/^seed: .*//" "$base" > "$config" && echo "seed: $window" >> "$config"
+    sed "s/^seed: .*//" "$base" > "$config" && echo "seed: $((window * 100 + ${#runs[@]}))" >> "$config"
     init=()
-    # DART goes on from the shipped drafter; DFlash starts fresh at the reference's size (the shipped DFlash is the
-    # 1-layer CPU size, which a warm start would refuse).
-    [ "$kind" = dart ] && init=(--init dartspec/checkpoints/smollm2-135m-dart)
-    data=()
-    for d in data/smollm2-135m-sharegpt-a data/smollm2-135m-sharegpt-b data/smollm2-135m-sharegpt-c "$WORK"/data-w*; do
-        [ -d "$d" ] && data+=(--data "$d")
+    for run in "${runs[@]}"; do  # the last run that exported a drafter (a call killed before its first save did not)
+        [ -f "$run/config.json" ] && init=(--init "$run")
     done
-    resume=()
-    [ -f "$ckpt/train_state.pt" ] && resume=(--resume --new-data)  # a data call in between adds shards
+    if [ "${#init[@]}" = 0 ] && [ "$kind" = dart ]; then
+        # DART goes on from the shipped drafter; DFlash starts fresh at the reference's size (the shipped DFlash is
+        # the 1-layer CPU size, which a warm start would refuse).
+        init=(--init dartspec/checkpoints/smollm2-135m-dart)
+    fi
+    data=()
+    for d in data/smollm2-135m-* "$WORK"/data-w*; do
+        [ "$d" = data/smollm2-135m-sharegpt-dev ] && continue
+        compgen -G "$d/shard-*.npz" > /dev/null && data+=(--data "$d")  # a data call stopped before its first shard
+    done
     python3 -m dartspec.cli train "$kind" --model smollm2-135m --device "${DEVICE:-cuda}" "${data[@]}" \
         --dev data/smollm2-135m-sharegpt-dev --out "$ckpt" --config "$config" \
-        "${init[@]}" --max-minutes "$minutes" "${resume[@]}" 2>&1 | tee "$out/train.txt"
-    # Back through the 16 MB limit: the drafter stored as shipped (int8 matrices), split; config, log and settings
-    # as they are.
+        "${init[@]}" --max-minutes "$minutes" --fit-schedule 2>&1 | tee "$out/train.txt"
+    # Back through the 16 MB limit: the drafter stored as shipped (int8 matrices), split; the settings; the logs of
+    # every run of the window, in order (one learning curve).
     python3 -c 'import sys; from dartspec.drafters.dart_model import recast_checkpoint as r; r(sys.argv[1], sys.argv[2], int8=True)' \
         "$ckpt" "$out/drafter"
     split -b 15M -d -a 1 "$out/drafter/model.safetensors" "$out/model.safetensors.part-"
     mv "$out/drafter/config.json" "$out/config.json" && rm -rf "$out/drafter"
-    cp "$ckpt/train_log.jsonl" "$config" "$out/"
+    cp "$config" "$out/window.yaml"
+    for run in "${runs[@]}" "$ckpt"; do cat "$run/train_log.jsonl" 2>/dev/null || true; done > "$out/train_log.jsonl"
     ls -la "$out"
     ;;
 collect)

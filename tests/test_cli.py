@@ -167,3 +167,8 @@ def test_bench_accuracy_rejects_unknown_drafter_kinds() -> None:
     proc = run_cli("bench", "accuracy", "--drafter", "dart,pld")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "expected dart, eagle3, dflash or a comma-separated list" in proc.stderr
+
+
+def test_fit_schedule_needs_a_time_limit(tmp_path: Path) -> None:
+    proc = run_cli("train", "dart", "--data", str(tmp_path), "--out", str(tmp_path / "out"), "--fit-schedule")
+    assert_one_line_error(proc, "--fit-schedule", "--max-minutes")

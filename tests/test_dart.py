@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -384,6 +385,63 @@ def test_time_limit_stops_at_a_checkpoint_with_dev_figures(tmp_path: Path, targe
     again = DartTrainer(target, train, dev, tmp_path, cfg, log=lambda m: None)
     again.fit(resume=True)  # ... and checkpointed: the run continues from step 1
     assert again.step == 5
+
+
+class StepClock:
+    """A fake ``time.monotonic`` for the trainer: each training step takes ``seconds(step)`` of it."""
+
+    def __init__(self, trainer: DartTrainer, seconds: Callable[[int], float]) -> None:
+        self.now = 0.0
+        step = trainer.train_step
+
+        def timed() -> dict:
+            self.now += seconds(trainer.step + 1)
+            return step()
+
+        trainer.train_step = timed  # type: ignore[method-assign]
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize("slow_start", [False, True])
+def test_fit_schedule_ends_the_cosine_when_time_is_up(
+    tmp_path: Path, target: Target, monkeypatch: pytest.MonkeyPatch, slow_start: bool
+) -> None:
+    """--fit-schedule: the schedule is cut to what fits in the time, so the last step runs at the decayed learning
+    rate and the run ends at the schedule's end, not mid-schedule; a slow start (a GPU's first steps) is not taken
+    as the speed of the rest (the first plan on it alone left a real window's minutes unused)."""
+    import dartspec.train.dart as trainer_module
+
+    train, dev = random_samples(6, 0), random_samples(2, 1)
+    cfg = small_config(max_steps=1000, checkpoint_every=1000, eval_every=1000, warmup_steps=2, min_lr_ratio=0.05)
+    trainer = DartTrainer(target, train, dev, tmp_path, cfg, log=lambda m: None)
+    clock = StepClock(trainer, lambda step: 6.0 if slow_start and step <= 10 else 2.0)
+    monkeypatch.setattr(trainer_module.time, "monotonic", clock)
+    trainer.fit(max_seconds=100, fit_schedule=True)
+    log = [json.loads(x) for x in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    # 2 s a step (after 60 s of slow start): about 50 (or 10 + 20) steps fit; the margin keeps the end inside. A
+    # plan on the slow steps alone would stop at 16.
+    expected = 30 if slow_start else 50
+    assert 0.8 * expected <= trainer.step <= expected
+    assert trainer.step == trainer.total_steps  # ended where the schedule ends ...
+    assert log[-1]["lr"] == pytest.approx(cfg.lr * cfg.min_lr_ratio, rel=0.1)  # ... at the decayed rate
+    resumed = DartTrainer(target, train, dev, tmp_path, cfg, log=lambda m: None)
+    resumed.resume()
+    assert resumed.total_steps == trainer.total_steps  # the fitted length is saved with the run
+
+
+def test_fit_schedule_never_lengthens_the_data_schedule(
+    tmp_path: Path, target: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    train, dev = random_samples(6, 0), random_samples(2, 1)
+    cfg = small_config(max_steps=40, checkpoint_every=1000, eval_every=1000)
+    trainer = DartTrainer(target, train, dev, tmp_path, cfg, log=lambda m: None)
+    import dartspec.train.dart as trainer_module
+
+    monkeypatch.setattr(trainer_module.time, "monotonic", StepClock(trainer, lambda step: 1.0))
+    trainer.fit(max_seconds=10_000, fit_schedule=True)
+    assert trainer.step == trainer.total_steps == 40
 
 
 def test_resume_refuses_other_settings_and_overwrites(tmp_path: Path, target: Target) -> None:

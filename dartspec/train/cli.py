@@ -48,7 +48,11 @@ def run_training(kind: str, args: argparse.Namespace, target: Any, log: Callable
     trainer = trainer_cls(target, train, dev, args.out, cfg, log=log)
     max_seconds = args.max_minutes * 60 if args.max_minutes is not None else None  # argparse checked it is > 0
     metrics = trainer.fit(
-        resume=args.resume, stop_after=args.stop_after, max_seconds=max_seconds, new_data=args.new_data
+        resume=args.resume,
+        stop_after=args.stop_after,
+        max_seconds=max_seconds,
+        new_data=args.new_data,
+        fit_schedule=getattr(args, "fit_schedule", False),
     )
     log(f"saved {args.out} at step {trainer.step}/{trainer.total_steps}")
     return metrics

@@ -29,6 +29,11 @@ from dartspec.errors import DartspecError
 from dartspec.train.evaluate import Objective, batch_loss, depth_accuracy, model_objective
 
 STATE_FILE = "train_state.pt"
+#: ``fit_schedule`` measures the step time over at least this many steps (and the warmup) before planning, and
+#: plans for this fraction of the time left (evaluations and the last checkpoint take the rest).
+PLAN_AFTER_STEPS = 10
+PLAN_EVERY_STEPS = 50  # then re-planned this often on the speed since the last plan
+PLAN_MARGIN = 0.93
 LOG_FILE = "train_log.jsonl"
 PRECISIONS = ("auto", "bf16", "fp32", "bf16-drafter")
 
@@ -215,6 +220,7 @@ class DartTrainer:
         self.cfg = cfg
         self.log = log
         self._feature_cache: Any = None
+        self._schedule_cap = 0  # fit_schedule: the data's schedule length, which re-plans never exceed
         self._fingerprint = self.data_fingerprint()
         self.steps_per_epoch = math.ceil(len(train) / cfg.seqs_per_step)
         self.total_steps = cfg.max_steps or max(1, int(cfg.epochs * self.steps_per_epoch))
@@ -480,6 +486,23 @@ class DartTrainer:
             )
         return acc.as_dict("dev_")
 
+    def _fit_to_time(self, per_step: float, left: float, may_shorten_only: bool) -> int | None:
+        """``fit_schedule``: the schedule's new length (also the last step) for ``left`` seconds at ``per_step``
+        seconds a step, or None to keep it. Never past the data's schedule (``epochs`` / ``max_steps``): the
+        first plan only shortens; later ones may lengthen back up to what the first plan cut."""
+        # Two steps' time kept in hand besides the margin, so that the planned end comes before the time does.
+        fits = max(self.step + 1, self.step + int(min(PLAN_MARGIN * left, left - 2 * per_step) / per_step))
+        if may_shorten_only:
+            self._schedule_cap = self.total_steps
+            if fits >= self.total_steps:
+                return None
+        fits = min(fits, self._schedule_cap)
+        if fits == self.total_steps:
+            return None
+        self.total_steps = fits
+        self.log(f"schedule fitted to the time: {fits} steps ({per_step:.2f} s a step)")
+        return fits
+
     # --- loop ------------------------------------------------------------------------------------
 
     def fit(
@@ -488,9 +511,16 @@ class DartTrainer:
         stop_after: int | None = None,
         max_seconds: float | None = None,
         new_data: bool = False,
+        fit_schedule: bool = False,
     ) -> dict[str, Any]:
         """Train until ``total_steps`` (or ``stop_after`` more steps, or the first step that ends ``max_seconds``
-        after the start: GPU windows are short); checkpoint and log as configured, and at the stop."""
+        after the start: GPU windows are short); checkpoint and log as configured, and at the stop.
+
+        ``fit_schedule`` (with ``max_seconds``): once the warmup is over, shorten the schedule to the steps that
+        fit in the time left at the speed measured so far, and re-plan every ``PLAN_EVERY_STEPS`` steps on the
+        speed since, so that the learning rate has decayed when time is up (a stop at full learning rate leaves
+        the drafter where the last noisy steps put it). The length is saved with the run, so ``--resume`` goes
+        on with it exactly."""
         started = time.monotonic()
         self.out.mkdir(parents=True, exist_ok=True)
         if resume:
@@ -502,7 +532,8 @@ class DartTrainer:
             self.build()
             self.save()
         log_path = self.out / LOG_FILE
-        end = self.total_steps if stop_after is None else min(self.total_steps, self.step + stop_after)
+        stop_at = self.step + (stop_after or 0)
+        end = self.total_steps if stop_after is None else min(self.total_steps, stop_at)
         metrics: dict[str, Any] = {}
         from tqdm import tqdm
 
@@ -510,8 +541,25 @@ class DartTrainer:
             tqdm(total=self.total_steps, initial=self.step, desc=f"train {self.name}", unit="step") as bar,
             open(log_path, "a") as log_file,
         ):
+            plan_at = self.step + max(self.cfg.warmup_steps, PLAN_AFTER_STEPS)
+            since, since_step, first_plan = time.monotonic(), self.step, True
             while self.step < end:
                 metrics = self.train_step()
+                if fit_schedule and max_seconds is not None and self.step == plan_at:
+                    now = time.monotonic()
+                    planned = self._fit_to_time(
+                        (now - since) / (self.step - since_step), max_seconds - (now - started), first_plan
+                    )
+                    if planned is not None:
+                        end = planned if stop_after is None else min(planned, stop_at)
+                        bar.total = self.total_steps
+                    # Re-plan on the speed of the steps since this plan: the first steps (allocator, kernel
+                    # selection) run slow on a GPU, and a plan made on them alone left a window's minutes unused.
+                    since, since_step, first_plan = now, self.step, False
+                    # ... and before the planned end, however near it is (a slow start plans short), but not in
+                    # its last steps, where each plan would add the step that the margin keeps in hand.
+                    left_steps = end - self.step
+                    plan_at = self.step + min(PLAN_EVERY_STEPS, left_steps // 2) if left_steps >= 4 else -1
                 if max_seconds is not None and time.monotonic() - started >= max_seconds:
                     end = self.step  # out of time: this step is the last, evaluated and checkpointed below
                 if self.step % self.cfg.eval_every == 0 or self.step in (self.total_steps, end):
