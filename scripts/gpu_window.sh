@@ -28,7 +28,8 @@
 # WINDOW (default 0) seeds the data order and numbers the fresh data, so successive windows see other data and
 # nothing large is stored or carried: a window's data is made and used on the device (and comes back as a tarball).
 # Environment: KIND=dflash (train DFlash, from scratch), DEVICE=cpu and CONFIG=small.yaml (a rehearsal on a CPU),
-# DATA_SHARE and PROFILE (the window phase),
+# DATA_SHARE and PROFILE (the window phase), RUNTIME (hf | lean for data and training; the window phase otherwise
+# takes whichever its profile measured faster),
 # PIECE_MB (prepare's piece size; default: what the working tree leaves of a call's 64 MiB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,6 +39,23 @@ SLIM_LIST=$(git rev-parse --git-dir)/dartspec-window-slim
 # What a window's calls do not need (README "GPU windows"); `slim` untracks these for the window only.
 SLIM_PATHS=(docs tests BENCHMARKS.md dartspec/checkpoints/smollm2-135m-dflash dartspec/checkpoints/smollm2-135m-eagle3
     dartspec/checkpoints/smollm2-135m-dart/ngram.bin)
+
+# fastest PROFILE_JSON WORK: the runtime profile_decode.py measured fastest at WORK (decode | score); auto if none.
+fastest() {
+    python3 - "$1" "$2" <<'PY' 2>/dev/null || echo auto
+import json
+import sys
+
+try:
+    speeds = {name: got[sys.argv[2]] for name, got in json.load(open(sys.argv[1])).items() if sys.argv[2] in got}
+except (OSError, ValueError):
+    speeds = {}
+print(max(speeds, key=speeds.get) if speeds else "auto")
+PY
+}
+
+# runtime_for WORK: RUNTIME if set, else the runtime this machine's profile measured fastest at WORK, else auto.
+runtime_for() { if [ -n "${RUNTIME:-}" ]; then echo "$RUNTIME"; else fastest "$WORK/profile.json" "$1"; fi; }
 
 case "${1:-}" in
 slim)
@@ -130,7 +148,10 @@ window)
     # Where the data generator's time goes (~40 s of the window): the first window measured ~2.5k answer tokens/s
     # on the H100, a twelfth of the goal, and the next fix needs the profile first. PROFILE=0 skips it.
     if [ "${PROFILE:-1}" != 0 ]; then
-        timeout -k 5 120 "$0" profile || echo "window: the profile stopped with status $?"
+        timeout -k 5 150 "$0" profile || echo "window: the profile stopped with status $?"
+        # The profile timed transformers' modules and the lean forward on this GPU: data and training (this call's
+        # and later ones on the machine) use whichever ran their work faster, unless RUNTIME says.
+        echo "window: data on the $(runtime_for decode) runtime, training on $(runtime_for score)"
     fi
     # Fresh data for DATA_SHARE of the time (default 0: at the measured speed a fifth of the first window made 396
     # answers, 2% of the data, for the time that trains ~2.5 M tokens). Hard-capped: a shard crossing its time may
@@ -178,8 +199,9 @@ data | train | profile)
     export PYTHONPATH=$PWD:$WORK/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
     if [ "$phase" = profile ]; then
         size=()
-        [ "${DEVICE:-cuda}" = cpu ] && size=(--batch 4 --new-tokens 4)  # a rehearsal
+        [ "${DEVICE:-cuda}" = cpu ] && size=(--batch 4 --new-tokens 4 --score-batch 2 --score-len 64)  # a rehearsal
         python3 scripts/profile_decode.py --device "${DEVICE:-cuda}" "${size[@]}" --out "$out/profile.txt"
+        mv "$out/profile.json" "$WORK/"  # later calls on this machine choose their runtimes by it
         exit 0
     fi
     fresh=$WORK/data-w$window
@@ -189,6 +211,7 @@ data | train | profile)
         [ -d "$fresh" ] && resume=(--resume)
         python3 -m dartspec.cli data regenerate --source self --range "$first:$((first + 1000000))" --out "$fresh" \
             --seed "$window" --max-new-tokens 256 --shard-size "${DATA_SHARD:-1024}" --device "${DEVICE:-cuda}" \
+            --runtime "$(runtime_for decode)" \
             --max-minutes "$minutes" "${resume[@]}" 2>&1 | tee "$out/data.txt"
         exit 0
     fi
@@ -218,6 +241,7 @@ data | train | profile)
         compgen -G "$d/shard-*.npz" > /dev/null && data+=(--data "$d")  # a data call stopped before its first shard
     done
     python3 -m dartspec.cli train "$kind" --model smollm2-135m --device "${DEVICE:-cuda}" "${data[@]}" \
+        --runtime "$(runtime_for score)" \
         --dev data/smollm2-135m-sharegpt-dev --out "$ckpt" --config "$config" \
         "${init[@]}" --max-minutes "$minutes" --fit-schedule 2>&1 | tee "$out/train.txt"
     # Back through the 16 MB limit: the drafter stored as shipped (int8 matrices), split; the settings; the logs of
