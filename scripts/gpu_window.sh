@@ -264,10 +264,23 @@ data | train | profile | bench)
         [ "$d" = data/smollm2-135m-sharegpt-dev ] && continue
         compgen -G "$d/shard-*.npz" > /dev/null && data+=(--data "$d")  # a data call stopped before its first shard
     done
-    python3 -m dartspec.cli train "$kind" --model smollm2-135m --device "${DEVICE:-cuda}" "${data[@]}" \
-        --runtime "$(runtime_for score)" \
-        --dev data/smollm2-135m-sharegpt-dev --out "$ckpt" --config "$config" \
-        "${init[@]}" --max-minutes "$minutes" --fit-schedule 2>&1 | tee "$out/train.txt"
+    runtime=$(runtime_for score)
+    train_started=$SECONDS
+    train() {  # train RUNTIME MINUTES
+        python3 -m dartspec.cli train "$kind" --model smollm2-135m --device "${DEVICE:-cuda}" "${data[@]}" \
+            --runtime "$1" --dev data/smollm2-135m-sharegpt-dev --out "$ckpt" --config "$config" \
+            "${init[@]}" --max-minutes "$2" --fit-schedule 2>&1 | tee -a "$out/train.txt"
+    }
+    if ! train "$runtime" "$minutes"; then
+        # The lean forward was never run on a GPU before the profile chose it: a run it breaks goes on with
+        # transformers' modules for the minutes left, from its last checkpoint if it wrote one.
+        [ "$runtime" != hf ] && [ -z "${RUNTIME:-}" ] || exit 1
+        left=$(awk "BEGIN {print $minutes - ($SECONDS - $train_started) / 60}")
+        echo "window: training on $runtime failed; again on hf for $left minutes" | tee -a "$out/train.txt"
+        [ -f "$ckpt/config.json" ] && init=(--init "$ckpt") && ckpt=$ckpt-hf
+        awk "BEGIN {exit !($left > 0.5)}" && train hf "$left"
+    fi
+    [ -f "$ckpt/model.safetensors" ] || { echo "error: this call trained no drafter (see train.txt)" >&2; exit 1; }
     # Back through the 16 MB limit: the drafter stored as shipped (int8 matrices), split; the settings; the logs of
     # every run of the window, in order (one learning curve).
     python3 -c 'import sys; from dartspec.drafters.dart_model import recast_checkpoint as r; r(sys.argv[1], sys.argv[2], int8=True)' \
