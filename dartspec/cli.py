@@ -697,7 +697,7 @@ def cmd_train_curve(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from dartspec.train.cli import run_training
 
-    if getattr(args, "fit_schedule", False) and args.max_minutes is None:
+    if args.fit_schedule and args.max_minutes is None:
         raise DartspecError("--fit-schedule fits the schedule to --max-minutes: give both")
     run_training(args.train_command, args, load_target(args), log=_log)
     return 0

@@ -129,8 +129,7 @@ prepare)
             echo "note: $member not in $cache (run dartspec bench accuracy --dataset mtbench|humaneval once): no bench phase" >&2
         fi
     done
-    sha256sum "$gguf" | cut -d' ' -f1 > .window/gguf.sha256
-    cp .window/gguf.sha256 .window/p00/  # travels with the first piece
+    sha256sum "$gguf" | cut -d' ' -f1 > .window/p00/gguf.sha256  # travels with the first piece
     echo "pieces: $(ls -d .window/p* | tr '\n' ' ')"
     echo "working tree: $tree bytes; pieces of $piece_mb MiB (the first $((piece_mb - wheels_mb)) MiB, with the wheels)"
     echo "device calls: receive with carry=[\".window/p00\", \".whl\"], receive with carry=[\".window/pNN\"] for" \

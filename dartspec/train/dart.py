@@ -220,7 +220,6 @@ class DartTrainer:
         self.cfg = cfg
         self.log = log
         self._feature_cache: Any = None
-        self._schedule_cap = 0  # fit_schedule: the data's schedule length, which re-plans never exceed
         self._fingerprint = self.data_fingerprint()
         self.steps_per_epoch = math.ceil(len(train) / cfg.seqs_per_step)
         self.total_steps = cfg.max_steps or max(1, int(cfg.epochs * self.steps_per_epoch))
@@ -486,17 +485,13 @@ class DartTrainer:
             )
         return acc.as_dict("dev_")
 
-    def _fit_to_time(self, per_step: float, left: float, may_shorten_only: bool) -> int | None:
+    def _fit_to_time(self, per_step: float, left: float, cap: int) -> int | None:
         """``fit_schedule``: the schedule's new length (also the last step) for ``left`` seconds at ``per_step``
-        seconds a step, or None to keep it. Never past the data's schedule (``epochs`` / ``max_steps``): the
-        first plan only shortens; later ones may lengthen back up to what the first plan cut."""
+        seconds a step, or None to keep it. Never past ``cap``, the data's schedule (``epochs`` / ``max_steps``):
+        a plan may shorten it, a later one lengthen it back up to that."""
         # Two steps' time kept in hand besides the margin, so that the planned end comes before the time does.
         fits = max(self.step + 1, self.step + int(min(PLAN_MARGIN * left, left - 2 * per_step) / per_step))
-        if may_shorten_only:
-            self._schedule_cap = self.total_steps
-            if fits >= self.total_steps:
-                return None
-        fits = min(fits, self._schedule_cap)
+        fits = min(fits, cap)
         if fits == self.total_steps:
             return None
         self.total_steps = fits
@@ -542,20 +537,20 @@ class DartTrainer:
             open(log_path, "a") as log_file,
         ):
             plan_at = self.step + max(self.cfg.warmup_steps, PLAN_AFTER_STEPS)
-            since, since_step, first_plan = time.monotonic(), self.step, True
+            since, since_step, cap = time.monotonic(), self.step, self.total_steps
             while self.step < end:
                 metrics = self.train_step()
                 if fit_schedule and max_seconds is not None and self.step == plan_at:
                     now = time.monotonic()
                     planned = self._fit_to_time(
-                        (now - since) / (self.step - since_step), max_seconds - (now - started), first_plan
+                        (now - since) / (self.step - since_step), max_seconds - (now - started), cap
                     )
                     if planned is not None:
                         end = planned if stop_after is None else min(planned, stop_at)
                         bar.total = self.total_steps
                     # Re-plan on the speed of the steps since this plan: the first steps (allocator, kernel
                     # selection) run slow on a GPU, and a plan made on them alone left a window's minutes unused.
-                    since, since_step, first_plan = now, self.step, False
+                    since, since_step = now, self.step
                     # ... and before the planned end, however near it is (a slow start plans short), but not in
                     # its last steps, where each plan would add the step that the margin keeps in hand.
                     left_steps = end - self.step
