@@ -148,8 +148,8 @@ class TreeKVLayer(CacheLayerMixin):
 class TreeKVCache(Cache):
     """A transformers ``Cache`` whose layers are :class:`TreeKVLayer`."""
 
-    def __init__(self, num_layers: int) -> None:
-        super().__init__(layers=[TreeKVLayer() for _ in range(num_layers)])
+    def __init__(self, num_layers: int, capacity: int = 256) -> None:
+        super().__init__(layers=[TreeKVLayer(capacity) for _ in range(num_layers)])
         self._release: Callable[[], None] | None = None
         #: The shared pages as the batched attention kernel reads them, one ``exact.KV_SLOT`` row per layer (the
         #: own-buffer fields left zero), or None.
@@ -205,3 +205,18 @@ class TreeKVCache(Cache):
     def select_rows(self, rows: torch.Tensor) -> None:
         for layer in self.layers:
             layer.select_rows(rows)
+
+    @classmethod
+    def stack_rows(cls, caches: Sequence[TreeKVCache], capacity: int = 256) -> TreeKVCache:
+        """One batched cache holding the rows of ``caches`` in order (all of one length, none with shared pages),
+        with room for ``capacity`` positions: static-batch decoding prefills a large batch in slices of rows."""
+        length = caches[0].length
+        if any(c.length != length or c.layers[0].npre for c in caches):
+            raise ValueError("stacked caches need one length and no shared pages")
+        out = cls(len(caches[0].layers), max(capacity, length))
+        for i, layer in enumerate(out.layers):
+            parts = [c.layers[i] for c in caches]
+            layer.update(
+                torch.cat([p.keys[:, :, :length] for p in parts]), torch.cat([p.values[:, :, :length] for p in parts])
+            )
+        return out

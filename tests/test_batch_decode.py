@@ -55,6 +55,22 @@ def test_greedy_batch_equals_generate_on_each_prompt_alone(kind: str, arch: str)
         assert answer.finished == (ref[-1] in stops)
 
 
+@pytest.mark.parametrize("kind", ["hf", "lean"])
+def test_reads_every_few_steps_and_prefill_in_row_slices_change_nothing(kind: str) -> None:
+    """A device reads the new tokens back every few steps and prefills large batches in slices of rows (stacked
+    into one cache): rows that end between reads, and rows prefilled apart, still give each prompt's own answer."""
+    target = runtime(kind, "llama")
+    batch = prompts(11, seed=5)
+    free = decode_batch(target, batch, 24, stop_ids=frozenset())
+    stops = frozenset(a.tokens[(5 * i) % 24] for i, a in enumerate(free[:5]))
+    want = decode_batch(target, batch, 24, stop_ids=stops)
+    assert len({len(a.tokens) for a in want}) > 2
+    width = max(len(p) for p in batch)
+    for every, slots in [(3, 10**6), (8, 3 * width), (1, width), (50, 2 * width)]:
+        got = decode_batch(target, batch, 24, stop_ids=stops, check_every=every, prefill_slots=slots)
+        assert got == want, (every, slots)
+
+
 def test_sampling_follows_the_tempered_distribution_and_the_seed() -> None:
     target = tiny_target("llama")
     prompt = [5, 9, 17]
