@@ -443,16 +443,27 @@ class LeanTarget(CausalRuntime):
         qk = self._rotate(qk, rot[:, :, None])
         v = qkv[..., (H + K) * D :].view(b, q, K, D)
         keys, values = cache.update(qk[:, :, H:].transpose(1, 2), v.transpose(1, 2))
-        attn = F.scaled_dot_product_attention(
-            qk[:, :, :H].transpose(1, 2),
-            keys,
-            values,
-            attn_mask=mask,
-            is_causal=causal and mask is None,
-            scale=self.scaling,
-            enable_gqa=H != K,
-        )
-        return attn.transpose(1, 2).reshape(b, q, H * D)
+        queries = qk[:, :, :H].transpose(1, 2)
+        if mask is None or H == K:
+            attn = F.scaled_dot_product_attention(
+                queries,
+                keys,
+                values,
+                attn_mask=mask,
+                is_causal=causal and mask is None,
+                scale=self.scaling,
+                enable_gqa=H != K,
+            )
+            return attn.transpose(1, 2).reshape(b, q, H * D)
+        # With a mask, SDPA's GQA runs on the math kernel on a GPU (KV repeated per query head, scores in fp32):
+        # instead the G query heads of each KV head become G x q query rows against that head (the same dot
+        # products), which the masked fused kernels take; the mask is repeated over the groups (a view for q=1).
+        G = H // K
+        rows = queries.reshape(b, K, G * q, D)
+        m = mask.reshape(-1, 1, *mask.shape[-2:])  # (q, T) of one sequence or (B, 1, q, T) of a batch
+        grouped = m[:, :, None].expand(-1, -1, G, -1, -1).reshape(m.shape[0], 1, G * q, m.shape[-1])
+        attn = F.scaled_dot_product_attention(rows, keys, values, attn_mask=grouped, scale=self.scaling)
+        return attn.view(b, H, q, D).transpose(1, 2).reshape(b, q, H * D)
 
     def _rotate(self, qk: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
         """Rotary embedding as a complex multiply of adjacent pairs (half precisions go through float32)."""
