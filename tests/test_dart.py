@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -261,8 +262,9 @@ def test_training_lowers_the_loss(tmp_path: Path, target: Target) -> None:
     assert len(ev["dev_top1"]) == 4 and ev["dev_chain_tau_est"] >= 1.0
 
 
-def test_resume_continues_exactly(tmp_path: Path, target: Target) -> None:
-    cfg = small_config(max_steps=8, checkpoint_every=3)
+@pytest.mark.parametrize("sort_steps", [0, 2])
+def test_resume_continues_exactly(tmp_path: Path, target: Target, sort_steps: int) -> None:
+    cfg = small_config(max_steps=8, checkpoint_every=3, length_sort_steps=sort_steps)
     train, dev = random_samples(10, 0), random_samples(2, 1)
     quiet = dict(log=lambda m: None)
     full = DartTrainer(target, train, dev, tmp_path / "full", cfg, **quiet)
@@ -317,12 +319,59 @@ def test_trainer_packing_does_not_change_training(tmp_path: Path, target: Target
     train, dev = random_samples(8, 0), random_samples(2, 1)
     logs = []
     for pack in (1, 8):
-        cfg = small_config(max_steps=3, pack=pack)
+        cfg = small_config(max_steps=3, pack=pack, length_sort_steps=1)  # the same order for both
         DartTrainer(target, train, dev, tmp_path / str(pack), cfg, log=lambda m: None).fit()
         logs.append(
             [json.loads(x)["loss"] for x in (tmp_path / str(pack) / "train_log.jsonl").read_text().splitlines()]
         )
     np.testing.assert_allclose(logs[0], logs[1], rtol=1e-5)
+
+
+def test_length_sorted_steps_pad_little_and_keep_every_sample_once(tmp_path: Path, target: Target) -> None:
+    """Each epoch's order holds every sample once; within a window of steps, the steps cover disjoint length ranges
+    (so a packed forward pads little), and their order is shuffled; the same seed gives the same order."""
+    train = random_samples(60, 0, length=(8, 120))
+    lengths = np.array([len(s.tokens) for s in train])
+    plain = DartTrainer(target, train, [], tmp_path / "a", small_config(seqs_per_step=4, length_sort_steps=1))
+    trainer = DartTrainer(target, train, [], tmp_path / "b", small_config(seqs_per_step=4, length_sort_steps=3))
+    assert plain.sort_steps == 1 and trainer.sort_steps == 3
+
+    def padded(order: np.ndarray) -> int:  # slots of packed forwards of 4 sequences
+        return sum(4 * lengths[order[i : i + 4]].max() for i in range(0, len(order), 4))
+
+    for epoch in (0, 1):
+        order = trainer._permutation(epoch)
+        assert sorted(order.tolist()) == list(range(60))
+        for first in range(0, 60, 12):
+            steps = [lengths[order[first + i : first + i + 4]] for i in range(0, 12, 4)]
+            spans = sorted((step.min(), step.max()) for step in steps)
+            assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans)), spans
+        assert padded(order) < 0.9 * padded(plain._permutation(epoch))
+    orders = [trainer._permutation(e) for e in range(4)]
+    assert any(not np.array_equal(o[:12], orders[0][:12]) for o in orders[1:])
+    again = DartTrainer(target, train, [], tmp_path / "c", small_config(seqs_per_step=4, length_sort_steps=3))
+    np.testing.assert_array_equal(again._permutation(1), trainer._permutation(1))
+
+
+def test_resume_keeps_the_runs_data_order(tmp_path: Path, target: Target) -> None:
+    """auto resumes in the order the run was made in (runs from before length sorting: the plain one); another
+    number is refused."""
+    train, dev = random_samples(12, 0), random_samples(2, 1)
+    DartTrainer(target, train, dev, tmp_path, small_config(max_steps=4, length_sort_steps=2), log=lambda m: None).fit(
+        stop_after=2
+    )
+    auto = DartTrainer(target, train, dev, tmp_path, small_config(max_steps=4), log=lambda m: None)
+    auto.resume()
+    assert auto.sort_steps == 2
+    with pytest.raises(DartspecError, match="length_sort_steps"):
+        DartTrainer(target, train, dev, tmp_path, small_config(max_steps=4, length_sort_steps=3)).resume()
+    state = torch.load(tmp_path / STATE_FILE, weights_only=True)
+    del state["sort_steps"]
+    torch.save(state, tmp_path / STATE_FILE)
+    legacy = DartTrainer(target, train, dev, tmp_path, small_config(max_steps=4, pack=2), log=lambda m: None)
+    assert legacy.sort_steps == 16  # auto with packing...
+    legacy.resume()
+    assert legacy.sort_steps == 1  # ...but an older run goes on in its plain order
 
 
 def test_auto_precision_follows_the_device(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -75,6 +75,11 @@ class TrainConfig:
     # A folder for the fp16 feature cache (train/feature_cache.py): epochs after the first skip the target.
     # Empty: off (the default; the cache rounds the target's values to fp16, which the online path does not).
     feature_cache: str = ""
+    # Sequences of similar length share a step: each epoch's shuffled order is cut into windows of this many steps,
+    # each window sorted by length and its steps shuffled, so that a packed forward pads little (on the committed
+    # data 92% of its slots are real tokens at 16, 48% in the plain order). 0 = auto: 16 where a step is packed into
+    # one forward (CUDA), 1 (the plain shuffled order) where sequences run one at a time and never pad (CPU).
+    length_sort_steps: int = 0
     anchors_per_seq: int = 128
     loss: str = "kl"
     depth_decay: float = 0.6
@@ -92,8 +97,9 @@ class TrainConfig:
             raise DartspecError(
                 f"training option precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
             )
-        if not isinstance(self.pack, int) or self.pack < 0:
-            raise DartspecError(f"training option pack must be an integer >= 0, got {self.pack!r}")
+        for name in ("pack", "length_sort_steps"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise DartspecError(f"training option {name} must be an integer >= 0, got {getattr(self, name)!r}")
         for name in (
             "depth",
             "num_layers",
@@ -227,6 +233,8 @@ class DartTrainer:
         self.epoch = 0
         self.position = 0  # samples consumed in the current epoch's permutation
         self.gen = torch.Generator().manual_seed(cfg.seed)
+        self.sort_steps = cfg.length_sort_steps or (16 if self._pack(cfg.seqs_per_step) > 1 else 1)
+        self._order: tuple[int, np.ndarray] | None = None  # (epoch, its sample order), made once per epoch
         self.model: DartModel | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         target.set_feature_layers(cfg.feature_layers)
@@ -284,7 +292,24 @@ class DartTrainer:
         return self.model_cls.load(folder, device=self.target.device, dtype=torch.float32, target=self.target)
 
     def _permutation(self, epoch: int) -> np.ndarray:
-        return np.random.default_rng(self.cfg.seed + 1000 * epoch).permutation(len(self.train))
+        """The order of the samples in ``epoch``: shuffled, then sorted by length within windows of
+        ``sort_steps`` steps whose steps are shuffled again (see ``TrainConfig.length_sort_steps``)."""
+        if self._order is not None and self._order[0] == epoch:
+            return self._order[1]
+        rng = np.random.default_rng(self.cfg.seed + 1000 * epoch)
+        order = rng.permutation(len(self.train))
+        k = self.cfg.seqs_per_step
+        if self.sort_steps > 1:
+            lengths = np.array([min(len(s.tokens), self.cfg.max_seq_len) for s in self.train])
+            parts = []
+            for first in range(0, len(order), self.sort_steps * k):
+                window = order[first : first + self.sort_steps * k]
+                window = window[np.argsort(lengths[window], kind="stable")]
+                steps = [window[i : i + k] for i in range(0, len(window), k)]
+                parts += [steps[i] for i in rng.permutation(len(steps))]
+            order = np.concatenate(parts)
+        self._order = (epoch, order)
+        return order
 
     # --- checkpoints -----------------------------------------------------------------------------
 
@@ -306,6 +331,7 @@ class DartTrainer:
             "step": self.step,
             "epoch": self.epoch,
             "position": self.position,
+            "sort_steps": self.sort_steps,
             "total_steps": self.total_steps,
             "model_config": self.model.cfg.to_json(),
             "model": {k: v.detach().to("cpu", torch.float32).clone() for k, v in self.model.state_dict().items()},
@@ -336,10 +362,16 @@ class DartTrainer:
         saved["betas"] = tuple(saved["betas"])
         now = asdict(self.cfg)
         # Settings that change speed, not what is learned, may differ (older runs did not record them).
-        free = ("extra", "checkpoint_every", "eval_every", "pack", "precision", "feature_cache")
+        free = ("extra", "checkpoint_every", "eval_every", "pack", "precision", "feature_cache", "length_sort_steps")
         changed = [k for k in now if k not in free and saved.get(k) != now[k]]
+        # The data order goes on as the run made it (runs from before length sorting: the plain order); auto
+        # takes it, a number must match it.
+        sort_steps = int(state.get("sort_steps", 1))
+        if self.cfg.length_sort_steps not in (0, sort_steps):
+            changed.append("length_sort_steps")
         if changed:
             raise DartspecError(f"the checkpoint in {self.out} was trained with different settings: {changed}")
+        self.sort_steps, self._order = sort_steps, None
         if state.get("data") not in (None, self._fingerprint) and not new_data:
             raise DartspecError(
                 f"the run in {self.out} was trained on other data (fingerprint {state['data']}, now "
