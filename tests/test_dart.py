@@ -20,7 +20,7 @@ from dartspec.engine import Generator
 from dartspec.errors import DartspecError
 from dartspec.target import Target
 from dartspec.train.dart import STATE_FILE, DartTrainer, Sample, TrainConfig, choose_draft_vocab
-from dartspec.train.dart_loss import anchor_layout, sample_anchors
+from dartspec.train.dart_loss import anchor_layout, dart_loss, sample_anchors
 from dartspec.train.evaluate import batch_loss, model_objective
 
 VOCAB = 96
@@ -130,6 +130,37 @@ def test_training_layout_equals_incremental_drafting(target: Target, num_layers:
         rows = [a] + [lay.n_real + 3 * k + j for j in range(3)]
         torch.testing.assert_close(step, logp[rows], rtol=0, atol=1e-9)
         assert cache.length == a + 1
+
+
+@pytest.mark.parametrize("kind", ["kl", "ce"])
+def test_anchor_loss_scores_each_row_on_its_target_position(target: Target, kind: str) -> None:
+    """Per-depth loss and hits of the batched objective equal an explicit per-row reference: each scored row's draft
+    distribution against the target's full-vocabulary logits at that row's target position."""
+    model = model_for(target, depth=4).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    ids = list(np.random.default_rng(2).integers(2, VOCAB, size=30))
+    out = target.score_sequence(ids)
+    feats, logits = out.features.clone(), out.logits.clone()
+    embeds = target.model.get_input_embeddings()(torch.tensor(ids[1:])).detach()
+    lay = anchor_layout(len(ids), 6, 4, torch.tensor([7, 15, 26]))
+    with torch.no_grad():
+        x_r, h_r = model.real_inputs(feats[: lay.n_real], embeds)
+        x_m, h_m = model.mask_inputs(9)
+        logq = torch.log_softmax(
+            model.lm_head(model(torch.cat([x_r, x_m]), torch.cat([h_r, h_m]), lay.positions, lay.mask)), -1
+        )
+        got = dart_loss(model, feats[None], embeds[None], logits[None], [lay], kind=kind)
+    losses, hits = [[] for _ in range(4)], [0] * 4
+    for r in torch.nonzero(lay.depth > 0)[:, 0].tolist():
+        full = logits[lay.target_row[r]]
+        p = torch.softmax(full[model.d2t], -1)
+        loss = -logq[r][p.argmax()] if kind == "ce" else (p * (p.clamp_min(1e-30).log() - logq[r])).sum()
+        losses[lay.depth[r] - 1].append(float(loss))
+        hits[lay.depth[r] - 1] += int(model.d2t[logq[r].argmax()] == full.argmax())
+    np.testing.assert_allclose(got.per_depth_loss, [np.mean(x) for x in losses], rtol=1e-5)
+    assert got.per_depth_correct == hits and got.per_depth_count == [len(x) for x in losses]
 
 
 @pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")

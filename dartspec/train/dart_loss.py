@@ -108,19 +108,28 @@ def distill(
     draft's top-1, mapped to a target id, is the target's top-1 over its *whole* vocabulary: what greedy
     verification accepts (a target choice outside the draft vocabulary is always a miss).
     """
+    with torch.no_grad():
+        target_draft, target_top = target_logits[:, d2t], target_logits.argmax(-1)
+    return distill_rows(draft_logits, target_draft, target_top, d2t, kind)
+
+
+def distill_rows(
+    draft_logits: torch.Tensor, target_draft: torch.Tensor, target_top: torch.Tensor, d2t: torch.Tensor, kind: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`distill` from the target's logits over the draft vocabulary (``target_draft``, columns ``d2t``) and
+    its top-1 over the whole vocabulary (``target_top``): a caller scoring many rows on one target position takes
+    these once per position, not a full-vocabulary row per scored row."""
     logq = torch.log_softmax(draft_logits.float(), dim=-1)
     with torch.no_grad():
-        full_top = target_logits.argmax(-1)
-        t_logits = target_logits[:, d2t].float()
-        target_top = t_logits.argmax(-1)
+        t_logits = target_draft.float()
         p = torch.softmax(t_logits, dim=-1)
     if kind == "kl":
         per_row = (p * (torch.log(p.clamp_min(1e-30)) - logq)).sum(-1)
     elif kind == "ce":
-        per_row = F.nll_loss(logq, target_top, reduction="none")
+        per_row = F.nll_loss(logq, t_logits.argmax(-1), reduction="none")
     else:
         raise ValueError(f"unknown loss kind {kind!r} (kl or ce)")
-    return per_row, d2t[logq.argmax(-1)] == full_top
+    return per_row, d2t[logq.argmax(-1)] == target_top
 
 
 def dart_loss(
@@ -171,8 +180,14 @@ def dart_loss(
 
     hidden = model(x_src[source], h_src[source], positions, mask)
     seq, row = (depth > 0).nonzero(as_tuple=True)  # one host sync instead of one per boolean index
-    per_row, correct = distill(
-        model.lm_head(hidden[seq, row]), target_logits[seq, target_row[seq, row]], model.d2t, kind
+    # A target position is scored by up to d rows (its real row and anchors' slots): restrict the target's logits to
+    # the draft vocabulary and take its top-1 once per position, then gather rows (the full-vocabulary rows gathered
+    # per scored row were ~13 GB of fp32 on the window's steps).
+    with torch.no_grad():
+        target_draft, target_top = target_logits[..., model.d2t], target_logits.argmax(-1)
+    at = target_row[seq, row]
+    per_row, correct = distill_rows(
+        model.lm_head(hidden[seq, row]), target_draft[seq, at], target_top[seq, at], model.d2t, kind
     )
 
     return depth_summary(per_row, correct, seq, depth[seq, row], batch, model.cfg.depth, decay)
