@@ -11,7 +11,8 @@
 #                                               machine idle for 30 s is given back, /tmp with it)
 #   device: scripts/gpu_window.sh window SECONDS [WINDOW]
 #                                               the last piece's call: receive it, `profile` the data generator
-#                                               (PROFILE=0: not), `data` for DATA_SHARE of the time (default 0), and
+#                                               (PROFILE=0: not), `data` for DATA_SHARE of the time (default auto:
+#                                               0.4 where the profile measured >= 10k answer tokens/s, else 0), and
 #                                               `train` (schedule fitted) for the rest, all within SECONDS
 #   device: scripts/gpu_window.sh profile       where the batched data generator's time goes -> $OUT/profile.txt
 #   device: scripts/gpu_window.sh bench [LIMIT]   ar, dart and eagle3 on the GPU (mtbench, humaneval), the shipped
@@ -31,7 +32,7 @@
 # WINDOW (default 0) seeds the data order and numbers the fresh data, so successive windows see other data and
 # nothing large is stored or carried: a window's data is made and used on the device (and comes back as a tarball).
 # Environment: KIND=dflash (train DFlash, from scratch), DEVICE=cpu and CONFIG=small.yaml (a rehearsal on a CPU),
-# DATA_SHARE and PROFILE (the window phase), RUNTIME (hf | lean for data and training; the window phase otherwise
+# DATA_SHARE and PROFILE (the window phase), DATA_BATCH (the data phase's batch; default: the profile's fastest), RUNTIME (hf | lean for data and training; the window phase otherwise
 # takes whichever its profile measured faster),
 # PIECE_MB (prepare's piece size; default: what the working tree leaves of a call's 64 MiB).
 set -euo pipefail
@@ -59,6 +60,17 @@ PY
 
 # runtime_for WORK: RUNTIME if set, else the runtime this machine's profile measured fastest at WORK, else auto.
 runtime_for() { if [ -n "${RUNTIME:-}" ]; then echo "$RUNTIME"; else fastest "$WORK/profile.json" "$1"; fi; }
+
+# measured RUNTIME KEY: what this machine's profile measured for RUNTIME (decode, decode_batch, score); empty if not.
+measured() {
+    python3 - "$WORK/profile.json" "$1" "$2" <<'PY' 2>/dev/null || true
+import json
+import sys
+
+got = json.load(open(sys.argv[1])).get(sys.argv[2], {}).get(sys.argv[3])
+print("" if got is None else int(got))
+PY
+}
 
 case "${1:-}" in
 slim)
@@ -156,18 +168,27 @@ window)
     window=${3:-0}
     started=$SECONDS
     "$0" receive
-    # Where the data generator's time goes (~40 s of the window): the first window measured ~2.5k answer tokens/s
-    # on the H100, a twelfth of the goal, and the next fix needs the profile first. PROFILE=0 skips it.
+    # Where the data generator's time goes (at most 200 s of the window): the first window measured ~2.5k answer
+    # tokens/s on the H100, a twelfth of the goal, with transformers' modules at batch 256; the profile times both
+    # runtimes at batch 256 and 1024 and the data phase takes the fastest. PROFILE=0 skips it.
     if [ "${PROFILE:-1}" != 0 ]; then
-        timeout -k 5 150 "$0" profile || echo "window: the profile stopped with status $?"
+        "$0" profile || echo "window: the profile stopped with status $?"
         # The profile timed transformers' modules and the lean forward on this GPU: data and training (this call's
         # and later ones on the machine) use whichever ran their work faster, unless RUNTIME says.
         echo "window: data on the $(runtime_for decode) runtime, training on $(runtime_for score)"
     fi
-    # Fresh data for DATA_SHARE of the time (default 0: at the measured speed a fifth of the first window made 396
-    # answers, 2% of the data, for the time that trains ~2.5 M tokens). Hard-capped: a shard crossing its time may
-    # run long; finished shards stay. A failed data phase leaves training on the committed data.
-    data_s=$(awk "BEGIN {print int($seconds * ${DATA_SHARE:-0})}")
+    # Fresh data for DATA_SHARE of the time. auto (the default): 0.4 where the profile measured the generator at
+    # >= 10k answer tokens/s (0.4 of a 570 s call then makes >= 2.3 M fresh tokens, 40% of the committed data, and
+    # training still sees ~8 M), else 0 (the first window's 2.5k made 396 answers in a fifth of its time, 2% of the
+    # data, for the time that trains ~2.5 M tokens). Hard-capped: a shard crossing its time may run long; finished
+    # shards stay. A failed data phase leaves training on the committed data.
+    share=${DATA_SHARE:-auto}
+    if [ "$share" = auto ]; then
+        speed=$(measured "$(runtime_for decode)" decode)
+        share=$(awk "BEGIN {print (${speed:-0} >= 10000) ? 0.4 : 0}")
+        echo "window: the generator measured ${speed:-no} answer tokens/s: DATA_SHARE $share"
+    fi
+    data_s=$(awk "BEGIN {print int($seconds * $share)}")
     if [ "$data_s" -gt 0 ]; then
         timeout -k 5 $((data_s + 45)) "$0" data "$(awk "BEGIN {print $data_s / 60}")" "$window" ||
             echo "window: the data phase stopped with status $? (finished shards are kept)"
@@ -210,9 +231,12 @@ data | train | profile | bench)
     export PYTHONPATH=$PWD:$WORK/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
     if [ "$phase" = profile ]; then
         size=()
-        [ "${DEVICE:-cuda}" = cpu ] && size=(--batch 4 --new-tokens 4 --score-batch 2 --score-len 64)  # a rehearsal
-        python3 scripts/profile_decode.py --device "${DEVICE:-cuda}" "${size[@]}" --out "$out/profile.txt"
-        mv "$out/profile.json" "$WORK/"  # later calls on this machine choose their runtimes by it
+        [ "${DEVICE:-cuda}" = cpu ] && size=(--batches 4,8 --new-tokens 4 --score-batch 2 --score-len 64)  # a rehearsal
+        # At most 200 s of the window; what it measured by then is kept (written after each runtime).
+        timeout -k 5 200 python3 scripts/profile_decode.py --device "${DEVICE:-cuda}" "${size[@]}" \
+            --train-config "${CONFIG:-scripts/window.yaml}" --out "$out/profile.txt" || echo "profile: stopped with status $? (what it measured is kept)"
+        # Later calls on this machine choose their runtimes and batch size by it.
+        [ -f "$out/profile.json" ] && mv "$out/profile.json" "$WORK/"
         exit 0
     fi
     if [ "$phase" = bench ]; then
@@ -232,10 +256,18 @@ data | train | profile | bench)
         first=$((window * 1000000))
         resume=()
         [ -d "$fresh" ] && resume=(--resume)
+        # The runtime and batch size the profile measured fastest (a host-bound step is as fast for 1024 rows as
+        # for 256); a shard holds at least one batch. A resumed folder keeps its shard size.
+        runtime=$(runtime_for decode)
+        batch=${DATA_BATCH:-$(measured "$runtime" decode_batch)}
+        batch=${batch:-256}
+        shard=${DATA_SHARD:-$((batch > 1024 ? batch : 1024))}
+        [ -f "$fresh/manifest.json" ] && shard=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["config"]["shard_size"])' "$fresh/manifest.json")
+        echo "data: $runtime runtime, batch $batch, shards of $shard requests" | tee "$out/data.txt"
         python3 -m dartspec.cli data regenerate --source self --range "$first:$((first + 1000000))" --out "$fresh" \
-            --seed "$window" --max-new-tokens 256 --shard-size "${DATA_SHARD:-1024}" --device "${DEVICE:-cuda}" \
-            --runtime "$(runtime_for decode)" \
-            --max-minutes "$minutes" "${resume[@]}" 2>&1 | tee "$out/data.txt"
+            --seed "$window" --max-new-tokens 256 --shard-size "$shard" --batch-size "$batch" \
+            --device "${DEVICE:-cuda}" --runtime "$runtime" \
+            --max-minutes "$minutes" "${resume[@]}" 2>&1 | tee -a "$out/data.txt"
         exit 0
     fi
     kind=${KIND:-dart}  # KIND=dflash trains the DFlash drafter (scripts/dflash-window.yaml: sized like the reference)

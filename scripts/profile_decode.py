@@ -1,15 +1,18 @@
 """Where the batched data generator's time goes: `decode_batch` (dartspec/batch_decode.py) under torch.profiler.
 
-    python3 scripts/profile_decode.py --device cuda --runtimes hf,lean --batch 256 --new-tokens 64 [--out profile.txt]
+    python3 scripts/profile_decode.py --device cuda --batches 256,1024 --new-tokens 64 [--out profile.txt]
 
 The first GPU window (2026-11-25, H100, bf16, transformers' modules) generated ~2.5k answer tokens/s at batch 256
-where the goal is 30k: about 80 ms a decode step for a 135M model. For each runtime (transformers' modules, and the
-lean forward with `--quant none`, which runs on a GPU in plain PyTorch but was never measured there) this prints
-the answer tokens/s of a warm-up and of a profiled run, the tokens/s of the trainer's batched scoring
-(`score_batch`, 32 sequences), then the operators by self device time and by self CPU time, so that the next window
-can say whether the step is host-bound (Python, launches, syncs) or device-bound, and which runtime data generation
-should use, before anything is changed. Prompts: the prompts of the committed dev shards (chat-formatted, as data
-generation sees them).
+where the goal is 30k: about 80 ms a decode step for a 135M model, so the step is bound by the host (Python, launches,
+a read-back each step), not by the GPU. For each runtime (transformers' modules, and the lean forward with `--quant
+none`, which runs on a GPU in plain PyTorch) this prints the answer tokens/s of decoding at each batch size of
+`--batches` (a host-bound step costs about the same for 256 rows as for 1024), the tokens/s of the trainer's batched
+scoring (`score_batch`, 32 sequences), then, for the first batch size, the operators by self device time and by self
+CPU time. On the first runtime it also times and profiles `--train-steps` trainer steps as the window trains
+(`--train-config`, from the shipped drafter, on the committed data): the trainer made 22.7k-25.5k training tokens/s
+on the H100 where the goal is 50k. `--out` also writes the speeds as JSON (runtime -> decode, decode_batch, score),
+by which the window chooses the runtime and batch size of its data and training. Prompts: the prompts of the
+committed dev shards (chat-formatted, as data generation sees them), cut to their last `--prompt-len` tokens.
 """
 
 from __future__ import annotations
@@ -42,21 +45,30 @@ def timed(work: Callable[[], int], cuda: bool) -> float:
 def profile_runtime(
     target: Any, label: str, prompts: list[list[int]], sequences: list[list[int]], args: Any, lines: list[str]
 ) -> dict[str, float]:
-    """Decode and score with ``target``, timed and then profiled; the report's lines go to ``lines``; returns the
-    decode and score tokens/s."""
+    """Decode at each batch size and score with ``target``, timed, then decode profiled at the first batch size;
+    the report's lines go to ``lines``; returns the best decode tokens/s, its batch size and the score tokens/s."""
     cuda = target.device.type == "cuda"
-    lines.append(f"== {target.name} on {target.device} ({label}), batch {len(prompts)}, {args.new_tokens} new tokens")
+    batches = [int(b) for b in args.batches.split(",")]
+    lines.append(f"== {target.name} on {target.device} ({label}), {args.new_tokens} new tokens")
 
-    def decode() -> int:
-        return sum(len(a.tokens) for a in decode_batch(target, prompts, args.new_tokens))
+    def decode(rows: int) -> Callable[[], int]:
+        return lambda: sum(len(a.tokens) for a in decode_batch(target, prompts[:rows], args.new_tokens))
 
     def score() -> int:
         target.score_batch(sequences)
         return sum(len(t) for t in sequences)
 
-    lines.append(f"decode warm-up: {timed(decode, cuda):.0f} answer tokens/s")
-    speed = {"decode": timed(decode, cuda)}
-    lines.append(f"decode: {speed['decode']:.0f} answer tokens/s")
+    speed: dict[str, float] = {"decode": 0.0}
+    for rows in batches:
+        try:
+            timed(decode(rows), cuda)  # warm-up (allocator, kernels' first launches)
+            got = timed(decode(rows), cuda)
+        except torch.OutOfMemoryError:
+            lines.append(f"decode at batch {rows}: out of memory")
+            break
+        lines.append(f"decode at batch {rows}: {got:.0f} answer tokens/s")
+        if got > speed["decode"]:
+            speed["decode"], speed["decode_batch"] = got, rows
     with torch.no_grad():
         timed(score, cuda)
         speed["score"] = timed(score, cuda)
@@ -65,8 +77,9 @@ def profile_runtime(
     if cuda:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=activities) as prof:
-        lines.append(f"decode, profiled: {timed(decode, cuda):.0f} answer tokens/s (profiler overhead included)")
-    print("\n".join(lines[-4:]), flush=True)
+        got = timed(decode(batches[0]), cuda)
+        lines.append(f"decode at batch {batches[0]}, profiled: {got:.0f} answer tokens/s (profiler overhead included)")
+    print("\n".join(lines[-len(batches) - 3 :]), flush=True)
     table = prof.key_averages()
     if cuda:
         lines.append(table.table(sort_by="self_cuda_time_total", row_limit=20))
@@ -74,27 +87,75 @@ def profile_runtime(
     return speed
 
 
+def profile_training(target: Any, args: Any, lines: list[str]) -> None:
+    """A few trainer steps as the window trains (``--train-config``, from the shipped drafter, on the committed
+    training data), timed and then profiled: where the trainer's time goes (the goal is 50k training tokens/s on an
+    H100; the first window measured 22.7k-25.5k)."""
+    import glob
+    import tempfile
+
+    from dartspec.train.cli import samples_from
+    from dartspec.train.dart import DartTrainer, TrainConfig
+
+    cuda = target.device.type == "cuda"
+    folders = [d for d in sorted(glob.glob("data/smollm2-135m-*")) if not d.endswith("-dev")]
+    cfg = TrainConfig.from_file(args.train_config)
+    cfg.init = args.train_init
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = DartTrainer(target, samples_from(folders), [], tmp, cfg, log=lambda m: None)
+        trainer.build()
+        for _ in range(2):  # warm-up: allocator, kernels, autocast caches
+            trainer.train_step()
+        steps = [trainer.train_step() for _ in range(args.train_steps)]
+        speed = sum(m["tokens_per_s"] for m in steps) / len(steps)
+        lines.append(
+            f"== trainer on {target.name} ({cfg.seqs_per_step} sequences a step, sorted in windows of "
+            f"{trainer.sort_steps} steps): {speed:.0f} training tokens/s, "
+            f"{sum(m['seconds'] for m in steps) / len(steps):.3f} s a step"
+        )
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if cuda:
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        with torch.profiler.profile(activities=activities) as prof:
+            for _ in range(args.train_steps):
+                trainer.train_step()
+            if cuda:
+                torch.cuda.synchronize()
+    print(lines[-1], flush=True)
+    table = prof.key_averages()
+    if cuda:
+        lines.append(table.table(sort_by="self_cuda_time_total", row_limit=25))
+    lines.append(table.table(sort_by="self_cpu_time_total", row_limit=25))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--runtimes", default="hf,lean", help="comma-separated runtimes to time and profile")
-    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--runtimes", default="lean,hf", help="comma-separated runtimes to time and profile, in order")
+    ap.add_argument("--batches", default="256,1024", help="comma-separated batch sizes to time decoding at")
     ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--prompt-len", type=int, default=128, help="prompts cut to their last this many tokens")
     ap.add_argument("--score-batch", type=int, default=32, help="sequences per score_batch (the trainer's step)")
     ap.add_argument("--score-len", type=int, default=768)
     ap.add_argument("--dev", default="data/smollm2-135m-sharegpt-dev")
+    ap.add_argument("--train-steps", type=int, default=3, help="trainer steps to time and profile (0: none)")
+    ap.add_argument("--train-config", default="scripts/window.yaml", help="the trainer's settings")
+    ap.add_argument("--train-init", default="dartspec/checkpoints/smollm2-135m-dart", help="the drafter to go on from")
     ap.add_argument("--out", default=None, help="write the report here (and the speeds beside it, as .json)")
     args = ap.parse_args()
 
     dtype = torch.float32 if args.device == "cpu" else torch.bfloat16  # as `data regenerate` loads it
     records = list(load_shards(args.dev))
-    prompts = [r.tokens[: r.prompt_len].tolist() for r in records][: args.batch]
-    prompts = (prompts * (args.batch // max(len(prompts), 1) + 1))[: args.batch]
+    most = max(int(b) for b in args.batches.split(","))
+    # The last --prompt-len tokens of each prompt (its end opens the answer): the requests the window's data phase
+    # answers are short, and one length for every batch size keeps their speeds comparable.
+    prompts = [r.tokens[max(0, r.prompt_len - args.prompt_len) : r.prompt_len].tolist() for r in records][:most]
+    prompts = (prompts * (most // max(len(prompts), 1) + 1))[:most]
     sequences = [r.tokens[: args.score_len].tolist() for r in records[: args.score_batch]]
     cuda = args.device.startswith("cuda")
     lines: list[str] = []  # the report: what each runtime measured, or why it failed
-    speeds: dict[str, dict[str, float]] = {}  # runtime -> decode / score tokens/s (--out's .json: the window reads it)
+    speeds: dict[str, dict[str, float]] = {}  # runtime -> decode, decode_batch, score (the window reads the .json)
 
     for runtime in args.runtimes.split(","):
         quant = "none" if runtime == "lean" and cuda else "auto"
@@ -106,12 +167,18 @@ def main() -> None:
         except Exception as err:  # a runtime that fails here is a finding: the next one still runs
             lines.append(f"== {runtime} (quant {quant}, {dtype}) failed: {type(err).__name__}: {err}")
             print(lines[-1], flush=True)
-    report = "\n".join(lines)
-    if args.out:
-        Path(args.out).write_text(report + "\n")
-        Path(args.out).with_suffix(".json").write_text(json.dumps(speeds) + "\n")
-    else:
-        print(report)
+            continue
+        if args.train_steps and runtime == args.runtimes.split(",")[0]:  # the trainer once, on the first runtime
+            try:
+                profile_training(target, args, lines)
+            except Exception as err:
+                lines.append(f"== trainer on {runtime} failed: {type(err).__name__}: {err}")
+                print(lines[-1], flush=True)
+        if args.out:  # after each runtime: a profile stopped by its time limit still leaves what it measured
+            Path(args.out).write_text("\n".join(lines) + "\n")
+            Path(args.out).with_suffix(".json").write_text(json.dumps(speeds) + "\n")
+    if not args.out:
+        print("\n".join(lines))
 
 
 if __name__ == "__main__":
