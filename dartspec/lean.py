@@ -37,7 +37,7 @@ from dartspec.kv_cache import TreeKVCache, TreeKVLayer
 from dartspec.prefix_cache import PrefixCache
 from dartspec.quant import EXACT_FORMATS, PackedLinear, check_format, fuse
 from dartspec.rotary import interleave_rows
-from dartspec.runtime import CausalRuntime, TargetOutput, tree_mask
+from dartspec.runtime import CausalRuntime, TargetOutput, pad_sequences, tree_mask
 from dartspec.tree import Tree
 from dartspec.weight_cache import PackedCache, SavedWeights
 
@@ -494,6 +494,25 @@ class LeanTarget(CausalRuntime):
             F.embedding(ids, self._embed), positions, None, True, TreeKVCache(self.num_layers), True
         )
         return TargetOutput(self.logits(hidden), feats, hidden)
+
+    @torch.inference_mode()
+    def score_batch(self, sequences: Sequence[Sequence[int] | torch.Tensor]) -> TargetOutput:
+        """Many whole sequences in one forward (the trainer's packed step), right-padded to the longest: causal
+        attention never lets a real position see the padding after it, so each sequence's rows are what
+        :meth:`score_sequence` gives it, up to the rounding of batched products. One sequence: that method."""
+        if len(sequences) == 1:
+            out = self.score_sequence(sequences[0])
+            assert out.features is not None and out.hidden is not None
+            return TargetOutput(out.logits[None], out.features[None], out.hidden[None])
+        ids = pad_sequences(sequences, self.device)
+        b, width = ids.shape
+        if width > self.max_context:
+            raise ContextLengthError(f"a {width}-token sequence exceeds {self.name}'s context window")
+        positions = torch.arange(width, device=self.device).expand(b, -1)
+        hidden, feats = self._layers(
+            F.embedding(ids, self._embed), positions, None, True, TreeKVCache(self.num_layers), True
+        )
+        return TargetOutput(self.logits(hidden.flatten(0, 1)).view(b, width, -1), feats, hidden)
 
     @_own_arithmetic
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -267,6 +267,28 @@ def test_exact_runtimes_equal_fp32_and_verify_trees_like_sequential_decoding(qua
         wrap_model(tiny_model("qwen3").float(), tiny_tokenizer(), quant=quant)
 
 
+@pytest.mark.parametrize("arch", LEAN_ARCHS)
+def test_score_batch_scores_each_sequence_as_transformers_does_alone(arch: str) -> None:
+    """The trainer's packed step: sequences of different lengths in one right-padded forward give each sequence
+    transformers' own logits and features for it alone (no row sees the padding or another sequence)."""
+    model = _with_biases(tiny_model(arch, seed=4), 4)
+    lean = LeanTarget(model, tiny_tokenizer(), name=f"tiny-{arch}")
+    hf = Target(model, tiny_tokenizer(), name=f"tiny-{arch}", fast_linear=False)
+    gen = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(2, VOCAB, (n,), generator=gen).tolist() for n in (7, 23, 15)]
+    got = lean.score_batch(seqs)
+    assert got.logits.shape[:2] == (3, 23) and torch.isfinite(got.logits).all()
+    for i, ids in enumerate(seqs):
+        n = len(ids)
+        with torch.no_grad():
+            ref = model(torch.tensor([ids])).logits[0]
+        torch.testing.assert_close(got.logits[i, :n], ref, rtol=0, atol=1e-6)
+        torch.testing.assert_close(got.features[i, :n], hf.score_sequence(ids).features, rtol=0, atol=1e-6)
+    one = lean.score_batch(seqs[1:2])
+    assert one.logits.shape == (1, 23, VOCAB)
+    torch.testing.assert_close(one.logits[0], got.logits[1], rtol=0, atol=1e-6)
+
+
 @pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
 @pytest.mark.parametrize("quant", ["exact-a16", "fp16", "none"])
 def test_a_callers_autocast_does_not_reach_the_runtime(quant: str) -> None:
