@@ -119,6 +119,8 @@ class LeanTarget(CausalRuntime):
         embed = model.get_input_embeddings().weight
         check_format(quant, embed.device)
         self.fast_linear = embed.device.type == "cpu"
+        #: Score a batch of sequences in one padded forward (:meth:`score_batch`); off on a CPU, where it is slower.
+        self.batch_scoring = not self.fast_linear
         self._embed = embed
         head = model.get_output_embeddings()
         self.vocab_size = int(head.weight.shape[0])
@@ -499,11 +501,11 @@ class LeanTarget(CausalRuntime):
     def score_batch(self, sequences: Sequence[Sequence[int] | torch.Tensor]) -> TargetOutput:
         """Many whole sequences in one forward (the trainer's packed step), right-padded to the longest: causal
         attention never lets a real position see the padding after it, so each sequence's rows are what
-        :meth:`score_sequence` gives it, up to the rounding of batched products. One sequence: that method."""
-        if len(sequences) == 1:
-            out = self.score_sequence(sequences[0])
-            assert out.features is not None and out.hidden is not None
-            return TargetOutput(out.logits[None], out.features[None], out.hidden[None])
+        :meth:`score_sequence` gives it, up to the rounding of batched products. On a CPU (``batch_scoring``
+        False) sequences are scored one at a time: there one forward of 8 training sequences measured 1.3x slower
+        than eight, its padded rows costing more than the saved calls."""
+        if len(sequences) == 1 or not self.batch_scoring:
+            return super().score_batch(sequences)
         ids = pad_sequences(sequences, self.device)
         b, width = ids.shape
         if width > self.max_context:

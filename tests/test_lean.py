@@ -273,6 +273,7 @@ def test_score_batch_scores_each_sequence_as_transformers_does_alone(arch: str) 
     transformers' own logits and features for it alone (no row sees the padding or another sequence)."""
     model = _with_biases(tiny_model(arch, seed=4), 4)
     lean = LeanTarget(model, tiny_tokenizer(), name=f"tiny-{arch}")
+    lean.batch_scoring = True  # as on a GPU (a CPU scores one sequence at a time)
     hf = Target(model, tiny_tokenizer(), name=f"tiny-{arch}", fast_linear=False)
     gen = torch.Generator().manual_seed(1)
     seqs = [torch.randint(2, VOCAB, (n,), generator=gen).tolist() for n in (7, 23, 15)]
