@@ -177,18 +177,19 @@ window)
         # and later ones on the machine) use whichever ran their work faster, unless RUNTIME says.
         echo "window: data on the $(runtime_for decode) runtime, training on $(runtime_for score)"
     fi
-    # Fresh data for DATA_SHARE of the time. auto (the default): 0.4 where the profile measured the generator at
-    # >= 10k answer tokens/s (0.4 of a 570 s call then makes >= 2.3 M fresh tokens, 40% of the committed data, and
-    # training still sees ~8 M), else 0 (the first window's 2.5k made 396 answers in a fifth of its time, 2% of the
-    # data, for the time that trains ~2.5 M tokens). Hard-capped: a shard crossing its time may run long; finished
-    # shards stay. A failed data phase leaves training on the committed data.
+    # Fresh data for DATA_SHARE of the time the call has left after the profile (less the export's 75 s). auto (the
+    # default): 0.4 where the profile measured the generator at >= 10k answer tokens/s (~160 s of a 570 s call then
+    # make >= 1.6 M fresh tokens, while this call and the later `train` calls still train ~8 minutes), else 0 (the
+    # first window's 2.5k made 396 answers in a fifth of its time, 2% of the data, for the time that trains ~2.5 M
+    # tokens). Hard-capped: a shard crossing its time may run long; finished shards stay. A failed data phase
+    # leaves training on the committed data.
     share=${DATA_SHARE:-auto}
     if [ "$share" = auto ]; then
         speed=$(measured "$(runtime_for decode)" decode)
         share=$(awk "BEGIN {print (${speed:-0} >= 10000) ? 0.4 : 0}")
         echo "window: the generator measured ${speed:-no} answer tokens/s: DATA_SHARE $share"
     fi
-    data_s=$(awk "BEGIN {print int($seconds * $share)}")
+    data_s=$(awk "BEGIN {print int(($seconds - ($SECONDS - $started) - 75) * $share)}")
     if [ "$data_s" -gt 0 ]; then
         timeout -k 5 $((data_s + 45)) "$0" data "$(awk "BEGIN {print $data_s / 60}")" "$window" ||
             echo "window: the data phase stopped with status $? (finished shards are kept)"
