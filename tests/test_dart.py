@@ -20,7 +20,7 @@ from dartspec.engine import Generator
 from dartspec.errors import DartspecError
 from dartspec.target import Target
 from dartspec.train.dart import STATE_FILE, DartTrainer, Sample, TrainConfig, choose_draft_vocab
-from dartspec.train.dart_loss import anchor_layout, dart_loss, sample_anchors
+from dartspec.train.dart_loss import anchor_layout, anchor_layouts, dart_loss, sample_anchors, stack_layouts
 from dartspec.train.evaluate import batch_loss, model_objective
 
 VOCAB = 96
@@ -130,6 +130,23 @@ def test_training_layout_equals_incremental_drafting(target: Target, num_layers:
         rows = [a] + [lay.n_real + 3 * k + j for j in range(3)]
         torch.testing.assert_close(step, logp[rows], rtol=0, atol=1e-9)
         assert cache.length == a + 1
+
+
+@pytest.mark.parametrize("depth", [2, 4, 8])
+def test_batched_layouts_equal_each_sequences_own(depth: int) -> None:
+    """The training step builds every sequence's layout at once; it equals each sequence's own layout, padded:
+    sequences of other lengths and prompts, few or no anchors (a sequence too short for any), all anchors."""
+    gen = torch.Generator().manual_seed(depth)
+    lengths, prompts = [30, 9, 41, 4, 17, 25], [5, 3, 12, 4, 16, 1]
+    anchors = [sample_anchors(n, p, 6, gen) for n, p in zip(lengths, prompts, strict=True)]
+    anchors[5] = sample_anchors(25, 1, 100, gen)  # every anchor the sequence has
+    assert anchors[3].numel() == 0 and anchors[4].numel() == 1
+    got = anchor_layouts(lengths, prompts, anchors, depth, "cpu")
+    want = stack_layouts(
+        [anchor_layout(n, p, depth, a) for n, p, a in zip(lengths, prompts, anchors, strict=True)], "cpu"
+    )
+    for name in ("positions", "mask", "depth", "target_row", "n_real"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
 
 
 @pytest.mark.parametrize("kind", ["kl", "ce"])

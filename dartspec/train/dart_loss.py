@@ -67,6 +67,79 @@ def anchor_layout(
     return AnchorLayout(positions, mask, depth_of, target_row, n_real)
 
 
+@dataclass(frozen=True)
+class PaddedLayout:
+    """The layouts of a batch of sequences, row b of each tensor holding sequence b's rows padded to ``N``:
+    padding rows sit at position 0, attend only to themselves and are never scored (depth 0, target row 0)."""
+
+    positions: torch.Tensor  # (B, N)
+    mask: torch.Tensor  # (B, N, N) bool
+    depth: torch.Tensor  # (B, N)
+    target_row: torch.Tensor  # (B, N)
+    n_real: torch.Tensor  # (B,) real rows of each sequence (its first rows)
+
+
+def stack_layouts(layouts: Sequence[AnchorLayout], device: torch.device | str) -> PaddedLayout:
+    """Per-sequence :func:`anchor_layout` results as one padded batch (a loop: tests and single sequences)."""
+    batch, n = len(layouts), max(lay.positions.numel() for lay in layouts)
+    positions = torch.zeros(batch, n, dtype=torch.long, device=device)
+    depth = torch.zeros(batch, n, dtype=torch.long, device=device)
+    target_row = torch.zeros(batch, n, dtype=torch.long, device=device)
+    mask = torch.eye(n, dtype=torch.bool, device=device).repeat(batch, 1, 1)
+    for b, lay in enumerate(layouts):
+        m = lay.positions.numel()
+        positions[b, :m] = lay.positions
+        depth[b, :m] = lay.depth
+        target_row[b, :m] = lay.target_row
+        mask[b, :m, :m] = lay.mask
+    n_real = torch.tensor([lay.n_real for lay in layouts], device=device)
+    return PaddedLayout(positions, mask, depth, target_row, n_real)
+
+
+def anchor_layouts(
+    lengths: Sequence[int],
+    prompt_lens: Sequence[int],
+    anchors: Sequence[torch.Tensor],
+    depth: int,
+    device: torch.device | str,
+) -> PaddedLayout:
+    """What :func:`stack_layouts` makes of each sequence's :func:`anchor_layout`, built for the whole batch in
+    one pass of tensor operations (one host-to-device copy, not a loop of ~20 small operations and a copy per
+    sequence: on a GPU each pageable copy also waits for the device)."""
+    batch, slots = len(lengths), depth - 1
+    counts = [a.numel() for a in anchors]
+    table = torch.zeros(batch, max(1, *counts), dtype=torch.long)
+    for b, a in enumerate(anchors):
+        table[b, : a.numel()] = a
+    sizes = torch.tensor(
+        [[length, prompt, count] for length, prompt, count in zip(lengths, prompt_lens, counts, strict=True)]
+    )
+    table, sizes = table.to(device), sizes.to(device)
+    length, prompt, count = sizes.unbind(1)
+    n_real = length - 1
+    n = max(length_ - 1 + count_ * slots for length_, count_ in zip(lengths, counts, strict=True))
+    row = torch.arange(n, device=device)[None, :]
+    real = row < n_real[:, None]
+    offset = row - n_real[:, None]  # a slot row's place among its sequence's slot rows
+    slot = (offset >= 0) & (offset < (count * slots)[:, None])
+    block = (offset // max(slots, 1)).clamp(0, table.shape[1] - 1)  # its anchor block
+    j = offset % max(slots, 1) + 1  # its slot in the block, 1..d-1
+    anchor = table.gather(1, block)
+    positions = torch.where(real, row, torch.where(slot, anchor + j, 0))
+    target = positions + 1
+    scored = (real | slot) & (target <= (length - 1)[:, None]) & (target + 1 >= prompt[:, None])
+    depth_of = torch.where(scored, torch.where(real, 1, j + 1), 0)
+    target_row = torch.where(real | slot, torch.minimum(target, (length - 1)[:, None]), 0)
+    # Real keys up to a row's own position (real rows) or its anchor (slot rows); the earlier slots of a slot row's
+    # own block; padding rows only themselves.
+    sees = torch.where(real, row, torch.where(slot, anchor, -1))
+    mask = real[:, None, :] & (row[:, None, :] <= sees[:, :, None])
+    same_block = (block[:, :, None] == block[:, None, :]) & (j[:, None, :] <= j[:, :, None])
+    mask |= slot[:, :, None] & slot[:, None, :] & same_block
+    mask |= torch.eye(n, dtype=torch.bool, device=device) & ~(real | slot)[:, :, None]
+    return PaddedLayout(positions, mask, depth_of, target_row, n_real)
+
+
 def sample_anchors(seq_len: int, prompt_len: int, count: int, generator: torch.Generator) -> torch.Tensor:
     """Up to ``count`` distinct anchors whose depth-2 prediction lies in the answer, sorted."""
     lo = max(prompt_len - 2, 0)
@@ -137,7 +210,7 @@ def dart_loss(
     features: torch.Tensor,
     next_embeds: torch.Tensor,
     target_logits: torch.Tensor,
-    layouts: Sequence[AnchorLayout],
+    layout: PaddedLayout | Sequence[AnchorLayout],
     *,
     decay: float = 0.6,
     kind: str = "kl",
@@ -150,47 +223,38 @@ def dart_loss(
     per-depth figures are summed (hits, counts) or averaged (losses) over the batch.
 
     Args:
-        features: ``(B, T, F*H)`` target features, sequence b valid for its first ``layouts[b].n_real + 1`` rows.
+        features: ``(B, T, F*H)`` target features, sequence b valid for its first ``n_real[b] + 1`` rows.
         next_embeds: ``(B, T-1, H)`` target embeddings of tokens 1..T-1.
         target_logits: ``(B, T, V)`` target logits (row i predicts token i+1).
-        layouts: one :func:`anchor_layout` per sequence.
+        layout: :func:`anchor_layouts` of the batch (or one :func:`anchor_layout` per sequence).
         kind: ``"kl"`` (to the target's distribution) or ``"ce"`` (to the target's argmax token).
     """
-    batch, width = len(layouts), features.shape[1] - 1
+    batch, width = features.shape[0], features.shape[1] - 1
     device = features.device
-    n = max(lay.positions.numel() for lay in layouts)
+    if not isinstance(layout, PaddedLayout):
+        layout = stack_layouts(layout, device)
     # Every drafter row gathers its input from [real rows of all sequences ; the mask slot input].
     x_r, h_r = model.real_inputs(features[:, :width], next_embeds[:, :width])
     x_m, h_m = model.mask_inputs(1)
     x_src = torch.cat([x_r.flatten(0, 1), x_m.to(x_r.dtype)])
     h_src = torch.cat([h_r.flatten(0, 1), h_m.to(h_r.dtype)])
-    slot_row = batch * width
-    source = torch.full((batch, n), slot_row, dtype=torch.long, device=device)
-    positions = torch.zeros(batch, n, dtype=torch.long, device=device)
-    depth = torch.zeros(batch, n, dtype=torch.long, device=device)
-    target_row = torch.zeros(batch, n, dtype=torch.long, device=device)
-    mask = torch.eye(n, dtype=torch.bool, device=device).repeat(batch, 1, 1)
-    for b, lay in enumerate(layouts):
-        m = lay.positions.numel()
-        source[b, : lay.n_real] = torch.arange(lay.n_real, device=device) + b * width
-        positions[b, :m] = lay.positions
-        depth[b, :m] = lay.depth
-        target_row[b, :m] = lay.target_row
-        mask[b, :m, :m] = lay.mask
+    row = torch.arange(layout.positions.shape[1], device=device)[None, :]
+    real_row = torch.arange(batch, device=device)[:, None] * width + row
+    source = torch.where(row < layout.n_real[:, None], real_row, batch * width)
 
-    hidden = model(x_src[source], h_src[source], positions, mask)
-    seq, row = (depth > 0).nonzero(as_tuple=True)  # one host sync instead of one per boolean index
+    hidden = model(x_src[source], h_src[source], layout.positions, layout.mask)
+    seq, row = (layout.depth > 0).nonzero(as_tuple=True)  # one host sync instead of one per boolean index
     # A target position is scored by up to d rows (its real row and anchors' slots): restrict the target's logits to
     # the draft vocabulary and take its top-1 once per position, then gather rows (the full-vocabulary rows gathered
     # per scored row were ~13 GB of fp32 on the window's steps).
     with torch.no_grad():
         target_draft, target_top = target_logits[..., model.d2t], target_logits.argmax(-1)
-    at = target_row[seq, row]
+    at = layout.target_row[seq, row]
     per_row, correct = distill_rows(
         model.lm_head(hidden[seq, row]), target_draft[seq, at], target_top[seq, at], model.d2t, kind
     )
 
-    return depth_summary(per_row, correct, seq, depth[seq, row], batch, model.cfg.depth, decay)
+    return depth_summary(per_row, correct, seq, layout.depth[seq, row], batch, model.cfg.depth, decay)
 
 
 def depth_summary(
@@ -232,8 +296,6 @@ def dart_anchor_loss(
 ) -> LossOutput:
     """:func:`dart_loss` over up to ``anchors`` anchor blocks per sequence drawn with ``generator`` (the
     training objective); sequence b holds ``lengths[b]`` tokens of which ``prompt_lens[b]`` are prompt."""
-    layouts = []
-    for seq_len, prompt_len in zip(lengths, prompt_lens, strict=True):
-        picked = sample_anchors(seq_len, prompt_len, anchors, generator)
-        layouts.append(anchor_layout(seq_len, prompt_len, model.cfg.depth, picked, target_logits.device))
-    return dart_loss(model, features, next_embeds, target_logits, layouts, decay=decay, kind=kind)
+    picked = [sample_anchors(n, p, anchors, generator) for n, p in zip(lengths, prompt_lens, strict=True)]
+    layout = anchor_layouts(lengths, prompt_lens, picked, model.cfg.depth, target_logits.device)
+    return dart_loss(model, features, next_embeds, target_logits, layout, decay=decay, kind=kind)
