@@ -465,7 +465,8 @@ class LeanTarget(CausalRuntime):
         m = mask.reshape(-1, 1, *mask.shape[-2:])  # (q, T) of one sequence or (B, 1, q, T) of a batch
         grouped = m[:, :, None].expand(-1, -1, G, -1, -1).reshape(m.shape[0], 1, G * q, m.shape[-1])
         attn = F.scaled_dot_product_attention(rows, keys, values, attn_mask=grouped, scale=self.scaling)
-        return attn.view(b, H, q, D).transpose(1, 2).reshape(b, q, H * D)
+        # reshape, not view: the fused kernels may return a strided view (a GPU's memory-efficient kernel does).
+        return attn.reshape(b, H, q, D).transpose(1, 2).reshape(b, q, H * D)
 
     def _rotate(self, qk: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
         """Rotary embedding as a complex multiply of adjacent pairs (half precisions go through float32)."""
