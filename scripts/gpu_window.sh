@@ -32,8 +32,9 @@
 # WINDOW (default 0) seeds the data order and numbers the fresh data, so successive windows see other data and
 # nothing large is stored or carried: a window's data is made and used on the device (and comes back as a tarball).
 # Environment: KIND=dflash (train DFlash, from scratch), DEVICE=cpu and CONFIG=small.yaml (a rehearsal on a CPU),
-# DATA_SHARE and PROFILE (the window phase), DATA_BATCH (the data phase's batch; default: the profile's fastest), RUNTIME (hf | lean for data and training; the window phase otherwise
-# takes whichever its profile measured faster),
+# DATA_SHARE and PROFILE (the window phase), DATA_BATCH (the data phase's batch; default: the profile's fastest) and
+# DATA_TURNS (user turns a conversation, default 2), RUNTIME (hf | lean for data and training; the window phase
+# otherwise takes whichever its profile measured faster),
 # PIECE_MB (prepare's piece size; default: what the working tree leaves of a call's 64 MiB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -265,8 +266,11 @@ data | train | profile | bench)
         shard=${DATA_SHARD:-$((batch > 1024 ? batch : 1024))}
         [ -f "$fresh/manifest.json" ] && shard=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["config"]["shard_size"])' "$fresh/manifest.json")
         echo "data: $runtime runtime, batch $batch, shards of $shard requests" | tee "$out/data.txt"
+        # Two turns a conversation (DATA_TURNS): the target also writes a follow-up request after its own answer,
+        # as MT-Bench's second turns are, and answers it with the whole conversation as context.
         python3 -m dartspec.cli data regenerate --source self --range "$first:$((first + 1000000))" --out "$fresh" \
-            --seed "$window" --max-new-tokens 256 --shard-size "$shard" --batch-size "$batch" \
+            --seed "$window" --max-new-tokens 256 --turns "${DATA_TURNS:-2}" --shard-size "$shard" \
+            --batch-size "$batch" \
             --device "${DEVICE:-cuda}" --runtime "$runtime" \
             --max-minutes "$minutes" "${resume[@]}" 2>&1 | tee -a "$out/data.txt"
         exit 0
