@@ -106,6 +106,8 @@ class TargetRuntime(Protocol):
 
     def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]: ...
 
+    def encode_chats(self, conversations: Sequence[Sequence[dict[str, str]]]) -> list[list[int]]: ...
+
     def decode(self, token_ids: Sequence[int]) -> str: ...
 
 
@@ -438,12 +440,20 @@ class CausalRuntime(ABC):
 
     def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
         """Apply the model's chat template (with the assistant turn opened) and tokenize."""
+        return self.encode_chats([messages])[0]
+
+    def encode_chats(self, conversations: Sequence[Sequence[dict[str, str]]]) -> list[list[int]]:
+        """:meth:`encode_chat` of many conversations, tokenized in one batch (the tokenizer's own threads: data
+        generation encodes a thousand at a time). Templates render to text with their special tokens, which the
+        tokenizer reads back as such; nothing is added around them (what ``apply_chat_template`` does)."""
         if not getattr(self.tokenizer, "chat_template", None):
             raise DartspecError(f"{self.name} has no chat template; pass a plain prompt without --chat")
-        ids = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return [int(t) for t in ids]
+        texts = [
+            self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+            for messages in conversations
+        ]
+        ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+        return [[int(t) for t in row] for row in ids]
 
     def encode(self, text: str) -> list[int]:
         return [int(t) for t in self.tokenizer(text, add_special_tokens=True)["input_ids"]]

@@ -36,6 +36,30 @@ def test_pld_greedy_is_token_identical_to_plain_decoding_on_mtbench(smollm2: Tar
     assert accepted > 0, "prompt lookup never got a draft accepted: the test would not exercise tree verification"
 
 
+def test_batched_chat_encoding_equals_the_templates_own(smollm2: Target) -> None:
+    """Data generation encodes conversations a thousand at a time: the same ids as apply_chat_template's own
+    tokenization of each, multi-turn, special-looking text and unicode included."""
+    conversations = [
+        [{"role": "user", "content": "Write a Rust function that reverses a string."}],
+        [
+            {"role": "user", "content": "What is 2 + 2?"},
+            {"role": "assistant", "content": "4.\n\n```python\nprint(2 + 2)\n```"},
+            {"role": "user", "content": "And <|im_end|> times three? \u00e9\u4e2d\u6587 \U0001f600"},
+        ],
+        [{"role": "user", "content": "  leading and trailing spaces  \n"}],
+    ]
+    want = [
+        list(
+            smollm2.tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=True, return_dict=True)[
+                "input_ids"
+            ]
+        )
+        for c in conversations
+    ]
+    assert smollm2.encode_chats(conversations) == want
+    assert [smollm2.encode_chat(c) for c in conversations] == want
+
+
 def test_chat_answer_is_sensible_and_streams(smollm2: Target) -> None:
     gen = Generator(smollm2, PromptLookupDrafter())
     events = list(gen.stream("What is the capital of France?", chat=True, max_new_tokens=32))

@@ -117,11 +117,14 @@ class _SelfWrittenTurns:
             openers = [pick_opener(self.cfg.seed, i) if turn == 0 else "" for i, _ in chunk]
             seed = self.cfg.seed * 1_000_003 + chunk[0][0] + 7919 * turn + 1
             written = write_user_turns(self.target, [h for _, h in chunk], openers, seed=seed)
+            if turn == 0:  # a first turn's key: its prompt's tokens, the chunk's encoded in one batch
+                firsts = [[{"role": "user", "content": text}] for text in written if text is not None]
+                keys = iter(self.target.encode_chats(firsts))
             for (index, _), text in zip(chunk, written, strict=True):
                 if text is None:
                     continue
                 if turn == 0:
-                    key = first_turn_key(self.target.encode_chat([{"role": "user", "content": text}]))
+                    key = first_turn_key(next(keys))
                     if key in self.seen:
                         continue
                     self.seen.add(key)
@@ -260,9 +263,9 @@ def regenerate(
             for index in list(history):
                 if index not in texts:
                     del history[index]  # the conversation ends here
-                    continue
-                messages = [*history[index], {"role": "user", "content": texts[index]}]
-                ids = target.encode_chat(messages)
+            turn_messages = {index: [*history[index], {"role": "user", "content": texts[index]}] for index in history}
+            encoded = target.encode_chats(list(turn_messages.values()))  # one batch: the tokenizer's threads
+            for (index, messages), ids in zip(turn_messages.items(), encoded, strict=True):
                 if len(ids) > cfg.max_prompt_tokens:
                     del history[index]  # later turns would be longer still
                     if turn == 0:

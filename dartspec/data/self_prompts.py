@@ -76,11 +76,10 @@ def write_user_turns(
 ) -> list[str | None]:
     """The target's next user turn after each history (empty for a first turn), starting with its opener;
     None where the sample did not end its turn within ``max_tokens`` or came out too short."""
-    starts, prompts = [], []
-    for history, opener in zip(histories, openers, strict=True):
-        start = open_user_turn(target, history)
-        starts.append(start)
-        prompts.append(target.tokenizer(start + opener, add_special_tokens=False)["input_ids"])
+    first = open_user_turn(target, []) if not all(histories) else ""  # every first turn opens alike
+    starts = [open_user_turn(target, history) if history else first for history in histories]
+    texts = [start + opener for start, opener in zip(starts, openers, strict=True)]
+    prompts = target.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []  # one batch
     special = set(getattr(target.tokenizer, "all_special_ids", []))
     answers = decode_batch(target, prompts, max_tokens, temperature=temperature, seed=seed)
     out: list[str | None] = []
