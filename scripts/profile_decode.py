@@ -42,6 +42,34 @@ def timed(work: Callable[[], int], cuda: bool) -> float:
     return units / (time.perf_counter() - start)
 
 
+def answers_of(target: Any, prompts: list[list[int]], sequences: list[list[int]]) -> dict[str, torch.Tensor]:
+    """What ``target`` computes, to check one runtime against another: the first greedy token of 64 prompts' answers,
+    and the top-1 token at every real position of the scored sequences."""
+    first = torch.tensor([a.tokens[0] for a in decode_batch(target, prompts[:64], 1)])
+    with torch.no_grad():
+        top = target.score_batch(sequences).logits.argmax(-1).cpu()
+    return {"decode": first, "score": torch.cat([top[i, : len(s)] for i, s in enumerate(sequences)])}
+
+
+def check_agreement(
+    got: dict[str, dict[str, torch.Tensor]], speeds: dict[str, dict[str, float]], lines: list[str]
+) -> None:
+    """Drop the speed of a runtime's work where it disagrees with transformers' modules (the reference): a fast
+    forward that computes something else would otherwise write the window's data or score its training. bf16
+    kernels differ in rounding, which moves an argmax rarely, not for one answer in ten."""
+    if "hf" not in got:
+        return
+    for runtime, answers in got.items():
+        if runtime == "hf":
+            continue
+        for work, least in (("decode", 0.9), ("score", 0.95)):
+            agree = float((answers[work] == got["hf"][work]).double().mean())
+            lines.append(f"{runtime} {work} agrees with hf on {agree:.3f} of its top-1 tokens (needs {least})")
+            if agree < least:
+                speeds[runtime].pop(work, None)
+                lines.append(f"{runtime} is not used for {work}: it computes something else than transformers")
+
+
 def profile_runtime(
     target: Any, label: str, prompts: list[list[int]], sequences: list[list[int]], args: Any, lines: list[str]
 ) -> dict[str, float]:
@@ -156,24 +184,29 @@ def main() -> None:
     cuda = args.device.startswith("cuda")
     lines: list[str] = []  # the report: what each runtime measured, or why it failed
     speeds: dict[str, dict[str, float]] = {}  # runtime -> decode, decode_batch, score (the window reads the .json)
+    answers: dict[str, dict[str, torch.Tensor]] = {}  # runtime -> what it computed (checked against hf at the end)
 
-    for runtime in args.runtimes.split(","):
+    runtimes = args.runtimes.split(",")
+    for runtime in runtimes:
         quant = "none" if runtime == "lean" and cuda else "auto"
         try:
             target = load_target(args.model, device=args.device, runtime=runtime, quant=quant, dtype=dtype)
             speeds[runtime] = profile_runtime(
                 target, f"{runtime}, quant {quant}, {dtype}", prompts, sequences, args, lines
             )
+            answers[runtime] = answers_of(target, prompts, sequences)
         except Exception as err:  # a runtime that fails here is a finding: the next one still runs
             lines.append(f"== {runtime} (quant {quant}, {dtype}) failed: {type(err).__name__}: {err}")
             print(lines[-1], flush=True)
             continue
-        if args.train_steps and runtime == args.runtimes.split(",")[0]:  # the trainer once, on the first runtime
+        if args.train_steps and runtime == runtimes[0]:  # the trainer once, on the first runtime
             try:
                 profile_training(target, args, lines)
             except Exception as err:
                 lines.append(f"== trainer on {runtime} failed: {type(err).__name__}: {err}")
                 print(lines[-1], flush=True)
+        if runtime == runtimes[-1]:
+            check_agreement(answers, speeds, lines)
         if args.out:  # after each runtime: a profile stopped by its time limit still leaves what it measured
             Path(args.out).write_text("\n".join(lines) + "\n")
             Path(args.out).with_suffix(".json").write_text(json.dumps(speeds) + "\n")

@@ -66,6 +66,9 @@ def run_train_bench(
 ) -> list[dict[str, Any]]:
     """Median tokens/s and step seconds of each setting (``pack=N,precision=P``) over ``rounds`` counted steps."""
     trainers = []
+    # One data order for every setting (the same losses after the same steps): length-sorted steps as packed
+    # training runs them, unless the config names an order (sorting changes no speed where sequences run alone).
+    cfg = replace(cfg, length_sort_steps=cfg.length_sort_steps or 16)
     with tempfile.TemporaryDirectory() as tmp:
         # Every setting trains on the same samples, as many as the rounds use: a cached setting is timed on
         # what later epochs cost (its cache filled first, untimed), the others on what any step costs.
