@@ -14,7 +14,9 @@
 #                                               (PROFILE=0: not), `data` for DATA_SHARE of the time (default auto:
 #                                               0.4 where the profile measured >= 10k answer tokens/s, else 0), and
 #                                               `train` (schedule fitted) for the rest, all within SECONDS
-#   device: scripts/gpu_window.sh profile       where the batched data generator's time goes -> $OUT/profile.txt
+#   device: scripts/gpu_window.sh profile       where the data generator's and the trainer's time goes, on lean and
+#                                               hf, decoding at batch 256 and 1024 -> $OUT/profile.txt (a runtime
+#                                               that disagrees with hf is not used for that work)
 #   device: scripts/gpu_window.sh bench [LIMIT]   ar, dart and eagle3 on the GPU (mtbench, humaneval), the shipped
 #                                               drafters: carry [".window/bench", "dartspec/checkpoints/smollm2-135m-
 #                                               eagle3", "dartspec/checkpoints/smollm2-135m-dart/ngram.bin"] (slimmed)
