@@ -359,7 +359,7 @@ PY
     echo "drafter in $dest (compare: dartspec bench accuracy --drafter $kind --drafter-path $dest --dataset data/smollm2-135m-sharegpt-dev)"
     ;;
 *)
-    sed -n '2,20p' "$0"
+    sed -n '2,32p' "$0"
     exit 2
     ;;
 esac
