@@ -238,9 +238,9 @@ def dart_loss(
     x_m, h_m = model.mask_inputs(1)
     x_src = torch.cat([x_r.flatten(0, 1), x_m.to(x_r.dtype)])
     h_src = torch.cat([h_r.flatten(0, 1), h_m.to(h_r.dtype)])
-    row = torch.arange(layout.positions.shape[1], device=device)[None, :]
-    real_row = torch.arange(batch, device=device)[:, None] * width + row
-    source = torch.where(row < layout.n_real[:, None], real_row, batch * width)
+    index = torch.arange(layout.positions.shape[1], device=device)[None, :]
+    real_row = torch.arange(batch, device=device)[:, None] * width + index
+    source = torch.where(index < layout.n_real[:, None], real_row, batch * width)
 
     hidden = model(x_src[source], h_src[source], layout.positions, layout.mask)
     seq, row = (layout.depth > 0).nonzero(as_tuple=True)  # one host sync instead of one per boolean index
