@@ -20,7 +20,14 @@ from dartspec.engine import Generator
 from dartspec.errors import DartspecError
 from dartspec.target import Target
 from dartspec.train.dart import STATE_FILE, DartTrainer, Sample, TrainConfig, choose_draft_vocab
-from dartspec.train.dart_loss import anchor_layout, anchor_layouts, dart_loss, sample_anchors, stack_layouts
+from dartspec.train.dart_loss import (
+    AnchorLayout,
+    PaddedLayout,
+    anchor_layout,
+    anchor_layouts,
+    dart_loss,
+    sample_anchors,
+)
 from dartspec.train.evaluate import batch_loss, model_objective
 
 VOCAB = 96
@@ -132,6 +139,23 @@ def test_training_layout_equals_incremental_drafting(target: Target, num_layers:
         assert cache.length == a + 1
 
 
+def stack_layouts(layouts: list[AnchorLayout], device: str) -> PaddedLayout:
+    """Per-sequence layouts padded into one batch by a plain loop: the reference for the batched builder."""
+    batch, n = len(layouts), max(lay.positions.numel() for lay in layouts)
+    positions = torch.zeros(batch, n, dtype=torch.long, device=device)
+    depth = torch.zeros(batch, n, dtype=torch.long, device=device)
+    target_row = torch.zeros(batch, n, dtype=torch.long, device=device)
+    mask = torch.eye(n, dtype=torch.bool, device=device).repeat(batch, 1, 1)
+    for b, lay in enumerate(layouts):
+        m = lay.positions.numel()
+        positions[b, :m] = lay.positions
+        depth[b, :m] = lay.depth
+        target_row[b, :m] = lay.target_row
+        mask[b, :m, :m] = lay.mask
+    n_real = torch.tensor([lay.n_real for lay in layouts], device=device)
+    return PaddedLayout(positions, mask, depth, target_row, n_real)
+
+
 @pytest.mark.parametrize("depth", [2, 4, 8])
 def test_batched_layouts_equal_each_sequences_own(depth: int) -> None:
     """The training step builds every sequence's layout at once; it equals each sequence's own layout, padded:
@@ -168,7 +192,8 @@ def test_anchor_loss_scores_each_row_on_its_target_position(target: Target, kind
         logq = torch.log_softmax(
             model.lm_head(model(torch.cat([x_r, x_m]), torch.cat([h_r, h_m]), lay.positions, lay.mask)), -1
         )
-        got = dart_loss(model, feats[None], embeds[None], logits[None], [lay], kind=kind)
+        batched = anchor_layouts([len(ids)], [6], [torch.tensor([7, 15, 26])], 4, "cpu")
+        got = dart_loss(model, feats[None], embeds[None], logits[None], batched, kind=kind)
     losses, hits = [[] for _ in range(4)], [0] * 4
     for r in torch.nonzero(lay.depth > 0)[:, 0].tolist():
         full = logits[lay.target_row[r]]

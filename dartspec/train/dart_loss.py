@@ -79,23 +79,6 @@ class PaddedLayout:
     n_real: torch.Tensor  # (B,) real rows of each sequence (its first rows)
 
 
-def stack_layouts(layouts: Sequence[AnchorLayout], device: torch.device | str) -> PaddedLayout:
-    """Per-sequence :func:`anchor_layout` results as one padded batch (a loop: tests and single sequences)."""
-    batch, n = len(layouts), max(lay.positions.numel() for lay in layouts)
-    positions = torch.zeros(batch, n, dtype=torch.long, device=device)
-    depth = torch.zeros(batch, n, dtype=torch.long, device=device)
-    target_row = torch.zeros(batch, n, dtype=torch.long, device=device)
-    mask = torch.eye(n, dtype=torch.bool, device=device).repeat(batch, 1, 1)
-    for b, lay in enumerate(layouts):
-        m = lay.positions.numel()
-        positions[b, :m] = lay.positions
-        depth[b, :m] = lay.depth
-        target_row[b, :m] = lay.target_row
-        mask[b, :m, :m] = lay.mask
-    n_real = torch.tensor([lay.n_real for lay in layouts], device=device)
-    return PaddedLayout(positions, mask, depth, target_row, n_real)
-
-
 def anchor_layouts(
     lengths: Sequence[int],
     prompt_lens: Sequence[int],
@@ -103,9 +86,9 @@ def anchor_layouts(
     depth: int,
     device: torch.device | str,
 ) -> PaddedLayout:
-    """What :func:`stack_layouts` makes of each sequence's :func:`anchor_layout`, built for the whole batch in
-    one pass of tensor operations (one host-to-device copy, not a loop of ~20 small operations and a copy per
-    sequence: on a GPU each pageable copy also waits for the device)."""
+    """Each sequence's :func:`anchor_layout` (the readable definition, which tests hold this to), padded into one
+    batch and built for the whole batch in one pass of tensor operations (one host-to-device copy, not a loop of
+    ~20 small operations and a copy per sequence: on a GPU each pageable copy also waits for the device)."""
     batch, slots = len(lengths), depth - 1
     counts = [a.numel() for a in anchors]
     table = torch.zeros(batch, max(1, *counts), dtype=torch.long)
@@ -210,7 +193,7 @@ def dart_loss(
     features: torch.Tensor,
     next_embeds: torch.Tensor,
     target_logits: torch.Tensor,
-    layout: PaddedLayout | Sequence[AnchorLayout],
+    layout: PaddedLayout,
     *,
     decay: float = 0.6,
     kind: str = "kl",
@@ -226,13 +209,11 @@ def dart_loss(
         features: ``(B, T, F*H)`` target features, sequence b valid for its first ``n_real[b] + 1`` rows.
         next_embeds: ``(B, T-1, H)`` target embeddings of tokens 1..T-1.
         target_logits: ``(B, T, V)`` target logits (row i predicts token i+1).
-        layout: :func:`anchor_layouts` of the batch (or one :func:`anchor_layout` per sequence).
+        layout: :func:`anchor_layouts` of the batch.
         kind: ``"kl"`` (to the target's distribution) or ``"ce"`` (to the target's argmax token).
     """
     batch, width = features.shape[0], features.shape[1] - 1
     device = features.device
-    if not isinstance(layout, PaddedLayout):
-        layout = stack_layouts(layout, device)
     # Every drafter row gathers its input from [real rows of all sequences ; the mask slot input].
     x_r, h_r = model.real_inputs(features[:, :width], next_embeds[:, :width])
     x_m, h_m = model.mask_inputs(1)
