@@ -21,6 +21,7 @@ import torch
 
 from dartspec.errors import DartspecError
 from dartspec.kv_cache import TreeKVCache
+from dartspec.runtime import to_device
 
 #: Drop finished rows once at most this fraction of the batch is still running.
 COMPACT_BELOW = 0.75
@@ -91,7 +92,7 @@ def decode_batch(
     device = target.device
     every = check_every or (1 if device.type == "cpu" else DEVICE_CHECK_EVERY)
     stop_set = frozenset(stop_ids if stop_ids is not None else target.eos_token_ids)
-    stops = torch.tensor(sorted(stop_set), device=device)
+    stops = to_device(torch.tensor(sorted(stop_set)), device)
     generator = None
     if temperature > 0:
         generator = torch.Generator(device=device)
@@ -105,9 +106,9 @@ def decode_batch(
     for i, p in enumerate(prompts):
         ids[i, width - len(p) :] = torch.as_tensor(list(p), dtype=torch.long)
         key_positions[i, width - len(p) : width] = torch.arange(len(p))
-    ids, key_positions = ids.to(device), key_positions.to(device)
+    ids, key_positions = to_device(ids, device), to_device(key_positions, device)
     hidden, cache = _prefill(target, ids, key_positions[:, :width], slots, prefill_slots)
-    next_pos = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=device)
+    next_pos = to_device(torch.tensor([len(p) for p in prompts], dtype=torch.long), device)
 
     live = torch.arange(rows, device=device)  # the prompt each batch row holds
     running = torch.ones(rows, dtype=torch.bool, device=device)

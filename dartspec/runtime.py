@@ -147,12 +147,32 @@ def tree_mask(tree: Tree) -> torch.Tensor | None:
     return None if bool(np.array_equal(tree.depth, np.arange(tree.size))) else torch.from_numpy(tree.ancestors)
 
 
+def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """``tensor`` on ``device`` without stopping the host: a host tensor goes to a GPU from pinned memory,
+    asynchronously (a copy from pageable memory waits until the device has run everything queued before it, which
+    in a training step is the target's whole forward)."""
+    device = torch.device(device)
+    if tensor.device == device:
+        return tensor
+    if tensor.device.type == "cpu" and device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
+def host_values(tensor: torch.Tensor) -> list:
+    """The values of a tensor that lives on the host (checked), as Python numbers: a read that waits for no
+    device, where ``tolist()`` on a device tensor would (tests/host_reads.py tells the two apart by this call)."""
+    if tensor.device.type != "cpu":
+        raise ValueError(f"host_values reads host tensors; this one is on {tensor.device}")
+    return tensor.tolist()
+
+
 def pad_sequences(sequences: Sequence[Sequence[int] | torch.Tensor], device: torch.device) -> torch.Tensor:
     """Token ids of many sequences as one ``(B, T)`` tensor, right-padded with id 0 to the longest."""
     if not sequences:
         raise DartspecError("no sequences to score")
     rows = [torch.as_tensor(ids, dtype=torch.long).reshape(-1) for ids in sequences]
-    return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True).to(device)
+    return to_device(torch.nn.utils.rnn.pad_sequence(rows, batch_first=True), device)
 
 
 def describe(target: Any) -> str:

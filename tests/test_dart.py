@@ -153,7 +153,7 @@ def stack_layouts(layouts: list[AnchorLayout], device: str) -> PaddedLayout:
         target_row[b, :m] = lay.target_row
         mask[b, :m, :m] = lay.mask
     n_real = torch.tensor([lay.n_real for lay in layouts], device=device)
-    return PaddedLayout(positions, mask, depth, target_row, n_real)
+    return PaddedLayout(positions, mask, depth, target_row, n_real, int((depth > 0).sum()))
 
 
 @pytest.mark.parametrize("depth", [2, 4, 8])
@@ -164,13 +164,17 @@ def test_batched_layouts_equal_each_sequences_own(depth: int) -> None:
     lengths, prompts = [30, 9, 41, 4, 17, 25], [5, 3, 12, 4, 16, 1]
     anchors = [sample_anchors(n, p, 6, gen) for n, p in zip(lengths, prompts, strict=True)]
     anchors[5] = sample_anchors(25, 1, 100, gen)  # every anchor the sequence has
+    anchors[0] = torch.tensor([0, 1, 2, 26, 27, 28])  # anchors the sampler never draws: in the prompt, at the end
     assert anchors[3].numel() == 0 and anchors[4].numel() == 1
     got = anchor_layouts(lengths, prompts, anchors, depth, "cpu")
     want = stack_layouts(
         [anchor_layout(n, p, depth, a) for n, p, a in zip(lengths, prompts, anchors, strict=True)], "cpu"
     )
-    for name in ("positions", "mask", "depth", "target_row", "n_real"):
-        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    for name in ("positions", "mask", "depth", "target_row", "n_real", "scored"):
+        assert torch.equal(torch.as_tensor(getattr(got, name)), torch.as_tensor(getattr(want, name))), name
+    # The scored rows found without reading the device (their count comes from the host) are nonzero's.
+    found = got.scored_rows()
+    assert all(torch.equal(a, b) for a, b in zip(found, (want.depth > 0).nonzero(as_tuple=True), strict=True))
 
 
 @pytest.mark.parametrize("kind", ["kl", "ce"])

@@ -283,8 +283,14 @@ class DartTrainer:
         self.optimizer = self._optimizer(model)
 
     def _optimizer(self, model: DartModel) -> torch.optim.Optimizer:
+        # Fused on a GPU: one kernel for all parameters, its step counters kept on the device (the default keeps
+        # them on the host and reads them every step).
         return torch.optim.AdamW(
-            model.parameters(), lr=self.cfg.lr, betas=self.cfg.betas, weight_decay=self.cfg.weight_decay
+            model.parameters(),
+            lr=self.cfg.lr,
+            betas=self.cfg.betas,
+            weight_decay=self.cfg.weight_decay,
+            fused=self.target.device.type == "cuda" or None,
         )
 
     def load_init(self, folder: str) -> DartModel:
@@ -488,15 +494,20 @@ class DartTrainer:
             losses.append(res.loss.detach() * n)
             scored_seqs += n
             tokens += sum(len(t) for t, _ in chunk)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip))
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
         self.step += 1
+        # The step's one read of the device, once the host has queued all of it: a read mid-step (each float(),
+        # .tolist() or copy from pageable memory) holds the host until the device has caught up, and on a GPU the
+        # device then idles while the host queues the rest (tests/test_host_reads.py counts them).
+        loss = torch.stack(losses).sum() / scored_seqs if losses else grad_norm.new_full((), float("nan"))
+        loss_value, grad_value = torch.stack([loss.float(), grad_norm.float()]).tolist()
         elapsed = time.perf_counter() - start
         return {
             "step": self.step,
-            "loss": float(torch.stack(losses).sum() / scored_seqs) if losses else float("nan"),
+            "loss": loss_value,
             "lr": lr,
-            "grad_norm": grad_norm,
+            "grad_norm": grad_value,
             "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0,
             "seconds": elapsed,
             "epoch": self.epoch + self.position / len(self.train),

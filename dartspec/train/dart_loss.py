@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from dartspec.drafters.dart_model import DartModel
+from dartspec.runtime import host_values, to_device
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,26 @@ class PaddedLayout:
     depth: torch.Tensor  # (B, N)
     target_row: torch.Tensor  # (B, N)
     n_real: torch.Tensor  # (B,) real rows of each sequence (its first rows)
+    scored: int  # rows with depth > 0, counted on the host (so finding them needs no read of the device)
+
+    def scored_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(sequence, row)`` of every scored row, in row-major order, as ``nonzero`` gives them but without
+        its read of the device (which would hold the host until the drafter's forward has run): each scored row's
+        place among them is a cumulative sum, and a scatter puts it there (unscored rows into one spare slot)."""
+        flat = (self.depth > 0).flatten()
+        place = torch.where(flat, flat.cumsum(0) - 1, self.scored)
+        index = torch.empty(self.scored + 1, dtype=torch.long, device=flat.device)
+        index.scatter_(0, place, torch.arange(flat.numel(), device=flat.device))
+        width = self.depth.shape[1]
+        return index[: self.scored] // width, index[: self.scored] % width
+
+
+def scored_count(length: int, prompt: int, anchors: Sequence[int], slots: int) -> int:
+    """Rows of one sequence's layout that are scored (see :func:`anchor_layout`), from its sizes alone: real row r
+    (target position r + 1) when r + 2 >= prompt; slot j of anchor a (target a + j + 1) when a + j + 1 <= length - 1
+    and a + j + 2 >= prompt."""
+    real = max(0, (length - 1) - max(0, prompt - 2))
+    return real + sum(max(0, min(slots, length - 2 - a) - max(1, prompt - 2 - a) + 1) for a in anchors)
 
 
 def anchor_layouts(
@@ -87,8 +108,8 @@ def anchor_layouts(
     device: torch.device | str,
 ) -> PaddedLayout:
     """Each sequence's :func:`anchor_layout` (the readable definition, which tests hold this to), padded into one
-    batch and built for the whole batch in one pass of tensor operations (one host-to-device copy, not a loop of
-    ~20 small operations and a copy per sequence: on a GPU each pageable copy also waits for the device)."""
+    batch and built for the whole batch in one pass of tensor operations (one asynchronous host-to-device copy, not a
+    loop of ~20 small operations and a copy per sequence)."""
     batch, slots = len(lengths), depth - 1
     counts = [a.numel() for a in anchors]
     table = torch.zeros(batch, max(1, *counts), dtype=torch.long)
@@ -97,7 +118,12 @@ def anchor_layouts(
     sizes = torch.tensor(
         [[length, prompt, count] for length, prompt, count in zip(lengths, prompt_lens, counts, strict=True)]
     )
-    table, sizes = table.to(device), sizes.to(device)
+    n_scored = sum(
+        scored_count(length, prompt, host_values(a), slots)
+        for length, prompt, a in zip(lengths, prompt_lens, anchors, strict=True)
+    )
+    both = to_device(torch.cat([sizes, table], dim=1), device)
+    sizes, table = both[:, :3], both[:, 3:]
     length, prompt, count = sizes.unbind(1)
     n_real = length - 1
     n = max(length_ - 1 + count_ * slots for length_, count_ in zip(lengths, counts, strict=True))
@@ -120,7 +146,7 @@ def anchor_layouts(
     same_block = (block[:, :, None] == block[:, None, :]) & (j[:, None, :] <= j[:, :, None])
     mask |= slot[:, :, None] & slot[:, None, :] & same_block
     mask |= torch.eye(n, dtype=torch.bool, device=device) & ~(real | slot)[:, :, None]
-    return PaddedLayout(positions, mask, depth_of, target_row, n_real)
+    return PaddedLayout(positions, mask, depth_of, target_row, n_real, n_scored)
 
 
 def sample_anchors(seq_len: int, prompt_len: int, count: int, generator: torch.Generator) -> torch.Tensor:
@@ -137,20 +163,34 @@ def sample_anchors(seq_len: int, prompt_len: int, count: int, generator: torch.G
 
 @dataclass
 class LossOutput:
+    """An objective's value and its per-depth figures. The figures stay where they were computed until asked for:
+    on a GPU each read waits for the device, and a training step, which logs none of them, must not stop the host
+    mid-step (evaluation reads them)."""
+
     loss: torch.Tensor  # mean over the sequences scored
-    per_depth_loss: list[float]  # mean over the sequences
-    per_depth_correct: list[int]  # draft top-1 == target top-1, summed over the sequences
-    per_depth_count: list[int]
+    depth_stats: torch.Tensor  # (3, d): per depth the mean loss over the sequences, top-1 hits, rows scored
+
+    @property
+    def per_depth_loss(self) -> list[float]:
+        return self.depth_stats[0].tolist()
+
+    @property
+    def per_depth_correct(self) -> list[int]:
+        """Draft top-1 == target top-1, summed over the sequences."""
+        return [round(x) for x in self.depth_stats[1].tolist()]
+
+    @property
+    def per_depth_count(self) -> list[int]:
+        return [round(x) for x in self.depth_stats[2].tolist()]
 
     @staticmethod
     def mean_of(outputs: Sequence[LossOutput]) -> LossOutput:
         """One output for several sequences scored separately (the same convention as a batch)."""
         n = len(outputs)
+        stats = torch.stack([o.depth_stats for o in outputs])
         return LossOutput(
             sum((o.loss for o in outputs[1:]), outputs[0].loss) / n,
-            [sum(v) / n for v in zip(*(o.per_depth_loss for o in outputs), strict=True)],
-            [sum(v) for v in zip(*(o.per_depth_correct for o in outputs), strict=True)],
-            [sum(v) for v in zip(*(o.per_depth_count for o in outputs), strict=True)],
+            torch.cat([stats[:, :1].mean(0), stats[:, 1:].sum(0)]),
         )
 
 
@@ -224,7 +264,7 @@ def dart_loss(
     source = torch.where(index < layout.n_real[:, None], real_row, batch * width)
 
     hidden = model(x_src[source], h_src[source], layout.positions, layout.mask)
-    seq, row = (layout.depth > 0).nonzero(as_tuple=True)  # one host sync instead of one per boolean index
+    seq, row = layout.scored_rows()
     # A target position is scored by up to d rows (its real row and anchors' slots): restrict the target's logits to
     # the draft vocabulary and take its top-1 once per position, then gather rows (the full-vocabulary rows gathered
     # per scored row were ~13 GB of fp32 on the window's steps).
@@ -258,8 +298,7 @@ def depth_summary(
     mean = loss_sum / count.clamp_min(1)
     weights = decay ** torch.arange(d, dtype=per_row.dtype, device=device)
     total = (mean * weights).sum(-1).mean()
-    per_loss, per_correct, per_count = torch.stack([mean.detach().mean(0), hits.sum(0), count.sum(0)]).tolist()
-    return LossOutput(total, per_loss, [int(x) for x in per_correct], [int(x) for x in per_count])
+    return LossOutput(total, torch.stack([mean.detach().mean(0), hits.sum(0), count.sum(0)]))
 
 
 def dart_anchor_loss(

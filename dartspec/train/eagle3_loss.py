@@ -32,26 +32,19 @@ def eagle3_loss(
     pieces = unroll(model, features, next_embeds, seq_len, prompt_len)
     zero = features.new_zeros((), dtype=torch.float32)
     total = zero
-    per_loss, per_correct, per_count = [], [], []
+    stats = []  # per step: mean loss, top-1 hits, rows scored (device scalars: no read per sequence)
     for k, first, hk in pieces:
         # Row i scores target position i+k, inside the sequence and in the answer: a contiguous range of rows.
         lo, hi = max(prompt_len - k - 1, first), seq_len - 1 - k
         if hi < lo:
-            per_loss.append(zero)
-            per_correct.append(zero)
-            per_count.append(0)
+            stats.append(torch.stack([zero, zero, zero]))
             continue
         draft_logits = model.lm_head(model.norm(hk[lo - first : hi - first + 1]))
         per_row, correct = distill(draft_logits, target_logits[lo + k : hi + k + 1], model.d2t, kind)
         mean = per_row.mean()
         total = total + decay ** (k - 1) * mean
-        per_loss.append(mean.detach())
-        per_correct.append(correct.sum().float())
-        per_count.append(hi - lo + 1)
-    # One host sync for all the per-step figures.
-    loss_vals, hits = torch.stack([torch.stack(per_loss), torch.stack(per_correct)]).tolist()
-    hits = [int(h) for h in hits]
-    return LossOutput(total, loss_vals, hits, per_count)
+        stats.append(torch.stack([mean.detach(), correct.sum().float(), zero + (hi - lo + 1)]))
+    return LossOutput(total, torch.stack(stats, dim=1))
 
 
 def unroll(
