@@ -98,13 +98,11 @@ class _ShareGPTTurns:
 
 
 class _SelfWrittenTurns:
-    """User turns the target writes itself (:mod:`dartspec.data.self_prompts`), numbered by seed index.
+    """User turns the target writes itself (:mod:`dartspec.data.self_prompts`), numbered by seed index (a first
+    turn that repeats an earlier one is dropped where the turns are encoded: see :func:`regenerate`)."""
 
-    First turns that repeat one of an earlier index (this block or an earlier shard) are dropped, so the
-    folder holds each request once whatever order its shards were made in."""
-
-    def __init__(self, target: Any, cfg: RegenConfig, lo: int, hi: int, seen: set[bytes], batch_size: int) -> None:
-        self.target, self.cfg, self.seen, self.batch_size = target, cfg, seen, batch_size
+    def __init__(self, target: Any, cfg: RegenConfig, lo: int, hi: int, batch_size: int) -> None:
+        self.target, self.cfg, self.batch_size = target, cfg, batch_size
         self.indices = list(range(lo, hi))
         self.skipped = 0
 
@@ -117,18 +115,7 @@ class _SelfWrittenTurns:
             openers = [pick_opener(self.cfg.seed, i) if turn == 0 else "" for i, _ in chunk]
             seed = self.cfg.seed * 1_000_003 + chunk[0][0] + 7919 * turn + 1
             written = write_user_turns(self.target, [h for _, h in chunk], openers, seed=seed)
-            if turn == 0:  # a first turn's key: its prompt's tokens, the chunk's encoded in one batch
-                firsts = [[{"role": "user", "content": text}] for text in written if text is not None]
-                keys = iter(self.target.encode_chats(firsts))
-            for (index, _), text in zip(chunk, written, strict=True):
-                if text is None:
-                    continue
-                if turn == 0:
-                    key = first_turn_key(next(keys))
-                    if key in self.seen:
-                        continue
-                    self.seen.add(key)
-                texts[index] = text
+            texts |= {index: text for (index, _), text in zip(chunk, written, strict=True) if text is not None}
         if turn == 0:
             self.skipped += len(conversations) - len(texts)
         return texts
@@ -248,8 +235,12 @@ def regenerate(
     seen_cache: dict[str, set[bytes]] = {}
     for lo, hi in todo:
         turns: _ShareGPTTurns | _SelfWrittenTurns
+        # Self-written first turns that repeat one of an earlier index (this block or an earlier shard) are dropped,
+        # so the folder holds each request once whatever order its shards were made in.
+        seen: set[bytes] | None = None
         if cfg.source == "self":
-            turns = _SelfWrittenTurns(target, cfg, lo, hi, _seen_before(out, lo, seen_cache), batch_size)
+            turns = _SelfWrittenTurns(target, cfg, lo, hi, batch_size)
+            seen = _seen_before(out, lo, seen_cache)
         else:
             turns = _ShareGPTTurns(cfg, lo, hi)
         bar.update(hi - lo - len(turns.indices))
@@ -266,6 +257,14 @@ def regenerate(
             turn_messages = {index: [*history[index], {"role": "user", "content": texts[index]}] for index in history}
             encoded = target.encode_chats(list(turn_messages.values()))  # one batch: the tokenizer's threads
             for (index, messages), ids in zip(turn_messages.items(), encoded, strict=True):
+                if turn == 0 and seen is not None:  # a first turn's key: its prompt's tokens
+                    key = first_turn_key(ids)
+                    if key in seen:
+                        del history[index]
+                        stats["skipped"] += 1
+                        bar.update(1)
+                        continue
+                    seen.add(key)
                 if len(ids) > cfg.max_prompt_tokens:
                     del history[index]  # later turns would be longer still
                     if turn == 0:
