@@ -32,19 +32,24 @@ def test_the_generator_reads_once_every_check(kind: str, every: int) -> None:
     assert reads.sites == {("tolist", "batch_decode.py:decode_batch"): math.ceil(steps / every)}, reads.sites
 
 
+def packed_trainer(target: object, tmp_path: Path, kind: str = "dart") -> DartTrainer:
+    """A trainer of ``kind`` whose steps are one packed forward of 8 sequences (as on a GPU), built."""
+    from dartspec.train.eagle3 import Eagle3Trainer
+
+    cls = Eagle3Trainer if kind == "eagle3" else DartTrainer
+    cfg = small_config(seqs_per_step=8, pack=8, anchors_per_seq=16, depth=6, length_sort_steps=1)
+    trainer = cls(target, random_samples(32, 0, (24, 80)), [], tmp_path, cfg, log=lambda m: None)
+    trainer.build()
+    return trainer
+
+
 @pytest.mark.parametrize("kind", ["dart", "eagle3"])
 def test_a_training_step_reads_the_device_once(tmp_path: Path, kind: str) -> None:
     """A packed step on the lean forward scoring the batch in one pass (as on a GPU): one read, at the end. The
     per-depth figures, which only evaluation prints, stay on the device; EAGLE-3's per-sequence unrolling too."""
     target = LeanTarget(tiny_model("llama"), tiny_tokenizer(), name="lean")
     target.batch_scoring = True  # what a GPU does (the CPU scores sequence by sequence, which is faster there)
-    cfg = small_config(seqs_per_step=8, pack=8, anchors_per_seq=16, depth=6, length_sort_steps=1)
-    trainer = DartTrainer(target, random_samples(32, 0, (24, 80)), [], tmp_path, cfg, log=lambda m: None)
-    if kind == "eagle3":
-        from dartspec.train.eagle3 import Eagle3Trainer
-
-        trainer = Eagle3Trainer(target, random_samples(32, 0, (24, 80)), [], tmp_path, cfg, log=lambda m: None)
-    trainer.build()
+    trainer = packed_trainer(target, tmp_path, kind)
     trainer.train_step()
     with HostReads() as reads:
         metrics = trainer.train_step()
@@ -55,10 +60,7 @@ def test_a_training_step_reads_the_device_once(tmp_path: Path, kind: str) -> Non
 def test_transformers_modules_add_only_their_own_check_before_the_first_layer(tmp_path: Path) -> None:
     """On transformers' modules a step has one more read: transformers checks the positions for packed sequences
     before its first layer runs, when the device has nothing queued but the embedding (so it costs no idle time)."""
-    target = tiny_target(fast_linear=False)
-    cfg = small_config(seqs_per_step=8, pack=8, anchors_per_seq=16, depth=6, length_sort_steps=1)
-    trainer = DartTrainer(target, random_samples(32, 0, (24, 80)), [], tmp_path, cfg, log=lambda m: None)
-    trainer.build()
+    trainer = packed_trainer(tiny_target(fast_linear=False), tmp_path)
     with HostReads() as reads:
         trainer.train_step()
     want = {("__bool__", "target.py:score_batch"): 1, ("tolist", "train/dart.py:train_step"): 1}
