@@ -107,14 +107,24 @@ _fraction = _float_where(lambda v: 0 < v < 1, "a fraction between 0 and 1")
 _positive_minutes = _float_where(lambda v: v > 0, "a positive number of minutes")
 
 
-def add_target_args(p: argparse.ArgumentParser, runtime: str = "auto") -> None:
-    """Options shared by every command that loads a target model (data regeneration and ``train promote``
-    default to the transformers runtime: answers and the promotion's judge are the fp32 model's)."""
+def add_target_args(p: argparse.ArgumentParser, runtime: str = "auto", gpu_dtype: str = "float32") -> None:
+    """Options shared by every command that loads a target model (``train promote`` defaults to the transformers
+    runtime: the promotion's judge is the fp32 model). ``--dtype auto`` is float32 on a CPU and ``gpu_dtype`` on a
+    GPU: float32 where outputs must equal plain decoding bit for bit (generate, serve, bench: in bfloat16 a tree's
+    one forward rounds differently from one token at a time, and on an H200 6 of 8 MT-Bench answers left plain
+    bf16 decoding at such a near-tie, while float32 decoded the 135M model no slower), bfloat16 for the throughput
+    of data generation and training."""
     p.add_argument(
         "--model", default=DEFAULT_MODEL, help=f"known name, local folder or .gguf (default {DEFAULT_MODEL})"
     )
     p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:1, ...")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help=f"auto: float32 on a CPU, {gpu_dtype} on a GPU",
+    )
+    p.set_defaults(gpu_dtype=gpu_dtype)
     p.add_argument(
         "--threads",
         type=_positive_int,
@@ -189,6 +199,14 @@ def make_generator(args: argparse.Namespace, target):  # -> Generator
     return build_generator(target, spec)
 
 
+def dtype_for(args: argparse.Namespace, device_type: str) -> str:
+    """The dtype a command loads its target in: ``--dtype``, or for ``auto`` float32 on a CPU (no fast bf16 math
+    for batched verification there) and the command's own choice on a GPU (:func:`add_target_args`)."""
+    if args.dtype != "auto":
+        return args.dtype
+    return "float32" if device_type == "cpu" else getattr(args, "gpu_dtype", "float32")
+
+
 def load_target(args: argparse.Namespace):  # -> TargetRuntime (imported lazily: torch import is slow)
     import torch
 
@@ -206,16 +224,12 @@ def load_target(args: argparse.Namespace):  # -> TargetRuntime (imported lazily:
         raise DartspecError(f"invalid --device {device!r}: use cpu, cuda or cuda:N") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise DartspecError("--device cuda was requested but no CUDA GPU is available")
-    dtype_name = args.dtype
-    if dtype_name == "auto":
-        # CPUs here have no fast bf16 math for batched verification; GPUs do.
-        dtype_name = "float32" if dev.type == "cpu" else "bfloat16"
     target = load(
         args.model,
         runtime=getattr(args, "runtime", "auto"),
         quant=getattr(args, "quant", "auto"),
         device=dev,
-        dtype=getattr(torch, dtype_name),
+        dtype=getattr(torch, dtype_for(args, dev.type)),
         log=_log,
     )
     streamed = getattr(target, "weight_bytes", None)
@@ -767,7 +781,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     data = sub.add_parser("data", help="training data").add_subparsers(dest="data_command", required=True)
     p = data.add_parser("regenerate", help="let the target write its own answers to ShareGPT or its own prompts")
-    add_target_args(p)
+    add_target_args(p, gpu_dtype="bfloat16")
     p.add_argument(
         "--source",
         default="sharegpt",
@@ -823,7 +837,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = train.add_parser(kind, help=f"train {what} online against the target")
         # auto: on a CPU the lean runtime scores the training sequences ~2x faster than transformers, with the
         # features a drafter reads when it serves there (its default format); on a GPU, transformers in bf16.
-        add_target_args(p)
+        add_target_args(p, gpu_dtype="bfloat16")
         p.add_argument(
             "--data", required=True, action="append", help="regenerated training shards (repeatable; data regenerate)"
         )
@@ -964,7 +978,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="One trainer per setting from the same start and data order, one optimizer step each per "
         "round in rotating order; medians over --rounds counted steps.",
     )
-    add_target_args(p)
+    add_target_args(p, gpu_dtype="bfloat16")
     p.add_argument("--kind", default="dart", choices=["dart", "eagle3", "dflash"], help="which trainer (default dart)")
     p.add_argument(
         "--data", action="append", default=None, help="regenerated shards (default data/smollm2-135m-sharegpt-dev)"

@@ -35,7 +35,7 @@ class GeneratorSpec:
 
 
 def build_generator(target: Any, spec: GeneratorSpec) -> Generator:
-    name = default_drafter(target.device) if spec.drafter == "auto" else spec.drafter
+    name = default_drafter(target.device, target.name) if spec.drafter == "auto" else spec.drafter
     auto = spec.tree_size == "auto"
     feature = name in FEATURE_DRAFTERS
     if auto:

@@ -189,3 +189,25 @@ def test_bench_accuracy_rejects_unknown_drafter_kinds() -> None:
 def test_fit_schedule_needs_a_time_limit(tmp_path: Path) -> None:
     proc = run_cli("train", "dart", "--data", str(tmp_path), "--out", str(tmp_path / "out"), "--fit-schedule")
     assert_one_line_error(proc, "--fit-schedule", "--max-minutes")
+
+
+@pytest.mark.parametrize(
+    ("argv", "gpu"),
+    [
+        (["generate", "--prompt", "x"], "float32"),
+        (["serve"], "float32"),
+        (["bench", "--methods", "ar,dart"], "float32"),
+        (["data", "regenerate", "--range", "0:8", "--out", "d"], "bfloat16"),
+        (["train", "dart", "--data", "d", "--out", "o"], "bfloat16"),
+        (["bench", "train", "--data", "d"], "bfloat16"),
+    ],
+)
+def test_auto_dtype_is_exact_where_output_must_equal_plain_decoding(argv: list[str], gpu: str) -> None:
+    """--dtype auto: float32 on a CPU; on a GPU float32 for the commands whose greedy output must equal plain
+    decoding bit for bit (bf16 tree verification tips near-ties) and bf16 for data generation and training."""
+    from dartspec.cli import build_parser, dtype_for
+
+    args = build_parser().parse_args(argv)
+    assert (dtype_for(args, "cpu"), dtype_for(args, "cuda")) == ("float32", gpu)
+    args = build_parser().parse_args([*argv, "--dtype", "float16"])
+    assert (dtype_for(args, "cpu"), dtype_for(args, "cuda")) == ("float16", "float16")

@@ -21,14 +21,17 @@ def drafter_names() -> list[str]:
     return ["auto", *DRAFTER_NAMES]
 
 
-def default_drafter(device) -> str:
-    """What ``--drafter auto`` (the command line's default) means on ``device``: prompt lookup on a CPU, where it
-    was the fastest drafter and never meaningfully slower than plain decoding (BENCHMARKS.md, exact-a16 runtime,
-    first 10 prompts, three runs: median 1.05-1.15x on MT-Bench, worst prompt 0.96-0.98x; 1.16-1.22x on HumanEval,
-    worst 1.03-1.10x; lookup costs
-    no model and its output is bit-identical to plain decoding there); plain decoding elsewhere (not measured on a
-    GPU yet, where bfloat16 tree verification may also tip near-ties)."""
-    return "pld" if str(getattr(device, "type", device)) == "cpu" else "none"
+def default_drafter(device, model: str | None = None) -> str:
+    """What ``--drafter auto`` (the command line's default) means for the target ``model`` on ``device``.
+
+    On a CPU, prompt lookup: the fastest drafter there and never meaningfully slower than plain decoding
+    (BENCHMARKS.md, exact-a16 runtime, first 10 prompts, three runs: median 1.05-1.15x on MT-Bench, worst prompt
+    0.96-0.98x; 1.16-1.22x on HumanEval, worst 1.03-1.10x), costs no model, bit-identical output. On a GPU, the
+    shipped DART drafter where the model has one (one H200, float32, 16 nodes: median 1.45x on MT-Bench and 1.61x
+    on HumanEval, every prompt >= 1.14x, 0 mismatches), else plain decoding (lookup is not measured there)."""
+    if str(getattr(device, "type", device)) == "cpu":
+        return "pld"
+    return "dart" if model is not None and shipped_checkpoint("dart", model) is not None else "none"
 
 
 def make_drafter(
@@ -49,7 +52,7 @@ def make_drafter(
     the ones it reads: ``dart`` in :func:`dartspec.drafters.dart.build`, ``eagle3`` in
     :func:`dartspec.drafters.eagle3.build`, ``dart+pld`` in :func:`dartspec.drafters.hybrid.build`)."""
     if name == "auto":
-        name = default_drafter(target.device)
+        name = default_drafter(target.device, target.name)
     kind = drafter_kind(name)
     if kind is None:
         raise DartspecError(f"unknown drafter {name!r}: choose one of {', '.join(drafter_names())}")
