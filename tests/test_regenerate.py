@@ -62,6 +62,7 @@ def test_answers_are_the_targets_greedy_continuations(target: Target, sharegpt: 
     records = load_shards(tmp_path / "d").records()
     assert [r.index for r in records] == [0, 1, 3, 4]  # index 2 has no usable user turn
     assert stats["conversations"] == 4 and stats["skipped"] == 1 and stats["samples"] == 4
+    assert stats["request_seconds"] == 0 < stats["answer_seconds"]  # ShareGPT's requests are read, not written
     plain = Generator(target, NoDrafter())
     first_users = {0: "t50 t51 t52", 1: "t20 t21", 3: "t30 t31 t32 t33", 4: "t40"}
     for r in records:
@@ -162,6 +163,9 @@ def test_self_written_prompts_are_fixed_by_the_seed(target: Target, tmp_path: Pa
     run_self(target, tmp_path / "c", seed=1)
     a, b, c = (load_shards(tmp_path / n).records() for n in "abc")
     assert stats["samples"] == len(a) > 0 and stats["conversations"] + stats["skipped"] == 6
+    # The summary splits the time: writing requests and answering them are both work here, and parts of the whole.
+    assert stats["request_seconds"] > 0 and stats["answer_seconds"] > 0
+    assert stats["request_seconds"] + stats["answer_seconds"] <= stats["seconds"] + 0.1
     assert [r.tokens.tolist() for r in a] == [r.tokens.tolist() for r in b]
     assert [r.tokens.tolist() for r in a] != [r.tokens.tolist() for r in c]
     plain = Generator(target, NoDrafter())

@@ -228,6 +228,9 @@ def regenerate(
         "answer_tokens": 0,
         "eos": 0,
     }
+    # Where the time goes (each generation ends with a read of its tokens, so wall time is the device's too): the
+    # target writing its own requests, answering them, and the rest (templates, tokenizer, shards).
+    spent = {"request_seconds": 0.0, "answer_seconds": 0.0}
     start_time = time.perf_counter()
     from tqdm import tqdm
 
@@ -247,7 +250,9 @@ def regenerate(
         history: dict[int, list[dict[str, str]]] = {index: [] for index in turns.indices}
         records: list[Record] = []
         for turn in range(cfg.turns):
+            began = time.perf_counter()
             texts = turns.user_turns(turn, list(history.items()))
+            spent["request_seconds"] += time.perf_counter() - began
             if turn == 0:
                 bar.update(len(history) - len(texts))
             prompts = []
@@ -278,7 +283,9 @@ def regenerate(
             for b in range(0, len(order), batch_size):
                 chunk = [prompts[i] for i in order[b : b + batch_size]]
                 seed = cfg.seed * 1_000_003 + chunk[0][0] + 7919 * turn
+                began = time.perf_counter()
                 got = generate_batch(target, [p for _, p in chunk], cfg, seed)
+                spent["answer_seconds"] += time.perf_counter() - began
                 for (index, _), rec in zip(chunk, got, strict=True):
                     records.append(Record(rec.tokens, rec.prompt_len, index, rec.finished))
                     answer = rec.tokens[rec.prompt_len :].tolist()
@@ -302,6 +309,7 @@ def regenerate(
     bar.close()
     elapsed = time.perf_counter() - start_time
     stats["seconds"] = round(elapsed, 1)
+    stats |= {key: round(value, 2) for key, value in spent.items()}
     stats["answer_tokens_per_s"] = round(stats["answer_tokens"] / max(elapsed, 1e-9), 1)
     stats["eos_rate"] = round(stats["eos"] / max(stats["samples"], 1), 4)
     return stats
