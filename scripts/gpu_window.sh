@@ -37,7 +37,8 @@
 # DATA_SHARE and PROFILE (the window phase), DATA_BATCH (the data phase's batch; default: the profile's fastest) and
 # DATA_TURNS (user turns a conversation, default 2), RUNTIME (hf | lean for data and training; the window phase
 # otherwise takes whichever its profile measured faster),
-# PIECE_MB (prepare's piece size; default: what the working tree leaves of a call's 64 MiB).
+# BENCH_METHODS (the bench phase's methods), PIECE_MB (prepare's piece size; default: what the working tree leaves
+# of a call's 64 MiB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=/tmp/dartspec-window
@@ -244,12 +245,13 @@ data | train | profile | bench)
         exit 0
     fi
     if [ "$phase" = bench ]; then
-        # Plain decoding, DART and EAGLE-3 on this GPU (bf16), the shipped drafters, the prompts' files from the
-        # package cache as prepare copied them (no registry here). `bench [LIMIT]` (default 20 prompts a set).
+        # Plain decoding, DART (16 and 32 nodes) and EAGLE-3 on this GPU (float32, the generation default: bf16
+        # tips near-ties), the shipped drafters, the prompts' files from the package cache as prepare copied them
+        # (no registry here). `bench [LIMIT]` (default 20 prompts a set); BENCH_METHODS overrides the methods.
         [ -d .window/bench/packages ] && mkdir -p "$DARTSPEC_CACHE" && cp -r .window/bench/packages "$DARTSPEC_CACHE/"
         for set in mtbench humaneval; do
             python3 -m dartspec.cli bench --device "${DEVICE:-cuda}" --dataset "$set" --limit "${minutes:-20}" \
-                --max-new-tokens 128 --methods ar,dart,eagle3 --out "$out/bench-$set" 2>&1 |
+                --max-new-tokens 128 --methods "${BENCH_METHODS:-ar,dart,dart:size=32,eagle3}" --out "$out/bench-$set" 2>&1 |
                 tr '\r' '\n' | grep -v '^bench: ' | tee -a "$out/bench.txt" || echo "bench $set stopped with status $?"
             rm -f "$out/bench-$set"/*.png  # 8 files come back at most: the tables and their JSON
         done
