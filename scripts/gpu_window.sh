@@ -236,7 +236,7 @@ data | train | profile | bench)
     export PYTHONPATH=$PWD:$WORK/site${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
     if [ "$phase" = profile ]; then
         size=()
-        [ "${DEVICE:-cuda}" = cpu ] && size=(--batches 4,8 --new-tokens 4 --score-batch 2 --score-len 64)  # a rehearsal
+        [ "${DEVICE:-cuda}" = cpu ] && size=(--batches 4,8 --new-tokens 4 --score-batch 2 --score-len 64 --long-prompt-len 32)  # a rehearsal
         # At most 200 s of the window; what it measured by then is kept (written after each runtime).
         timeout -k 5 200 python3 scripts/profile_decode.py --device "${DEVICE:-cuda}" "${size[@]}" \
             --train-config "${CONFIG:-scripts/window.yaml}" --out "$out/profile.txt" || echo "profile: stopped with status $? (what it measured is kept)"

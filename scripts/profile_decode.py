@@ -6,7 +6,9 @@ The first GPU window (2026-11-25, H100, bf16, transformers' modules) generated ~
 where the goal is 30k: about 80 ms a decode step for a 135M model, so the step is bound by the host (Python, launches,
 a read-back each step), not by the GPU. For each runtime (transformers' modules, and the lean forward with `--quant
 none`, which runs on a GPU in plain PyTorch) this prints the answer tokens/s of decoding at each batch size of
-`--batches` (a host-bound step costs about the same for 256 rows as for 1024), the tokens/s of the trainer's batched
+`--batches` (a host-bound step costs about the same for 256 rows as for 1024), at the fastest of them the prefill's
+seconds and a decode step's milliseconds with these prompts and with `--long-prompt-len` ones (the second window's
+two-turn data ran at a twelfth of its short-prompt decode speed), the tokens/s of the trainer's batched
 scoring (`score_batch`, 32 sequences), then, for the first batch size, the operators by self device time and by self
 CPU time. On the first runtime it also times and profiles `--train-steps` trainer steps as the window trains
 (`--train-config`, from the shipped drafter, on the committed data): the trainer made 22.7k-25.5k training tokens/s
@@ -70,6 +72,23 @@ def check_agreement(
                 lines.append(f"{runtime} is not used for {work}: it computes something else than transformers")
 
 
+def step_costs(target: Any, prompts: list[list[int]], new_tokens: int) -> tuple[float, float]:
+    """Seconds of prefill and milliseconds a decode step for ``prompts`` in one batch: one token's decode (the
+    prefill and a pick) against ``new_tokens`` tokens', each after a warm-up, the device drained around each."""
+    cuda = target.device.type == "cuda"
+
+    def seconds(tokens: int) -> float:
+        def once() -> int:  # no stop tokens: every row runs every step
+            decode_batch(target, prompts, tokens, stop_ids=frozenset())
+            return 1
+
+        once()  # warm-up
+        return 1 / timed(once, cuda)
+
+    prefill = seconds(1)
+    return prefill, 1000 * (seconds(new_tokens) - prefill) / max(new_tokens - 1, 1)
+
+
 def profile_runtime(
     target: Any, label: str, prompts: list[list[int]], sequences: list[list[int]], args: Any, lines: list[str]
 ) -> dict[str, float]:
@@ -97,6 +116,20 @@ def profile_runtime(
         lines.append(f"decode at batch {rows}: {got:.0f} answer tokens/s")
         if got > speed["decode"]:
             speed["decode"], speed["decode_batch"] = got, rows
+    # The window's data phase decoded at a twelfth of the speed above: its second turns attend over ~770 slots, not
+    # ~200. Prefill and step time at the best batch, with these prompts and with prompts of --long-prompt-len tokens
+    # (each row's prompt repeated to that length: the cost, not the text, is measured here), say whether the
+    # step grows with the attended width.
+    rows = int(speed.get("decode_batch", batches[0]))
+    long = [(p * (args.long_prompt_len // max(len(p), 1) + 1))[-args.long_prompt_len :] for p in prompts[:rows]]
+    for label, batch in ((f"prompts of <= {args.prompt_len}", prompts[:rows]), (f"of {args.long_prompt_len}", long)):
+        try:
+            prefill, step = step_costs(target, batch, args.new_tokens)
+        except torch.OutOfMemoryError:
+            lines.append(f"batch {rows}, {label} tokens: out of memory")
+            break
+        lines.append(f"batch {rows}, {label} tokens: prefill {prefill:.2f} s, {step:.1f} ms a decode step")
+        speed[f"step_ms_{'long' if batch is long else 'short'}"] = step
     with torch.no_grad():
         timed(score, cuda)
         speed["score"] = timed(score, cuda)
@@ -107,7 +140,7 @@ def profile_runtime(
     with torch.profiler.profile(activities=activities) as prof:
         got = timed(decode(batches[0]), cuda)
         lines.append(f"decode at batch {batches[0]}, profiled: {got:.0f} answer tokens/s (profiler overhead included)")
-    print("\n".join(lines[-len(batches) - 3 :]), flush=True)
+    print("\n".join(lines[-len(batches) - 5 :]), flush=True)
     table = prof.key_averages()
     if cuda:
         lines.append(table.table(sort_by="self_cuda_time_total", row_limit=20))
@@ -164,6 +197,7 @@ def main() -> None:
     ap.add_argument("--batches", default="256,1024", help="comma-separated batch sizes to time decoding at")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=128, help="prompts cut to their last this many tokens")
+    ap.add_argument("--long-prompt-len", type=int, default=640, help="prompt length of the long-context step timing")
     ap.add_argument("--score-batch", type=int, default=32, help="sequences per score_batch (the trainer's step)")
     ap.add_argument("--score-len", type=int, default=768)
     ap.add_argument("--dev", default="data/smollm2-135m-sharegpt-dev")
