@@ -24,9 +24,9 @@ def drafter_names() -> list[str]:
 def default_drafter(device, model: str | None = None) -> str:
     """What ``--drafter auto`` (the command line's default) means for the target ``model`` on ``device``.
 
-    On a CPU, prompt lookup: the fastest drafter there and never meaningfully slower than plain decoding
-    (BENCHMARKS.md, exact-a16 runtime, first 10 prompts, three runs: median 1.05-1.15x on MT-Bench, worst prompt
-    0.96-0.98x; 1.16-1.22x on HumanEval, worst 1.03-1.10x), costs no model, bit-identical output. On a GPU, the
+    On a CPU, prompt lookup: the fastest drafter there and about as fast as plain decoding at worst
+    (BENCHMARKS.md, exact-a16 runtime: median 0.98-1.15x on MT-Bench over seven runs, worst prompt 0.88-0.98x;
+    1.05-1.22x on HumanEval), costs no model, bit-identical output. On a GPU, the
     shipped DART drafter where the model has one (one H200, float32, 16 nodes: median 1.45x on MT-Bench and 1.61x
     on HumanEval, every prompt >= 1.14x, 0 mismatches), else plain decoding (lookup is not measured there)."""
     if str(getattr(device, "type", device)) == "cpu":
