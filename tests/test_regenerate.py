@@ -11,7 +11,7 @@ from conftest import tiny_target
 from test_sources import fake_fetch  # noqa: F401  (fixture)
 
 from dartspec.data.regenerate import RegenConfig, parse_range, regenerate
-from dartspec.data.shards import load_shards, read_shard
+from dartspec.data.shards import Record, load_shards, read_shard, write_shard
 from dartspec.drafters import NoDrafter
 from dartspec.engine import Generator
 from dartspec.errors import DartspecError
@@ -144,6 +144,28 @@ def test_a_damaged_shard_is_named(tmp_path: Path) -> None:
     bad.write_bytes(b"not a zip")
     with pytest.raises(DartspecError, match=r"shard-000000-000001\.npz is damaged"):
         read_shard(bad)
+
+
+def test_shards_are_compressed_and_old_uncompressed_ones_still_read(tmp_path: Path) -> None:
+    """A second turn's prompt holds the first turn whole, so a two-turn shard compresses well (its size is what a
+    GPU window can carry); shards written uncompressed before read back the same."""
+    rng = np.random.default_rng(0)
+    first = rng.integers(0, 49152, 300).astype(np.uint16)
+    records = [
+        Record(first, 100, 7, True),
+        Record(np.concatenate([first, rng.integers(0, 49152, 200).astype(np.uint16)]), 400, 7, False),
+    ]
+    path = tmp_path / "shard-000007-000007.npz"
+    write_shard(path, records, 49152)
+    old = tmp_path / "old.npz"
+    tokens = np.concatenate([r.tokens for r in records])
+    np.savez(old, tokens=tokens, offsets=np.array([0, 300, 800]), prompt_lens=np.array([100, 400], np.int32),
+             indices=np.array([7, 7], np.int32), finished=np.array([1, 0], np.uint8))  # fmt: skip
+    assert path.stat().st_size < 0.75 * old.stat().st_size  # random tokens: only the repeated turn compresses
+    for got in (read_shard(path), read_shard(old)):
+        assert [(r.tokens.tolist(), r.prompt_len, r.index, r.finished) for r in got] == [
+            (r.tokens.tolist(), r.prompt_len, r.index, r.finished) for r in records
+        ]
 
 
 def test_self_written_ranges_have_no_split() -> None:

@@ -5,7 +5,7 @@ the first user turn of each ShareGPT conversation goes through the chat template
 generates the answer (batched, greedy by default). With ``turns > 1`` the conversation goes on: user
 turn k follows the target's own answers to turns 1..k-1 (as text, through the chat template; an answer
 cut at ``max_new_tokens`` stays cut), and each turn is one sample with the same source index. Only
-token ids are stored (two bytes a token); hidden states are recomputed during training. Shards are
+token ids are stored (two bytes a token, compressed); hidden states are recomputed during training. Shards are
 written atomically per block of source indices, so a crash loses at most the shard in progress and
 ``--resume`` skips finished shards.
 """
