@@ -3,7 +3,7 @@
 #
 #   here:   scripts/gpu_window.sh slim          for the window only: untrack what the device does not need (docs,
 #                                               tests, the other drafters, the n-gram table), so a call sends
-#                                               ~21 MB of tree; `unslim` puts it back (before any commit)
+#                                               ~22 MB of tree; `unslim` puts it back (before any commit)
 #   here:   scripts/gpu_window.sh prepare       wheels -> .whl/, the SmolLM2 GGUF in pieces -> .window/pNN/ (the first
 #                                               piece leaves room for the wheels, which travel with it)
 #   device: scripts/gpu_window.sh receive       keep the carried pieces (and install carried wheels) in
