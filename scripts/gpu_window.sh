@@ -33,7 +33,8 @@
 #
 # WINDOW (default 0) seeds the data order and numbers the fresh data, so successive windows see other data and
 # nothing large is stored or carried: a window's data is made and used on the device (and comes back as a tarball).
-# Environment: KIND=dflash (train DFlash, from scratch), DEVICE=cpu and CONFIG=small.yaml (a rehearsal on a CPU),
+# Environment: KIND=dflash (train DFlash, from scratch) or KIND=eagle3 (the EAGLE-3 baseline, warm-started from the
+# shipped DART drafter: matched training against a DART call of the same minutes), DEVICE=cpu and CONFIG=small.yaml (a rehearsal on a CPU),
 # DATA_SHARE and PROFILE (the window phase), DATA_BATCH (the data phase's batch; default: the profile's fastest) and
 # DATA_TURNS (user turns a conversation, default 2), RUNTIME (hf | lean for data and training; the window phase
 # otherwise takes whichever its profile measured faster),
@@ -279,7 +280,9 @@ data | train | profile | bench)
             --max-minutes "$minutes" "${resume[@]}" 2>&1 | tee -a "$out/data.txt"
         exit 0
     fi
-    kind=${KIND:-dart}  # KIND=dflash trains the DFlash drafter (scripts/dflash-window.yaml: sized like the reference)
+    # KIND=dflash trains the DFlash drafter (scripts/dflash-window.yaml: sized like the reference), KIND=eagle3 the
+    # EAGLE-3 baseline (scripts/eagle3-window.yaml); each kind chains its own runs.
+    kind=${KIND:-dart}
     # Each train call is one run whose schedule is fitted to the call's minutes (--fit-schedule: the learning rate
     # has decayed when time is up); a later call on the same warm machine goes on from the last run's drafter with
     # a schedule of its own, so a window spends its minutes in calls of any length and every call ends decayed.
@@ -288,15 +291,17 @@ data | train | profile | bench)
     config=$WORK/settings-$kind-$((${#runs[@]} + 1)).yaml
     base=scripts/window.yaml
     [ "$kind" = dflash ] && base=scripts/dflash-window.yaml
+    [ "$kind" = eagle3 ] && base=scripts/eagle3-window.yaml
     base=${CONFIG:-$base}  # a rehearsal on a CPU passes a small one
     sed "s/^seed: .*//" "$base" > "$config" && echo "seed: $((window * 100 + ${#runs[@]}))" >> "$config"
     init=()
     for run in "${runs[@]}"; do  # the last run that exported a drafter (a call killed before its first save did not)
         [ -f "$run/config.json" ] && init=(--init "$run")
     done
-    if [ "${#init[@]}" = 0 ] && [ "$kind" = dart ]; then
-        # DART goes on from the shipped drafter; DFlash starts fresh at the reference's size (the shipped DFlash is
-        # the 1-layer CPU size, which a warm start would refuse).
+    if [ "${#init[@]}" = 0 ] && [ "$kind" != dflash ]; then
+        # DART goes on from the shipped drafter and EAGLE-3 starts from it (the shipped EAGLE-3 stays behind when
+        # slim, and a warm start from DART's latest weights gives it all of DART's training); DFlash starts fresh at
+        # the reference's size (the shipped DFlash is the 1-layer CPU size, which a warm start would refuse).
         init=(--init dartspec/checkpoints/smollm2-135m-dart)
     fi
     data=()
@@ -340,13 +345,13 @@ collect)
     cat "$src"/model.safetensors.part-* > "$dest/model.safetensors.tmp" && mv "$dest/model.safetensors.tmp" "$dest/model.safetensors"
     cp "$src/config.json" "$src/train_log.jsonl" "$dest/"
     cp "$src/window.yaml" "$dest/train.yaml"
-    cp dartspec/checkpoints/smollm2-135m-dart/ngram.bin "$dest/"  # same tokenizer and data: the shipped n-gram
     kind=$(python3 - "$dest" <<'PY' | tail -1
 import json
 import sys
 
 from dartspec.drafters.dart_model import DartModel
 from dartspec.drafters.dflash_model import DFlashModel
+from dartspec.drafters.eagle3_model import Eagle3Model
 
 kind = json.load(open(sys.argv[1] + "/config.json"))["format"]
 if kind == "dartspec-dflash":  # its frozen head is the target's, never stored: the load needs the target
@@ -354,10 +359,12 @@ if kind == "dartspec-dflash":  # its frozen head is the target's, never stored: 
 
     DFlashModel.load(sys.argv[1], target=load_target("smollm2-135m", runtime="hf"))
 else:
-    DartModel.load(sys.argv[1])
+    (Eagle3Model if kind == "dartspec-eagle3" else DartModel).load(sys.argv[1])
 print(kind.removeprefix("dartspec-"))
 PY
     )
+    # DART's tree search reads an n-gram model: the shipped one (same tokenizer and data).
+    [ "$kind" = dart ] && cp dartspec/checkpoints/smollm2-135m-dart/ngram.bin "$dest/"
     echo "drafter in $dest (compare: dartspec bench accuracy --drafter $kind --drafter-path $dest --dataset data/smollm2-135m-sharegpt-dev)"
     ;;
 *)
