@@ -12,7 +12,7 @@ from dartspec.drafters.dart_model import DraftKV
 from dartspec.engine import Generator
 from dartspec.target import Target
 from dartspec.train.dart_loss import distill
-from dartspec.train.evaluate import depth_accuracy, greedy_samples, model_objective
+from dartspec.train.evaluate import depth_accuracies, depth_accuracy, greedy_samples, model_objective
 
 
 def test_a_hit_needs_the_targets_top1_over_its_whole_vocabulary() -> None:
@@ -52,6 +52,31 @@ def test_depth_accuracy_counts_what_incremental_drafting_would_propose(llama_tar
     np.testing.assert_allclose(got.top1, hits / scored)
     assert 0 < hits.sum() < scored.sum()  # neither trivially all-hit nor all-miss
     assert got.chain_tau_est == 1 + np.cumprod(hits / scored).sum()
+
+
+def test_drafters_scored_on_one_target_pass_get_their_separate_figures(llama_target: Target) -> None:
+    """`train promote` scores two drafters on one target pass per sample: each must get exactly what it gets
+    alone (its own anchor draws, the target's outputs untouched by the other's objective)."""
+    target = llama_target
+    rng = np.random.default_rng(5)
+    samples = [(rng.integers(2, VOCAB, size=n), p) for n, p in ((30, 8), (22, 5), (3, 1), (40, 12))]
+    models = []
+    for seed, depth in ((0, 4), (1, 3)):
+        torch.manual_seed(seed)
+        model = model_for(target, depth=depth).float().eval()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.2)
+        models.append(model)
+    together = depth_accuracies(
+        target, samples, [model_objective(m, anchors=6) for m in models], depths=[4, 3], batch=2
+    )
+    alone = [
+        depth_accuracy(target, samples, model_objective(m, anchors=6), depth=d, batch=2)
+        for m, d in zip(models, [4, 3], strict=True)
+    ]
+    assert together == alone
+    assert together[0].loss != together[1].loss and together[0].sequences == 3  # two drafters; one sample too short
 
 
 def test_greedy_samples_are_plain_decoding(llama_target: Target) -> None:

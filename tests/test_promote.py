@@ -47,7 +47,9 @@ def test_a_better_drafter_is_installed_and_a_worse_one_is_not(trained, tmp_path:
         assert torch.equal(a, b.to(a.dtype)), name  # the candidate's weights, stored as shipped (int8 matrices)
     assert (into / "ngram.bin").read_bytes() == b"kept" and (into / "README.md").read_text() == "model card"
     # The gate judged what now ships: the installed folder scores exactly what the candidate's record says.
-    rescored = score(target, "dart", into, dev, 256).as_dict("candidate_")
+    rescored = score(target, "dart", [into], dev, 256)[0].as_dict(
+        "candidate_"
+    )  # alone, as the gate scored it beside the installed one
     assert rescored == record["candidate_scores"]
     assert list(into.glob("train_log_*.jsonl"))
     # The weak one now loses against what is installed: nothing changes but the record.

@@ -83,11 +83,15 @@ def model_objective(model: DartModel, *, anchors: int, decay: float = 0.6, kind:
     )
 
 
-def batch_loss(
-    target: Any, samples: Sequence[tuple[np.ndarray, int]], objective: Objective, generator: torch.Generator
-) -> tuple[LossOutput, int] | None:
-    """Score ``(tokens, prompt_len)`` samples with the target in one batched pass (no gradients) and apply
-    ``objective`` to all of them at once; ``(loss, sequences scored)``, or None if none has anything to score."""
+def batch_losses(
+    target: Any,
+    samples: Sequence[tuple[np.ndarray, int]],
+    objectives: Sequence[Objective],
+    generators: Sequence[torch.Generator],
+) -> tuple[list[LossOutput], int] | None:
+    """Score ``(tokens, prompt_len)`` samples with the target in one batched pass (no gradients) and apply each
+    objective (with its own generator) to all of them at once: drafters reading the same feature layers share the
+    target's pass. ``(losses, sequences scored)``, or None if none has anything to score."""
     keep = [(t.astype(np.int64), p) for t, p in samples if len(t) >= 4 and p < len(t)]
     if not keep:
         return None
@@ -96,16 +100,23 @@ def batch_loss(
     with torch.no_grad():
         next_embeds = target.embed(ids[:, 1:]).float()
     assert out.features is not None
-    # clone(): score_batch may hand out views of inference-mode buffers, which autograd refuses.
-    res = objective(
-        out.features.float().clone(),
-        next_embeds.clone(),
-        out.logits,
-        [len(t) for t, _ in keep],
-        [p for _, p in keep],
-        generator,
-    )
-    return res, len(keep)
+    features = out.features.float()
+    lengths, prompt_lens = [len(t) for t, _ in keep], [p for _, p in keep]
+    # clone(): score_batch may hand out views of inference-mode buffers, which autograd refuses (and an objective
+    # gets inputs no other objective has touched).
+    losses = [
+        objective(features.clone(), next_embeds.clone(), out.logits, lengths, prompt_lens, generator)
+        for objective, generator in zip(objectives, generators, strict=True)
+    ]
+    return losses, len(keep)
+
+
+def batch_loss(
+    target: Any, samples: Sequence[tuple[np.ndarray, int]], objective: Objective, generator: torch.Generator
+) -> tuple[LossOutput, int] | None:
+    """:func:`batch_losses` for one objective: ``(loss, sequences scored)`` or None."""
+    scored = batch_losses(target, samples, [objective], [generator])
+    return None if scored is None else (scored[0][0], scored[1])
 
 
 @torch.no_grad()
@@ -121,26 +132,51 @@ def depth_accuracy(
 ) -> DepthAccuracy:
     """Accuracy of the drafter behind ``objective`` on ``(tokens, prompt_len)`` samples (fixed seed), scoring
     ``batch`` sequences per forward (the same figures for any batch, up to rounding)."""
-    gen = torch.Generator().manual_seed(seed)
-    correct = np.zeros(depth)
-    count = np.zeros(depth)
-    losses: list[float] = []
+    return depth_accuracies(
+        target, samples, [objective], depths=[depth], max_seq_len=max_seq_len, seed=seed, batch=batch
+    )[0]
+
+
+def depth_accuracies(
+    target: Any,
+    samples: Iterable[tuple[np.ndarray, int]],
+    objectives: Sequence[Objective],
+    *,
+    depths: Sequence[int],
+    max_seq_len: int | None = None,
+    seed: int = EVAL_SEED,
+    batch: int = 1,
+) -> list[DepthAccuracy]:
+    """:func:`depth_accuracy` of several drafters that read the same feature layers, on one target pass per batch
+    (each objective with its own generator seeded ``seed``: the figures of separate calls). On a CPU the target's
+    pass is most of the time: `train promote` scores the installed drafter and the candidate in about half."""
+    gens = [torch.Generator().manual_seed(seed) for _ in objectives]
+    correct = [np.zeros(d) for d in depths]
+    count = [np.zeros(d) for d in depths]
+    losses: list[list[float]] = [[] for _ in objectives]
     rows = iter(samples)
     while chunk := list(itertools.islice(rows, batch)):
-        scored = batch_loss(target, [(t[:max_seq_len], p) for t, p in chunk], objective, gen)
+        with torch.no_grad():  # figures only: no graph through the drafters
+            scored = batch_losses(target, [(t[:max_seq_len], p) for t, p in chunk], objectives, gens)
         if scored is None:
             continue
-        res, n = scored
-        correct += res.per_depth_correct
-        count += res.per_depth_count
-        losses += [float(res.loss)] * n
-    acc = np.divide(correct, count, out=np.zeros_like(correct), where=count > 0)
-    return DepthAccuracy(
-        top1=[float(a) for a in acc],
-        scored=[int(c) for c in count],
-        loss=float(np.mean(losses)) if losses else float("nan"),
-        sequences=len(losses),
-    )
+        results, n = scored
+        for i, res in enumerate(results):
+            correct[i] += res.per_depth_correct
+            count[i] += res.per_depth_count
+            losses[i] += [float(res.loss)] * n
+    out = []
+    for c, k, lost in zip(correct, count, losses, strict=True):
+        acc = np.divide(c, k, out=np.zeros_like(c), where=k > 0)
+        out.append(
+            DepthAccuracy(
+                top1=[float(a) for a in acc],
+                scored=[int(v) for v in k],
+                loss=float(np.mean(lost)) if lost else float("nan"),
+                sequences=len(lost),
+            )
+        )
+    return out
 
 
 def greedy_samples(

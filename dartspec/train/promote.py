@@ -25,18 +25,33 @@ import numpy as np
 
 from dartspec.errors import DartspecError
 from dartspec.model_cache import swap_into_place
-from dartspec.train.evaluate import DepthAccuracy, depth_accuracy, load_drafter_model, model_objective
+from dartspec.train.evaluate import DepthAccuracy, depth_accuracies, load_drafter_model, model_objective
 
 #: Files of a checkpoint folder that carry the network; everything else in the installed folder is kept.
 _NETWORK_FILES = ("config.json", "model.safetensors")
 
 
 def score(
-    target: Any, kind: str, folder: Path, samples: Sequence[tuple[np.ndarray, int]], anchors: int
-) -> DepthAccuracy:
-    model = load_drafter_model(kind, target, str(folder))
-    target.set_feature_layers(model.cfg.feature_layers)
-    return depth_accuracy(target, samples, model_objective(model, anchors=anchors), depth=model.cfg.depth)
+    target: Any, kind: str, folders: Sequence[Path], samples: Sequence[tuple[np.ndarray, int]], anchors: int
+) -> list[DepthAccuracy]:
+    """The drafters in ``folders``, scored on the same samples: those that read the same feature layers on one
+    target pass (the target's forward is most of a CPU's time here), the others each on its own."""
+    models = [load_drafter_model(kind, target, str(folder)) for folder in folders]
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, model in enumerate(models):
+        groups.setdefault(tuple(model.cfg.feature_layers), []).append(i)
+    out: list[DepthAccuracy | None] = [None] * len(models)
+    for layers, members in groups.items():
+        target.set_feature_layers(list(layers))
+        got = depth_accuracies(
+            target,
+            samples,
+            [model_objective(models[i], anchors=anchors) for i in members],
+            depths=[models[i].cfg.depth for i in members],
+        )
+        for i, acc in zip(members, got, strict=True):
+            out[i] = acc
+    return [acc for acc in out if acc is not None]
 
 
 def store_as_shipped(kind: str, target: Any, candidate: Path, folder: Path) -> None:
@@ -91,11 +106,10 @@ def promote(
     if not samples:
         raise DartspecError("no dev samples to compare on")
     log(f"scoring the installed drafter ({into}) and the candidate ({candidate}) on {len(samples)} dev answers")
-    installed = score(target, kind, into, samples, anchors)
     with tempfile.TemporaryDirectory(prefix="dartspec-promote-") as tmp:
         shipped = Path(tmp)
         store_as_shipped(kind, target, candidate, shipped)
-        cand = score(target, kind, shipped, samples, anchors)
+        installed, cand = score(target, kind, [into, shipped], samples, anchors)
         better = is_better(cand, installed)
         log(
             f"depth-1 top-1 {installed.top1[0]:.4f} -> {cand.top1[0]:.4f}, chain tau estimate "
