@@ -122,14 +122,16 @@ def profile_runtime(
     # step grows with the attended width.
     rows = int(speed.get("decode_batch", batches[0]))
     long = [(p * (args.long_prompt_len // max(len(p), 1) + 1))[-args.long_prompt_len :] for p in prompts[:rows]]
-    for label, batch in ((f"prompts of <= {args.prompt_len}", prompts[:rows]), (f"of {args.long_prompt_len}", long)):
+    for key, label, batch in (
+        ("step_ms_short", f"prompts of <= {args.prompt_len}", prompts[:rows]),
+        ("step_ms_long", f"of {args.long_prompt_len}", long),
+    ):
         try:
-            prefill, step = step_costs(target, batch, args.new_tokens)
+            prefill, speed[key] = step_costs(target, batch, args.new_tokens)
         except torch.OutOfMemoryError:
             lines.append(f"batch {rows}, {label} tokens: out of memory")
             break
-        lines.append(f"batch {rows}, {label} tokens: prefill {prefill:.2f} s, {step:.1f} ms a decode step")
-        speed[f"step_ms_{'long' if batch is long else 'short'}"] = step
+        lines.append(f"batch {rows}, {label} tokens: prefill {prefill:.2f} s, {speed[key]:.1f} ms a decode step")
     with torch.no_grad():
         timed(score, cuda)
         speed["score"] = timed(score, cuda)

@@ -102,8 +102,8 @@ def batch_losses(
     assert out.features is not None
     features = out.features.float()
     lengths, prompt_lens = [len(t) for t, _ in keep], [p for _, p in keep]
-    # clone(): score_batch may hand out views of inference-mode buffers, which autograd refuses (and an objective
-    # gets inputs no other objective has touched).
+    # clone(): score_batch may hand out views of inference-mode buffers, which autograd refuses; each objective gets
+    # its own copies (the logits are only read).
     losses = [
         objective(features.clone(), next_embeds.clone(), out.logits, lengths, prompt_lens, generator)
         for objective, generator in zip(objectives, generators, strict=True)
@@ -119,7 +119,6 @@ def batch_loss(
     return None if scored is None else (scored[0][0], scored[1])
 
 
-@torch.no_grad()
 def depth_accuracy(
     target: Any,
     samples: Iterable[tuple[np.ndarray, int]],
@@ -137,6 +136,7 @@ def depth_accuracy(
     )[0]
 
 
+@torch.no_grad()
 def depth_accuracies(
     target: Any,
     samples: Iterable[tuple[np.ndarray, int]],
@@ -156,8 +156,7 @@ def depth_accuracies(
     losses: list[list[float]] = [[] for _ in objectives]
     rows = iter(samples)
     while chunk := list(itertools.islice(rows, batch)):
-        with torch.no_grad():  # figures only: no graph through the drafters
-            scored = batch_losses(target, [(t[:max_seq_len], p) for t, p in chunk], objectives, gens)
+        scored = batch_losses(target, [(t[:max_seq_len], p) for t, p in chunk], objectives, gens)
         if scored is None:
             continue
         results, n = scored

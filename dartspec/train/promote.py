@@ -40,7 +40,7 @@ def score(
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, model in enumerate(models):
         groups.setdefault(tuple(model.cfg.feature_layers), []).append(i)
-    out: list[DepthAccuracy | None] = [None] * len(models)
+    scores: dict[int, DepthAccuracy] = {}
     for layers, members in groups.items():
         target.set_feature_layers(list(layers))
         got = depth_accuracies(
@@ -49,9 +49,8 @@ def score(
             [model_objective(models[i], anchors=anchors) for i in members],
             depths=[models[i].cfg.depth for i in members],
         )
-        for i, acc in zip(members, got, strict=True):
-            out[i] = acc
-    return [acc for acc in out if acc is not None]
+        scores |= dict(zip(members, got, strict=True))
+    return [scores[i] for i in range(len(models))]
 
 
 def store_as_shipped(kind: str, target: Any, candidate: Path, folder: Path) -> None:
