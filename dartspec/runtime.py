@@ -17,12 +17,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from dartspec.errors import ContextLengthError, DartspecError
 from dartspec.kv_cache import TreeKVCache
@@ -181,6 +183,21 @@ def describe(target: Any) -> str:
     if quant is not None:
         return f"lean/{quant}"
     return f"hf/{str(target.dtype).removeprefix('torch.')}"
+
+
+#: SDPA's kernels for attention on a GPU, cuDNN's left out. cuDNN builds an execution graph for every new shape and
+#: caches it by shape: the H200 window's profile measured ~25 us a call once built, and 62 ms of host time a call
+#: where a training step's new widths made it build its backward. Here shapes change at every step (a KV cache grows
+#: by a token, each training batch has its own widths), so it would build one a step: ~50 ms against a decode step's
+#: 13 ms. Flash and memory-efficient attention run any shape without building anything; the math kernel is the
+#: fallback for what neither takes.
+GPU_ATTENTION = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+
+
+def attention_kernels(device: torch.device) -> AbstractContextManager[Any]:
+    """The context to run a forward's attention in on ``device`` (:data:`GPU_ATTENTION` on a GPU, else SDPA's own
+    choice): one per forward, not per layer (entering it costs ~10-20 us of host time)."""
+    return sdpa_kernel(list(GPU_ATTENTION)) if device.type == "cuda" else nullcontext()
 
 
 def sync(device: torch.device) -> None:

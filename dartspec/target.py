@@ -19,7 +19,14 @@ from torch import nn
 from dartspec.errors import ContextLengthError
 from dartspec.kernels import rows_first_linear, use_rows_first_linears
 from dartspec.kv_cache import TreeKVCache, TreeKVLayer
-from dartspec.runtime import PREFILL_CHUNK, CausalRuntime, TargetOutput, default_feature_layers, pad_sequences
+from dartspec.runtime import (
+    PREFILL_CHUNK,
+    CausalRuntime,
+    TargetOutput,
+    attention_kernels,
+    default_feature_layers,
+    pad_sequences,
+)
 
 __all__ = ["PREFILL_CHUNK", "Target", "TargetOutput", "TreeKVCache", "TreeKVLayer", "default_feature_layers"]
 
@@ -142,13 +149,14 @@ class Target(CausalRuntime):
         mask = self._masks(self._allowed(base, ids.shape[0], local_mask)[None], positions[None], key_positions)
         self._capture = {i: [] for i in self.feature_layers} if features else None
         try:
-            hidden = self.decoder(
-                input_ids=ids[None],
-                attention_mask=mask,
-                position_ids=positions[None],
-                past_key_values=cache,
-                use_cache=True,
-            ).last_hidden_state[0]
+            with attention_kernels(ids.device):
+                hidden = self.decoder(
+                    input_ids=ids[None],
+                    attention_mask=mask,
+                    position_ids=positions[None],
+                    past_key_values=cache,
+                    use_cache=True,
+                ).last_hidden_state[0]
             feats = torch.cat([self._capture[i][0][0] for i in self.feature_layers], dim=-1) if features else None
         finally:
             self._capture = None
@@ -163,9 +171,10 @@ class Target(CausalRuntime):
         cache: TreeKVCache,
     ) -> torch.Tensor:
         mask = self._masks(allowed, positions, key_positions)
-        return self.decoder(
-            input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
-        ).last_hidden_state
+        with attention_kernels(ids.device):
+            return self.decoder(
+                input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+            ).last_hidden_state
 
     def _masks(self, allowed: torch.Tensor, positions: torch.Tensor, key_positions: torch.Tensor | None) -> Any:
         """Additive ``(B, 1, q, slots)`` masks from a boolean ``(B, q, slots)`` one; models with sliding-window
@@ -198,7 +207,8 @@ class Target(CausalRuntime):
             raise ContextLengthError(f"a {ids.shape[1]}-token sequence exceeds {self.name}'s context window")
         self._capture = {i: [] for i in self.feature_layers}
         try:
-            hidden = self.decoder(input_ids=ids, use_cache=False).last_hidden_state
+            with attention_kernels(ids.device):
+                hidden = self.decoder(input_ids=ids, use_cache=False).last_hidden_state
             feats = torch.cat([self._capture[i][0] for i in self.feature_layers], dim=-1)
         finally:
             self._capture = None

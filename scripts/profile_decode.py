@@ -72,21 +72,25 @@ def check_agreement(
                 lines.append(f"{runtime} is not used for {work}: it computes something else than transformers")
 
 
-def step_costs(target: Any, prompts: list[list[int]], new_tokens: int) -> tuple[float, float]:
+def step_costs(target: Any, prompts: list[list[int]], new_tokens: int) -> tuple[float, float, float]:
     """Seconds of prefill and milliseconds a decode step for ``prompts`` in one batch: one token's decode (the
-    prefill and a pick) against ``new_tokens`` tokens', each after a warm-up, the device drained around each."""
+    prefill and a pick) against ``new_tokens`` tokens', each after a warm-up, the device drained around each; and
+    the step's milliseconds in that warm-up, the first time these shapes ran (where a kernel that prepares itself
+    per shape, as cuDNN's attention does, pays for it: the data phase's shapes are always new)."""
     cuda = target.device.type == "cuda"
 
-    def seconds(tokens: int) -> float:
+    def seconds(tokens: int) -> tuple[float, float]:
         def once() -> int:  # no stop tokens: every row runs every step
             decode_batch(target, prompts, tokens, stop_ids=frozenset())
             return 1
 
-        once()  # warm-up
-        return 1 / timed(once, cuda)
+        first = 1 / timed(once, cuda)
+        return first, 1 / timed(once, cuda)
 
-    prefill = seconds(1)
-    return prefill, 1000 * (seconds(new_tokens) - prefill) / max(new_tokens - 1, 1)
+    prefill = seconds(1)[1]
+    first, warm = seconds(new_tokens)
+    steps = max(new_tokens - 1, 1)
+    return prefill, 1000 * (warm - prefill) / steps, 1000 * (first - prefill) / steps
 
 
 def profile_runtime(
@@ -116,10 +120,11 @@ def profile_runtime(
         lines.append(f"decode at batch {rows}: {got:.0f} answer tokens/s")
         if got > speed["decode"]:
             speed["decode"], speed["decode_batch"] = got, rows
-    # The window's data phase decoded at a twelfth of the speed above: its second turns attend over ~770 slots, not
-    # ~200. Prefill and step time at the best batch, with these prompts and with prompts of --long-prompt-len tokens
-    # (each row's prompt repeated to that length: the cost, not the text, is measured here), say whether the
-    # step grows with the attended width.
+    # The second window's data phase decoded at a twelfth of the speed above: its second turns attend over ~770
+    # slots, not ~200, and every step's shapes were new (cuDNN's attention, which it ran then, builds a graph per
+    # shape: ~50 ms). Prefill and step time at the best batch, with these prompts and with prompts of
+    # --long-prompt-len tokens (each row's prompt repeated to that length: the cost, not the text, is measured
+    # here), warm and the first time, say whether the step grows with the attended width and with new shapes.
     rows = int(speed.get("decode_batch", batches[0]))
     long = [(p * (args.long_prompt_len // max(len(p), 1) + 1))[-args.long_prompt_len :] for p in prompts[:rows]]
     for key, label, batch in (
@@ -127,11 +132,14 @@ def profile_runtime(
         ("step_ms_long", f"of {args.long_prompt_len}", long),
     ):
         try:
-            prefill, speed[key] = step_costs(target, batch, args.new_tokens)
+            prefill, speed[key], cold = step_costs(target, batch, args.new_tokens)
         except torch.OutOfMemoryError:
             lines.append(f"batch {rows}, {label} tokens: out of memory")
             break
-        lines.append(f"batch {rows}, {label} tokens: prefill {prefill:.2f} s, {speed[key]:.1f} ms a decode step")
+        lines.append(
+            f"batch {rows}, {label} tokens: prefill {prefill:.2f} s, {speed[key]:.1f} ms a decode step"
+            f" ({cold:.1f} ms the first time these shapes ran)"
+        )
     with torch.no_grad():
         timed(score, cuda)
         speed["score"] = timed(score, cuda)

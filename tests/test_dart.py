@@ -179,9 +179,10 @@ def test_batched_layouts_equal_each_sequences_own(depth: int) -> None:
 
 @pytest.mark.parametrize("kind", ["kl", "ce"])
 def test_anchor_loss_scores_each_row_on_its_target_position(target: Target, kind: str) -> None:
-    """Per-depth loss and hits of the batched objective equal an explicit per-row reference: each scored row's draft
-    distribution against the target's full-vocabulary logits at that row's target position."""
-    model = model_for(target, depth=4).eval()
+    """Per-depth loss, hits and the gradients of the batched objective equal an explicit per-row reference: each
+    scored row's draft distribution (the drafter run on its real rows followed by one mask-slot input per slot)
+    against the target's full-vocabulary logits at that row's target position."""
+    model = model_for(target, depth=4)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.1)
@@ -190,23 +191,34 @@ def test_anchor_loss_scores_each_row_on_its_target_position(target: Target, kind
     feats, logits = out.features.clone(), out.logits.clone()
     embeds = target.model.get_input_embeddings()(torch.tensor(ids[1:])).detach()
     lay = anchor_layout(len(ids), 6, 4, torch.tensor([7, 15, 26]))
-    with torch.no_grad():
-        x_r, h_r = model.real_inputs(feats[: lay.n_real], embeds)
-        x_m, h_m = model.mask_inputs(9)
-        logq = torch.log_softmax(
-            model.lm_head(model(torch.cat([x_r, x_m]), torch.cat([h_r, h_m]), lay.positions, lay.mask)), -1
-        )
-        batched = anchor_layouts([len(ids)], [6], [torch.tensor([7, 15, 26])], 4, "cpu")
-        got = dart_loss(model, feats[None], embeds[None], logits[None], batched, kind=kind)
+    x_r, h_r = model.real_inputs(feats[: lay.n_real], embeds)
+    x_m, h_m = model.mask_inputs(9)
+    logq = torch.log_softmax(
+        model.lm_head(model(torch.cat([x_r, x_m]), torch.cat([h_r, h_m]), lay.positions, lay.mask)), -1
+    )
     losses, hits = [[] for _ in range(4)], [0] * 4
     for r in torch.nonzero(lay.depth > 0)[:, 0].tolist():
         full = logits[lay.target_row[r]]
         p = torch.softmax(full[model.d2t], -1)
         loss = -logq[r][p.argmax()] if kind == "ce" else (p * (p.clamp_min(1e-30).log() - logq[r])).sum()
-        losses[lay.depth[r] - 1].append(float(loss))
+        losses[lay.depth[r] - 1].append(loss)
         hits[lay.depth[r] - 1] += int(model.d2t[logq[r].argmax()] == full.argmax())
-    np.testing.assert_allclose(got.per_depth_loss, [np.mean(x) for x in losses], rtol=1e-5)
+    reference = sum(0.6**t * torch.stack(x).mean() for t, x in enumerate(losses))
+    want = torch.autograd.grad(reference, list(model.parameters()), allow_unused=True)
+
+    batched = anchor_layouts([len(ids)], [6], [torch.tensor([7, 15, 26])], 4, "cpu")
+    got = dart_loss(model, feats[None], embeds[None], logits[None], batched, kind=kind, decay=0.6)
+    np.testing.assert_allclose(got.per_depth_loss, [float(torch.stack(x).detach().mean()) for x in losses], rtol=1e-5)
     assert got.per_depth_correct == hits and got.per_depth_count == [len(x) for x in losses]
+    grads = torch.autograd.grad(got.loss, list(model.parameters()), allow_unused=True)
+    names = [n for n, _ in model.named_parameters()]
+    for trained in ("mask_input", "mask_resid", "fc.weight"):  # the slots' inputs and the real rows' are trained
+        assert float(want[names.index(trained)].abs().sum()) > 0, trained
+    for name, a, b in zip(names, grads, want, strict=True):
+        if a is None or b is None:
+            assert a is None and b is None, name
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6, msg=name)
 
 
 @pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")

@@ -400,3 +400,53 @@ def test_fast_linears_for_drafters_keep_fp16_weights_exactly() -> None:
     assert all(type(m) is FormatLinear for m in (net[0], net[2]))
     torch.testing.assert_close(net(x), ref, rtol=1e-5, atol=1e-5)  # only the summation order differs
     assert set(net.state_dict()) == {"0.weight", "0.bias", "2.weight"}
+
+
+def test_attention_runs_without_per_shape_cudnn_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU attention leaves out cuDNN (it builds a graph for every new shape, and decoding's and training's
+    shapes change every step); every forward of both runtimes and of the drafter enters that context once."""
+    import dartspec.drafters.dart_model as dart_model
+    import dartspec.lean as lean_module
+    import dartspec.target as target_module
+    from dartspec.batch_decode import decode_batch
+    from dartspec.drafters.dart_model import DartConfig, DartModel
+    from dartspec.runtime import attention_kernels
+
+    with attention_kernels(torch.device("cuda")):
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # restored on the way out
+
+    entered: list[str] = []
+
+    def recording(module: str) -> object:
+        def kernels(device: torch.device) -> object:
+            entered.append(module)
+            return attention_kernels(device)
+
+        return kernels
+
+    for module in (lean_module, target_module, dart_model):
+        monkeypatch.setattr(module, "attention_kernels", recording(module.__name__))
+    model = tiny_model("llama", seed=1)
+    prompts = [[3, 4, 5], [6, 7]]
+    for runtime in (LeanTarget(model, tiny_tokenizer()), Target(model, tiny_tokenizer())):
+        name = type(runtime).__module__
+        entered.clear()
+        runtime.prefill([3, 4, 5, 6])
+        assert entered == [name]
+        entered.clear()
+        decode_batch(runtime, prompts, 3, stop_ids=frozenset())
+        assert entered == [name] * 3  # the prefill and two steps
+        entered.clear()
+        runtime.score_batch(prompts)
+        assert entered and set(entered) == {name}
+    drafter = DartModel(DartConfig.for_target(runtime, draft_vocab_size=16, depth=3))
+    entered.clear()
+    drafter(
+        torch.zeros(2, 2 * drafter.cfg.hidden_size),
+        torch.zeros(2, drafter.cfg.hidden_size),
+        torch.arange(2),
+        torch.ones(2, 2, dtype=torch.bool),
+    )
+    assert entered == ["dartspec.drafters.dart_model"]

@@ -24,6 +24,7 @@ from torch import nn
 
 from dartspec.atomic import atomic_path, write_text
 from dartspec.errors import DartspecError
+from dartspec.runtime import attention_kernels
 
 FORMAT = "dartspec-dart"
 FORMAT_VERSION = 1
@@ -144,6 +145,20 @@ def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tens
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Attention of ``q (..., heads, N, D)`` over ``k``, ``v`` ``(..., kv_heads, L, D)``, each KV head repeated for
+    its query heads, under ``mask (..., N, L)`` bool (None: everything); on a GPU in
+    :func:`dartspec.runtime.attention_kernels` (training's and drafting's shapes change every step)."""
+    rep = q.shape[-3] // k.shape[-3]
+    with attention_kernels(q.device):
+        return F.scaled_dot_product_attention(
+            q,
+            k.repeat_interleave(rep, dim=-3),
+            v.repeat_interleave(rep, dim=-3),
+            attn_mask=None if mask is None else mask.unsqueeze(-3),
+        )
+
+
 @dataclass
 class DraftKV:
     """Keys and values of committed real positions, one ``(kv_heads, L, head_dim)`` pair per layer."""
@@ -208,13 +223,7 @@ class DraftLayer(nn.Module):
             v_all = torch.cat([past[1], v], dim=-2)
         else:
             k_all, v_all = k, v
-        rep = cfg.num_attention_heads // cfg.num_key_value_heads
-        attn = F.scaled_dot_product_attention(
-            q,
-            k_all.repeat_interleave(rep, dim=-3),
-            v_all.repeat_interleave(rep, dim=-3),
-            attn_mask=mask.unsqueeze(-3),
-        )
+        attn = attend(q, k_all, v_all, mask)
         h = resid + self.o_proj(attn.transpose(-2, -3).flatten(-2))
         x = self.post_norm(h)
         h = h + self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))

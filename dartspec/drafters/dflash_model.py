@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dartspec.drafters.dart_model import DartConfig, DartModel, DraftKV, RMSNorm, rotary
+from dartspec.drafters.dart_model import DartConfig, DartModel, DraftKV, RMSNorm, attend, rotary
 
 FORMAT = "dartspec-dflash"
 
@@ -80,13 +80,7 @@ class DFlashLayer(nn.Module):
         k, v = self.kv(x, positions)
         if context is not None:
             k, v = torch.cat([context[0], k], -2), torch.cat([context[1], v], -2)
-        rep = cfg.num_attention_heads // cfg.num_key_value_heads
-        attn = F.scaled_dot_product_attention(
-            q,
-            k.repeat_interleave(rep, dim=-3),
-            v.repeat_interleave(rep, dim=-3),
-            attn_mask=None if mask is None else mask.unsqueeze(-3),
-        )
+        attn = attend(q, k, v, mask)
         h = h + self.o_proj(attn.transpose(-2, -3).flatten(-2))
         x = self.post_norm(h)
         return h + self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
