@@ -579,6 +579,18 @@ def cmd_bench_accuracy(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_replay(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from dartspec.bench.replay import run_replay_bench
+
+    target = load_target(args)
+    run_replay_bench(
+        args, target, log=_log, progress=lambda items, n, label: tqdm(items, total=n, desc=label, unit="answer")
+    )
+    return 0
+
+
 def cmd_bench_fidelity(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -971,6 +983,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", default=None, help="folder for accuracy.md and accuracy.json")
     p.set_defaults(func=cmd_bench_accuracy)
+
+    p = bench.add_parser(
+        "replay",
+        help="DART's tau for tree settings, replayed on greedy answers from one teacher-forced pass (no timing)",
+        description="The target answers the prompts greedily; the drafter's rows at every position come from one "
+        "teacher-forced pass, and each method's decode is replayed on them: tau per tree builder, size and n-gram "
+        "setting in seconds, without the target's verification forwards.",
+    )
+    add_target_args(p)
+    p.add_argument(
+        "--methods",
+        default="dart:size=4,dart:size=8,dart:size=16,dart:size=32",
+        help="DART rows as in `dartspec bench --methods` (tree=, size=, depth=, ngram=, online=, smooth=, path=)",
+    )
+    p.add_argument(
+        "--dataset",
+        default="mtbench",
+        help="mtbench, humaneval, a .jsonl file of prompts, or a regenerated data folder (its prompts, answered again)",
+    )
+    p.add_argument("--limit", type=_positive_int, default=None, help="first N prompts only")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=128)
+    p.add_argument("--out", default=None, help="folder for replay.md and replay.json")
+    p.set_defaults(func=cmd_bench_replay)
 
     p = bench.add_parser(
         "train",

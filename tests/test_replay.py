@@ -1,0 +1,45 @@
+"""`bench replay` against the engine: a replayed decode takes the steps the engine's own greedy decode takes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import VOCAB, tiny_target
+from test_dart import model_for
+
+from dartspec.bench.replay import Replay, anchor_rows, replay_answer
+from dartspec.drafters.dart import DartDrafter
+from dartspec.engine import Generator
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target()
+
+
+@pytest.mark.parametrize(("tree", "size"), [("beam", 8), ("beam", 3), ("chain", 6), ("ddtree", 8)])
+def test_replay_takes_the_engines_steps(target, tree: str, size: int) -> None:
+    """Forwards, new tokens, accepted drafts and tree nodes of the replay equal the engine's greedy decode of the same
+    prompts with the same drafter, tree builder and budget (up to the answer's end and the token limit)."""
+    model = model_for(target, depth=4, vocab=VOCAB)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    drafter = DartDrafter(model, target, tree)
+    gen = Generator(target, drafter, tree_size=size, max_depth=8)
+    rng = np.random.default_rng(4)
+    accepted = 0
+    for limit in (1, 5, 30, 40):
+        prompt = rng.integers(2, VOCAB, size=int(rng.integers(3, 12))).tolist()
+        res = gen.generate(prompt, max_new_tokens=limit, temperature=0.0)
+        tokens = prompt + res.token_ids
+        got = Replay("x")
+        replay_answer(
+            anchor_rows(model, target, tokens, len(prompt)), tokens, len(prompt), drafter, size, 8, limit, got
+        )
+        s = res.stats
+        assert (got.forwards, got.tokens) == (s.target_forwards, s.new_tokens), limit
+        assert (sum(got.accepted), sum(got.nodes)) == (s.draft_tokens_accepted, s.tree_nodes), limit
+        accepted += s.draft_tokens_accepted
+    assert accepted > 0  # the drafter's guesses were accepted somewhere, so the walk was exercised
