@@ -582,8 +582,9 @@ def cmd_bench_accuracy(args: argparse.Namespace) -> int:
 def cmd_bench_replay(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from dartspec.bench.replay import run_replay_bench
+    from dartspec.bench.replay import replay_methods, run_replay_bench
 
+    replay_methods(args.methods)  # a bad method fails before the model loads
     target = load_target(args)
     run_replay_bench(
         args, target, log=_log, progress=lambda items, n, label: tqdm(items, total=n, desc=label, unit="answer")

@@ -180,6 +180,22 @@ def test_bench_accuracy_errors(
     assert_one_line_error(proc, needle)
 
 
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--methods", "dart:size=4,pld"], "'pld' is not one"),
+        (["--methods", "dart:size=auto"], "at a fixed size"),
+        (["--methods", "dart:size=4"], "no DART drafter ships for"),
+        (["--methods", "dart:path=/nonexistent/dart", "--dataset", "nosuch"], "unknown --dataset"),
+    ],
+)
+def test_bench_replay_errors(
+    tiny_model_dir: Path, flags: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    proc = run_in_process(capsys, "bench", "replay", "--model", str(tiny_model_dir), *flags)
+    assert_one_line_error(proc, needle)
+
+
 def test_bench_accuracy_rejects_unknown_drafter_kinds() -> None:
     proc = run_cli("bench", "accuracy", "--drafter", "dart,pld")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr

@@ -145,21 +145,29 @@ def format_replays(replays: Sequence[Replay], meta: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run_replay_bench(
-    args: argparse.Namespace, target: Any, log: Callable[[str], None], progress: Progress | None = None
-) -> list[dict[str, Any]]:
-    """Replay each of ``args.methods`` (DART rows of ``dartspec bench``'s method strings) on the target's greedy
-    answers to ``args.dataset``; print the table and write ``replay.md`` / ``replay.json`` into ``args.out``."""
-    from dartspec.bench.suite import encode_prompts, load_prompts, parse_methods
-    from dartspec.methods import GeneratorSpec, build_generator
-    from dartspec.train.evaluate import greedy_samples
+def replay_methods(text: str) -> list[Any]:
+    """``dartspec bench`` method strings that replay can run (DART at a fixed size on the main target), checked."""
+    from dartspec.bench.suite import parse_methods
 
-    specs = parse_methods(args.methods)
+    specs = parse_methods(text)
     for spec in specs:
         if spec.kind != "dart" or spec.own_target or spec.tree_size == "auto":
             raise DartspecError(
                 f"bench replay replays DART's trees on the main target at a fixed size; {spec.label!r} is not one"
             )
+    return specs
+
+
+def run_replay_bench(
+    args: argparse.Namespace, target: Any, log: Callable[[str], None], progress: Progress | None = None
+) -> list[dict[str, Any]]:
+    """Replay each of ``args.methods`` (DART rows of ``dartspec bench``'s method strings) on the target's greedy
+    answers to ``args.dataset``; print the table and write ``replay.md`` / ``replay.json`` into ``args.out``."""
+    from dartspec.bench.suite import encode_prompts, load_prompts
+    from dartspec.methods import build_generator
+    from dartspec.train.evaluate import greedy_samples
+
+    specs = replay_methods(args.methods)
     data = Path(args.dataset)
     if data.is_dir():  # a regenerated data folder: its prompts, answered again greedily
         from dartspec.train.cli import samples_from
@@ -169,22 +177,7 @@ def run_replay_bench(
         prompt_ids = [p for _, p in encode_prompts(target, load_prompts(args.dataset, limit=args.limit))]
     if not prompt_ids:
         raise DartspecError(f"no prompts in {args.dataset}")
-    generators = [
-        build_generator(
-            target,
-            GeneratorSpec(
-                drafter="dart",
-                path=spec.path,
-                tree_size=spec.tree_size,
-                max_depth=spec.max_depth,
-                tree=spec.tree,
-                ngram=None if spec.ngram == "shipped" else spec.ngram,
-                online_ngram=spec.online,
-                ngram_smoothing=spec.smooth,
-            ),
-        )
-        for spec in specs
-    ]
+    generators = [build_generator(target, spec.generator_spec()) for spec in specs]
     log(f"the target answers {len(prompt_ids)} prompts greedily ({args.max_new_tokens} new tokens at most)")
     samples = greedy_samples(
         target, prompt_ids, args.max_new_tokens, progress and (lambda items, n: progress(items, n, "answers"))

@@ -56,6 +56,22 @@ class MethodSpec:
     quant: str | None = None  # None: the main target's; else none / fp16 / int8
     gguf: str | None = None  # llamacpp-ar: None = the model's own file, else a type of LLAMACPP_TYPES
 
+    def generator_spec(self) -> Any:
+        """This row as the :class:`dartspec.methods.GeneratorSpec` every front end builds a generator from."""
+        from dartspec.methods import GeneratorSpec
+
+        return GeneratorSpec(
+            drafter={"ar": "none"}.get(self.kind, self.kind),
+            path=self.path,
+            tree_size=self.tree_size,
+            max_depth=self.max_depth,
+            tree=self.tree,
+            ngram=None if self.ngram == "shipped" else self.ngram,
+            online_ngram=self.online,
+            ngram_smoothing=self.smooth,
+            topk=self.topk,
+        )
+
     @property
     def own_target(self) -> bool:
         """Whether this row runs on another runtime or weight format than the main target."""
@@ -194,23 +210,9 @@ def make_runner(spec: MethodSpec, target: Any) -> Runner:
         return _hf_runner(spec, target)
     if spec.kind == "llamacpp-ar":
         return _llamacpp_runner(target, spec)
-    from dartspec.methods import GeneratorSpec, build_generator
+    from dartspec.methods import build_generator
 
-    name = {"ar": "none"}.get(spec.kind, spec.kind)
-    gen = build_generator(
-        target,
-        GeneratorSpec(
-            drafter=name,
-            path=spec.path,
-            tree_size=spec.tree_size,
-            max_depth=spec.max_depth,
-            tree=spec.tree,
-            ngram=None if spec.ngram == "shipped" else spec.ngram,
-            online_ngram=spec.online,
-            ngram_smoothing=spec.smooth,
-            topk=spec.topk,
-        ),
-    )
+    gen = build_generator(target, spec.generator_spec())
 
     from dartspec.targets import describe
 
