@@ -19,7 +19,7 @@ from dartspec.engine import Generator
 from dartspec.errors import DartspecError
 from dartspec.target import Target
 from dartspec.train.eagle3 import Eagle3Trainer
-from dartspec.train.eagle3_loss import unroll
+from dartspec.train.eagle3_loss import eagle3_loss, unroll
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_training_unroll_equals_incremental_drafting(target: Target) -> None:
     embed = target.model.get_input_embeddings()
     embeds = embed(torch.tensor(ids[1:])).detach()
     with torch.no_grad():
-        pieces = unroll(model, feats, embeds, len(ids), prompt_len=6)
+        pieces = unroll(model, feats, embeds, len(ids), lo=3)
     for anchor in (5, 12, 24):
         cache = DraftKV()
         model.context_step(feats[:4], embeds[:4], 0, cache)  # an earlier step's real positions
@@ -93,6 +93,36 @@ def test_training_unroll_equals_incremental_drafting(target: Target) -> None:
             h = out[0]
             row = anchor - pieces[k - 1][1]
             torch.testing.assert_close(h, pieces[k - 1][2][row], rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("kind", ["kl", "ce"])
+def test_objective_scores_each_step_on_its_target_position(target: Target, kind: str) -> None:
+    """The objective of one sequence equals an explicit reference over the unrolled steps: at step k, rows i from
+    max(prompt - k - 1, first unrolled row) to len - 1 - k, each scored against the target's logits at i + k, the
+    steps' mean losses weighted decay^(k-1); hits and counts per step likewise."""
+    model = eagle_for(target, depth=4, noise=0.1)
+    ids = list(np.random.default_rng(3).integers(2, VOCAB, size=30))
+    out = target.score_sequence(ids)
+    feats, logits = out.features.clone(), out.logits.clone()
+    embeds = target.model.get_input_embeddings()(torch.tensor(ids[1:])).detach()
+    prompt = 7
+    with torch.no_grad():
+        got = eagle3_loss(model, feats[None], embeds[None], logits[None], [30], [prompt], decay=0.8, kind=kind)
+        total, hits, counts = 0.0, [], []
+        for k, first, h in unroll(model, feats, embeds, 30, lo=prompt - 3):
+            rows = range(max(prompt - k - 1, first), 30 - k)
+            logq = torch.log_softmax(model.lm_head(model.norm(h[[i - first for i in rows]])), -1)
+            full = logits[[i + k for i in rows]]
+            p = torch.softmax(full[:, model.d2t], -1)
+            if kind == "kl":
+                loss = (p * (p.clamp_min(1e-30).log() - logq)).sum(-1)
+            else:
+                loss = -logq.gather(1, p.argmax(-1, keepdim=True))[:, 0]
+            total += 0.8 ** (k - 1) * float(loss.mean())
+            hits.append(int((model.d2t[logq.argmax(-1)] == full.argmax(-1)).sum()))
+            counts.append(len(rows))
+    assert got.per_depth_correct == hits and got.per_depth_count == counts
+    np.testing.assert_allclose(float(got.loss), total, rtol=1e-6)
 
 
 def test_dynamic_tree_budget_and_order(target: Target) -> None:

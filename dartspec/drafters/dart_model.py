@@ -161,20 +161,22 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 
 @dataclass
 class DraftKV:
-    """Keys and values of committed real positions, one ``(kv_heads, L, head_dim)`` pair per layer."""
+    """Keys and values of committed real positions, one ``(..., kv_heads, L, head_dim)`` pair per layer (leading
+    dimensions: a batch of sequences, as training unrolls them)."""
 
     keys: list[torch.Tensor] = field(default_factory=list)
     values: list[torch.Tensor] = field(default_factory=list)
 
     @property
     def length(self) -> int:
-        return self.keys[0].shape[1] if self.keys else 0
+        return self.keys[0].shape[-2] if self.keys else 0
 
     def append(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Add positions' ``(kv_heads, n, head_dim)`` keys and values to ``layer`` (layers are filled in order)."""
+        """Add positions' ``(..., kv_heads, n, head_dim)`` keys and values to ``layer`` (layers are filled in
+        order)."""
         if len(self.keys) > layer:
-            self.keys[layer] = torch.cat([self.keys[layer], keys], dim=1)
-            self.values[layer] = torch.cat([self.values[layer], values], dim=1)
+            self.keys[layer] = torch.cat([self.keys[layer], keys], dim=-2)
+            self.values[layer] = torch.cat([self.values[layer], values], dim=-2)
         else:
             self.keys.append(keys.contiguous())
             self.values.append(values.contiguous())
@@ -305,10 +307,10 @@ class DartModel(nn.Module):
             past = (cache.keys[i], cache.values[i]) if cache is not None and len(cache.keys) > i else None
             if tree is not None and len(tree.keys) > i:
                 more = (tree.keys[i], tree.values[i])
-                past = more if past is None else (torch.cat([past[0], more[0]], 1), torch.cat([past[1], more[1]], 1))
+                past = more if past is None else (torch.cat([past[0], more[0]], -2), torch.cat([past[1], more[1]], -2))
             h, k, v = layer(x, h, positions, mask, past)
             if cache is not None and keep:
-                cache.append(i, k[:, :keep], v[:, :keep])
+                cache.append(i, k[..., :keep, :], v[..., :keep, :])
             if tree is not None:
                 tree.append(i, k, v)
         return h

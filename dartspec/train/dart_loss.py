@@ -183,16 +183,6 @@ class LossOutput:
     def per_depth_count(self) -> list[int]:
         return [round(x) for x in self.depth_stats[2].tolist()]
 
-    @staticmethod
-    def mean_of(outputs: Sequence[LossOutput]) -> LossOutput:
-        """One output for several sequences scored separately (the same convention as a batch)."""
-        n = len(outputs)
-        stats = torch.stack([o.depth_stats for o in outputs])
-        return LossOutput(
-            sum((o.loss for o in outputs[1:]), outputs[0].loss) / n,
-            torch.cat([stats[:, :1].mean(0), stats[:, 1:].sum(0)]),
-        )
-
 
 def distill(
     draft_logits: torch.Tensor, target_logits: torch.Tensor, d2t: torch.Tensor, kind: str

@@ -55,8 +55,8 @@ class DepthAccuracy:
 
 
 def model_objective(model: DartModel, *, anchors: int, decay: float = 0.6, kind: str = "kl") -> Objective:
-    """The training objective of ``model``'s kind: DART's anchor blocks (all sequences in one drafter forward),
-    or EAGLE-3's unrolled steps (one sequence at a time: each step's rows depend on the sequence's length)."""
+    """The training objective of ``model``'s kind: DART's anchor blocks, DFlash's blocks or EAGLE-3's unrolled
+    steps, each over all sequences of a batch in one drafter pass."""
     from dartspec.drafters.dflash_model import DFlashModel
     from dartspec.drafters.eagle3_model import Eagle3Model
 
@@ -69,15 +69,9 @@ def model_objective(model: DartModel, *, anchors: int, decay: float = 0.6, kind:
     if isinstance(model, Eagle3Model):
         from dartspec.train.eagle3_loss import eagle3_loss
 
-        def each(f, e, logits, lengths, prompt_lens, gen):
-            return LossOutput.mean_of(
-                [
-                    eagle3_loss(model, f[b, :n], e[b, : n - 1], logits[b, :n], p, decay=decay, kind=kind)
-                    for b, (n, p) in enumerate(zip(lengths, prompt_lens, strict=True))
-                ]
-            )
-
-        return each
+        return lambda f, e, logits, lengths, prompt_lens, gen: eagle3_loss(
+            model, f, e, logits, lengths, prompt_lens, decay=decay, kind=kind
+        )
     return lambda f, e, logits, lengths, prompt_lens, gen: dart_anchor_loss(
         model, f, e, logits, lengths, prompt_lens, anchors=anchors, generator=gen, decay=decay, kind=kind
     )
