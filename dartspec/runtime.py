@@ -188,9 +188,9 @@ def describe(target: Any) -> str:
 #: SDPA's kernels for attention on a GPU, cuDNN's left out. cuDNN builds an execution graph for every new shape and
 #: caches it by shape: the H200 window's profile measured ~25 us a call once built, and 62 ms of host time a call
 #: where a training step's new widths made it build its backward. Here shapes change at every step (a KV cache grows
-#: by a token, each training batch has its own widths), so it would build one a step: ~50 ms against a decode step's
-#: 13 ms. Flash and memory-efficient attention run any shape without building anything; the math kernel is the
-#: fallback for what neither takes.
+#: by a token, each training batch has its own widths), so it would build one a step (the window's data phase, all new
+#: shapes, ran ~62 ms a decode step against the warm profile's 13). Flash and memory-efficient attention run any shape
+#: without building anything; the math kernel is the fallback for what neither takes.
 GPU_ATTENTION = (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 
 

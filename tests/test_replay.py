@@ -18,15 +18,18 @@ def target():
     return tiny_target()
 
 
-@pytest.mark.parametrize(("tree", "size"), [("beam", 8), ("beam", 3), ("chain", 6), ("ddtree", 8)])
-def test_replay_takes_the_engines_steps(target, tree: str, size: int) -> None:
+@pytest.mark.parametrize(
+    ("tree", "size", "online"),
+    [("beam", 8, False), ("beam", 3, False), ("chain", 6, False), ("ddtree", 8, False), ("beam", 8, True)],
+)
+def test_replay_takes_the_engines_steps(target, tree: str, size: int, online: bool) -> None:
     """Forwards, new tokens, accepted drafts and tree nodes of the replay equal the engine's greedy decode of the same
     prompts with the same drafter, tree builder and budget (up to the answer's end and the token limit)."""
     model = model_for(target, depth=4, vocab=VOCAB)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.1)
-    drafter = DartDrafter(model, target, tree)
+    drafter = DartDrafter(model, target, tree, online_ngram=online)  # online: n-grams of the prompt and output
     gen = Generator(target, drafter, tree_size=size, max_depth=8)
     rng = np.random.default_rng(4)
     accepted = 0

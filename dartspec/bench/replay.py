@@ -139,9 +139,8 @@ def format_replays(replays: Sequence[Replay], meta: dict[str, Any]) -> str:
     ]
     for r in replays:
         rates = " | ".join(f"{r.accept_rate(d):.2f}" for d in depths)
-        lines.append(
-            f"| {r.label} | {r.tau:.3f} | {r.pooled_tau:.3f} | {np.mean(r.nodes):.1f} | {len(r.accepted)} | {rates} |"
-        )
+        nodes = np.mean(r.nodes or [0])
+        lines.append(f"| {r.label} | {r.tau:.3f} | {r.pooled_tau:.3f} | {nodes:.1f} | {len(r.accepted)} | {rates} |")
     return "\n".join(lines)
 
 
@@ -217,7 +216,7 @@ def run_replay_bench(
             "pooled_tau": round(r.pooled_tau, 4),
             "answer_taus": [round(t, 4) for t in r.answer_taus],
             "steps": len(r.accepted),
-            "mean_nodes": float(np.mean(r.nodes)),
+            "mean_nodes": float(np.mean(r.nodes or [0])),
         }
         for r in replays
     ]

@@ -14,11 +14,14 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dartspec import atomic
 from dartspec.errors import DartspecError
 from dartspec.formats import DRAFTER_NAMES, DRAFTERS, QUANT_CHOICES, RUNTIMES, TREE_BUILDERS
+
+if TYPE_CHECKING:
+    from dartspec.methods import GeneratorSpec
 
 #: Rows run by other decoders (peers): transformers generate, plain and with prompt lookup, and llama.cpp.
 _PEERS = ("hf-ar", "hf-pld", "llamacpp-ar")
@@ -56,7 +59,7 @@ class MethodSpec:
     quant: str | None = None  # None: the main target's; else none / fp16 / int8
     gguf: str | None = None  # llamacpp-ar: None = the model's own file, else a type of LLAMACPP_TYPES
 
-    def generator_spec(self) -> Any:
+    def generator_spec(self) -> GeneratorSpec:
         """This row as the :class:`dartspec.methods.GeneratorSpec` every front end builds a generator from."""
         from dartspec.methods import GeneratorSpec
 
