@@ -579,6 +579,14 @@ def cmd_bench_accuracy(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_answer_args(p: argparse.ArgumentParser, folder: str) -> None:
+    """``--dataset``, ``--limit`` and ``--max-new-tokens`` of the benches that score the target's greedy answers;
+    ``folder`` says what a data folder given as ``--dataset`` stands for."""
+    p.add_argument("--dataset", default="mtbench", help=f"mtbench, humaneval, a .jsonl file of prompts, or {folder}")
+    p.add_argument("--limit", type=_positive_int, default=None, help="first N prompts or samples only")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=128)
+
+
 def cmd_bench_replay(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -969,13 +977,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="dart, eagle3 or both (dart,eagle3: one set of answers, a table each)",
     )
     p.add_argument("--drafter-path", default=None, help="drafter checkpoint folder (default: the shipped one)")
-    p.add_argument(
-        "--dataset",
-        default="mtbench",
-        help="mtbench, humaneval, a .jsonl file of prompts, or a regenerated data folder (e.g. the dev split)",
-    )
-    p.add_argument("--limit", type=_positive_int, default=None, help="first N prompts or samples only")
-    p.add_argument("--max-new-tokens", type=_positive_int, default=128)
+    _add_answer_args(p, "a regenerated data folder (e.g. the dev split: its stored answers)")
     p.add_argument(
         "--anchors",
         type=_positive_int,
@@ -998,13 +1000,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="dart:size=4,dart:size=8,dart:size=16,dart:size=32",
         help="DART rows as in `dartspec bench --methods` (tree=, size=, depth=, ngram=, online=, smooth=, path=)",
     )
-    p.add_argument(
-        "--dataset",
-        default="mtbench",
-        help="mtbench, humaneval, a .jsonl file of prompts, or a regenerated data folder (its prompts, answered again)",
-    )
-    p.add_argument("--limit", type=_positive_int, default=None, help="first N prompts only")
-    p.add_argument("--max-new-tokens", type=_positive_int, default=128)
+    _add_answer_args(p, "a regenerated data folder (its prompts, answered again)")
     p.add_argument("--out", default=None, help="folder for replay.md and replay.json")
     p.set_defaults(func=cmd_bench_replay)
 
