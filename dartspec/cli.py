@@ -714,7 +714,9 @@ def cmd_train_promote(args: argparse.Namespace) -> int:
     target = load_target(args)
     into = Path(args.into) if args.into else checkpoint_folder(args.kind, target, None)
     samples = [(s.tokens, s.prompt_len) for s in samples_from(args.dev)][: args.limit]
-    promote(target, Path(args.candidate), into, samples, kind=args.kind, dry_run=args.dry_run, log=_log)
+    promote(
+        target, Path(args.candidate), into, samples, kind=args.kind, replay=args.replay, dry_run=args.dry_run, log=_log
+    )
     return 0
 
 
@@ -902,6 +904,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--into", default=None, help="the installed drafter folder (default: the shipped one)")
     p.add_argument("--dev", default="data/smollm2-135m-sharegpt-dev", help="regenerated dev shards")
     p.add_argument("--limit", type=_positive_int, default=200, help="dev answers compared (default 200)")
+    p.add_argument(
+        "--replay",
+        type=_count,
+        default=40,
+        help="DART: also replay both drafters' trees (16 nodes) on this many of the dev answers and report tau "
+        "(0: skip; default 40)",
+    )
     p.add_argument("--dry-run", action="store_true", help="score and report, change nothing")
     p.set_defaults(func=cmd_train_promote)
 

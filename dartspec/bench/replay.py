@@ -126,6 +126,41 @@ def replay_answer(
     into.answer_taus.append((n - prompt_len) / forwards)
 
 
+@dataclass(frozen=True)
+class ReplayEntry:
+    """One method to replay: a DART drafter (its network, tree builder, d2t and online n-gram) at a tree size."""
+
+    label: str
+    drafter: Any
+    tree_size: int
+    max_depth: int
+    network: str  # entries naming the same network share one teacher-forced pass per answer
+
+
+def replay_samples(
+    target: Any,
+    entries: Sequence[ReplayEntry],
+    samples: Iterable[tuple[np.ndarray, int]],
+    limit: int | None = None,
+) -> list[Replay]:
+    """Replay every entry on every ``(prompt + greedy answer ids, prompt length)`` sample; ``limit``: the decodes'
+    token limit (None: each answer's own length, as if decoded with exactly that many new tokens)."""
+    replays = [Replay(entry.label) for entry in entries]
+    for tokens, prompt_len in samples:
+        ids = np.asarray(tokens).tolist()
+        rows: dict[str, torch.Tensor] = {}
+        for entry, replay in zip(entries, replays, strict=True):
+            model = entry.drafter.model
+            if entry.network not in rows:
+                target.set_feature_layers(model.cfg.feature_layers)
+                rows[entry.network] = anchor_rows(model, target, ids, prompt_len)
+            budget = limit if limit is not None else len(ids) - prompt_len
+            replay_answer(
+                rows[entry.network], ids, prompt_len, entry.drafter, entry.tree_size, entry.max_depth, budget, replay
+            )
+    return replays
+
+
 def format_replays(replays: Sequence[Replay], meta: dict[str, Any]) -> str:
     depths = range(1, 5)
     lines = [
@@ -181,25 +216,12 @@ def run_replay_bench(
     samples = greedy_samples(
         target, prompt_ids, args.max_new_tokens, progress and (lambda items, n: progress(items, n, "answers"))
     )
-    replays = [Replay(spec.label) for spec in specs]
+    entries = [
+        ReplayEntry(spec.label, gen.drafter, gen.tree_size, gen.max_depth, spec.path or "shipped")
+        for spec, gen in zip(specs, generators, strict=True)
+    ]
     items = progress(samples, len(samples), "replay") if progress else samples
-    for tokens, prompt_len in items:
-        rows: dict[str | None, torch.Tensor] = {}  # one teacher-forced pass per checkpoint
-        for spec, gen, replay in zip(specs, generators, replays, strict=True):
-            drafter = gen.drafter
-            if spec.path not in rows:
-                target.set_feature_layers(drafter.model.cfg.feature_layers)
-                rows[spec.path] = anchor_rows(drafter.model, target, tokens.tolist(), prompt_len)
-            replay_answer(
-                rows[spec.path],
-                tokens.tolist(),
-                prompt_len,
-                drafter,
-                gen.tree_size,
-                gen.max_depth,
-                args.max_new_tokens,
-                replay,
-            )
+    replays = replay_samples(target, entries, items, args.max_new_tokens)
     meta = {
         "model": target.name,
         "dataset": args.dataset,

@@ -53,6 +53,22 @@ def score(
     return [scores[i] for i in range(len(models))]
 
 
+def replayed_taus(
+    target: Any, folders: Sequence[Path], samples: Sequence[tuple[np.ndarray, int]], nodes: int
+) -> list[float]:
+    """Median tau of the DART drafters in ``folders`` replayed on ``samples`` (:mod:`dartspec.bench.replay`): the
+    beam search at ``nodes`` nodes, without the n-gram (the same table serves both), as each would decode the stored
+    answers. What the gate's teacher-forced figures estimate, measured on the tree."""
+    from dartspec.bench.replay import ReplayEntry, replay_samples
+    from dartspec.drafters.dart import DartDrafter
+
+    entries = [
+        ReplayEntry(str(folder), DartDrafter.from_pretrained(folder, target, "beam", fast_step=False), nodes, 8, str(i))
+        for i, folder in enumerate(folders)
+    ]
+    return [replay.tau for replay in replay_samples(target, entries, samples)]
+
+
 def store_as_shipped(kind: str, target: Any, candidate: Path, folder: Path) -> None:
     """Write ``candidate``'s network into ``folder`` as the shipped drafters store it (int8 matrices, a scale per
     row): the gate scores these files and installs them, so what it judged is what ships (the rounding moves dev
@@ -93,10 +109,14 @@ def promote(
     *,
     kind: str = "dart",
     anchors: int = 256,
+    replay: int = 0,
+    replay_nodes: int = 16,
     dry_run: bool = False,
     log: Callable[[str], None],
 ) -> dict[str, Any]:
-    """Score ``candidate`` and the drafter installed in ``into`` on ``samples``; install it if better."""
+    """Score ``candidate`` and the drafter installed in ``into`` on ``samples``; install it if better. DART drafters
+    are also replayed on the first ``replay`` answers at ``replay_nodes`` nodes (reported and recorded; the gate stays
+    the teacher-forced figures, whose noise is lower)."""
     for folder, what in ((candidate, "candidate"), (into, "installed drafter")):
         if not (folder / "config.json").is_file():
             raise DartspecError(f"{folder} is not a drafter checkpoint (no config.json): the {what} is missing")
@@ -114,6 +134,11 @@ def promote(
             f"depth-1 top-1 {installed.top1[0]:.4f} -> {cand.top1[0]:.4f}, chain tau estimate "
             f"{installed.chain_tau_est:.3f} -> {cand.chain_tau_est:.3f}: {'better' if better else 'not better'}"
         )
+        taus: list[float] = []
+        answers = min(replay, len(samples))
+        if answers and kind == "dart":
+            taus = replayed_taus(target, [into, shipped], samples[:answers], replay_nodes)
+            log(f"replayed tau at {replay_nodes} nodes on {answers} answers {taus[0]:.3f} -> {taus[1]:.3f}")
         if better and not dry_run:
             install(shipped, candidate, into)
             log(f"installed {candidate} into {into}")
@@ -125,6 +150,8 @@ def promote(
         "dev_answers": len(samples),
         "promoted": better and not dry_run,
     }
+    if taus:
+        record["replayed_tau"] = {"nodes": replay_nodes, "answers": answers, "installed": taus[0], "candidate": taus[1]}
     if not dry_run:
         with open(into / "promotions.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
