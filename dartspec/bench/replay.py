@@ -59,10 +59,13 @@ class Replay:
 
 
 @torch.no_grad()
-def anchor_rows(model: Any, target: Any, tokens: Sequence[int], prompt_len: int) -> torch.Tensor:
+def anchor_rows(
+    model: Any, target: Any, tokens: Sequence[int], prompt_len: int, out: Any | None = None
+) -> torch.Tensor:
     """The drafter's log-probabilities ``(A, d, draft vocab)`` at anchors ``prompt_len - 1 .. len - 3`` of a prompt
     + answer (anchor ``a``'s row t predicts token ``a + 1 + t``), all from one teacher-forced forward: the
-    training layout (:func:`dartspec.train.dart_loss.anchor_layout`) with an anchor block at every position."""
+    training layout (:func:`dartspec.train.dart_loss.anchor_layout`) with an anchor block at every position.
+    ``out``: the target's ``score_sequence`` of the tokens on the model's feature layers, if already computed."""
     from dartspec.train.dart_loss import anchor_layout
 
     n, d = len(tokens), model.cfg.depth
@@ -70,7 +73,7 @@ def anchor_rows(model: Any, target: Any, tokens: Sequence[int], prompt_len: int)
     if anchors.numel() == 0:
         return torch.zeros(0, d, model.cfg.draft_vocab_size)
     ids = torch.as_tensor(list(tokens), dtype=torch.long, device=target.device)
-    out = target.score_sequence(ids)
+    out = out if out is not None else target.score_sequence(ids)
     param = next(model.parameters())
     features = out.features[: n - 1].to(param.dtype)
     embeds = target.embed(ids[1:]).to(param.dtype)
@@ -149,11 +152,15 @@ def replay_samples(
     for tokens, prompt_len in samples:
         ids = np.asarray(tokens).tolist()
         rows: dict[str, torch.Tensor] = {}
+        scored: dict[tuple[int, ...], Any] = {}  # one target pass per answer and feature layers
         for entry, replay in zip(entries, replays, strict=True):
             model = entry.drafter.model
             if entry.network not in rows:
-                target.set_feature_layers(model.cfg.feature_layers)
-                rows[entry.network] = anchor_rows(model, target, ids, prompt_len)
+                layers = tuple(model.cfg.feature_layers)
+                if layers not in scored:
+                    target.set_feature_layers(list(layers))
+                    scored[layers] = target.score_sequence(ids)
+                rows[entry.network] = anchor_rows(model, target, ids, prompt_len, scored[layers])
             budget = limit if limit is not None else len(ids) - prompt_len
             replay_answer(
                 rows[entry.network], ids, prompt_len, entry.drafter, entry.tree_size, entry.max_depth, budget, replay
