@@ -34,7 +34,7 @@
 # WINDOW (default 0) seeds the data order and numbers the fresh data, so successive windows see other data and
 # nothing large is stored or carried: a window's data is made and used on the device (and comes back as a tarball).
 # Environment: KIND=dflash (train DFlash, from scratch) or KIND=eagle3 (the EAGLE-3 baseline, warm-started from the
-# shipped DART drafter: matched training against a DART call of the same minutes), DEVICE=cpu and CONFIG=small.yaml
+# shipped DART drafter: matched training against a DART call that saw as many tokens), DEVICE=cpu and CONFIG=small.yaml
 # (a rehearsal on a CPU), DATA_SHARE and PROFILE (the window phase), DATA_BATCH (the data phase's batch; default: the profile's fastest) and
 # DATA_TURNS (user turns a conversation, default 2), RUNTIME (hf | lean for data and training; the window phase
 # otherwise takes whichever its profile measured faster),

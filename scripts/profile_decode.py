@@ -75,8 +75,9 @@ def check_agreement(
 def step_costs(target: Any, prompts: list[list[int]], new_tokens: int) -> tuple[float, float, float]:
     """Seconds of prefill and milliseconds a decode step for ``prompts`` in one batch: one token's decode (the
     prefill and a pick) against ``new_tokens`` tokens', each after a warm-up, the device drained around each; and
-    the step's milliseconds in that warm-up, the first time these shapes ran (where a kernel that prepares itself
-    per shape, as cuDNN's attention does, pays for it: the data phase's shapes are always new)."""
+    the step's milliseconds in that warm-up, where shapes no earlier timing ran are new (the long prompts': a kernel
+    that prepares itself per shape, as cuDNN's attention does, pays for it there, as in the data phase, whose
+    shapes are always new)."""
     cuda = target.device.type == "cuda"
 
     def seconds(tokens: int) -> tuple[float, float]:
@@ -138,7 +139,7 @@ def profile_runtime(
             break
         lines.append(
             f"batch {rows}, {label} tokens: prefill {prefill:.2f} s, {speed[key]:.1f} ms a decode step"
-            f" ({cold:.1f} ms the first time these shapes ran)"
+            f" ({cold:.1f} ms in the warm-up run)"
         )
     with torch.no_grad():
         timed(score, cuda)
