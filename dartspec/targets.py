@@ -1,11 +1,11 @@
 """Choosing and loading a target runtime: ``--runtime auto|lean|hf`` and ``--quant auto|<format>``.
 
-``auto`` picks the fastest choice that passes the fidelity gate (README "CPU runtime"): on a CPU the lean
-forward for the Llama / Qwen2 / Qwen3 families with the ``exact-a16`` format where the model's weights are
-integer groups (GGUF-converted models) and the kernel builds, else fp16; exact-a16 is the fastest format at
-every tree size measured (BENCHMARKS.md), so plain and speculative decoding use the same one. Transformers'
-modules in the model's dtype elsewhere (other architectures, and GPUs, where the lean path has not been
-measured yet).
+``auto`` picks the fastest choice that passes the fidelity gate (README "CPU runtime"): the lean forward for
+the Llama / Qwen2 / Qwen3 families, on a CPU with the ``exact-a16`` format where the model's weights are integer
+groups (GGUF-converted models) and the kernel builds, else fp16 (exact-a16 is the fastest format at every tree
+size measured, BENCHMARKS.md, so plain and speculative decoding use the same one); on a GPU in the model's dtype
+(one H200, float32, one stream: plain decoding 1.8-1.9x transformers' modules, DART 1.6x more). Transformers'
+modules for other architectures.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dartspec.formats import QUANT_CHOICES, RUNTIMES
 from dartspec.quant import check_format
 from dartspec.runtime import describe
 
-__all__ = ["describe", "load_target", "resolve_runtime", "wrap_format", "wrap_model"]
+__all__ = ["describe", "lean_copy_fits", "load_target", "resolve_runtime", "wrap_format", "wrap_model"]
 
 #: The CPU weight formats ``--quant auto`` tries, fastest first; each passes the fidelity gate.
 CPU_DEFAULT_QUANTS = ("exact-a16", "fp16")
@@ -36,7 +36,7 @@ def resolve_runtime(runtime: str, quant: str, model_type: str, device: torch.dev
     if quant not in QUANT_CHOICES:
         raise DartspecError(f"unknown --quant {quant!r}: choose one of {', '.join(QUANT_CHOICES)}")
     if runtime == "auto":
-        runtime = "lean" if device.type == "cpu" and lean_supported(model_type) else "hf"
+        runtime = "lean" if lean_supported(model_type) else "hf"
     if runtime == "lean" and not lean_supported(model_type):
         raise DartspecError(
             f"the lean runtime supports {', '.join(LEAN_ARCHITECTURES)} models, not {model_type!r}: use --runtime hf"
@@ -67,6 +67,8 @@ def wrap_model(
     device = model.get_input_embeddings().weight.device
     model_type = model.config.get_text_config().model_type
     chosen_runtime, chosen = resolve_runtime(runtime, quant, model_type, device)
+    if runtime == "auto" and chosen_runtime == "lean" and not lean_copy_fits(model, device):
+        chosen_runtime = "hf"
     if chosen_runtime == "hf":
         return Target(model, tokenizer, name=name, feature_layers=feature_layers)
     try:
@@ -76,6 +78,22 @@ def wrap_model(
             raise
         # auto: a model that is not made of integer groups gets the next format.
         return LeanTarget(model, tokenizer, quant=CPU_DEFAULT_QUANTS[1], name=name, feature_layers=feature_layers)
+
+
+#: The projections the lean forward fuses into copies of its own (QKV, gate/up) beside the model's, which it keeps
+#: (several runtimes may share one model, and the model stays transformers' reference).
+FUSED_PROJECTIONS = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight")
+
+
+def lean_copy_fits(model: Any, device: torch.device) -> bool:
+    """Whether ``--runtime auto`` may take the lean forward for ``model`` on ``device``: on a GPU its fused copies
+    (~2/3 of the layers' weights) must take at most half the free memory, or a model that fits transformers'
+    modules with room for its KV cache would run out of memory by default; host memory is not checked."""
+    if device.type != "cuda":
+        return True
+    free, _ = torch.cuda.mem_get_info(device)
+    copies = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if n.endswith(FUSED_PROJECTIONS))
+    return 2 * copies <= free
 
 
 def parse_format(spec: str) -> tuple[str, str]:

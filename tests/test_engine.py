@@ -190,7 +190,7 @@ def test_a_drafter_with_the_wrong_root_is_an_error(target: Target) -> None:
 
 
 def test_default_tree_size_follows_device_and_drafter(target: Target) -> None:
-    """CPU: 4 nodes for free drafts (lookup), 2 for drafters that run a network each step; GPU: 16."""
+    """CPU: 4 nodes for free drafts (lookup), 2 for drafters that run a network each step; GPU: 16 and 32."""
     from dartspec.drafters.base import NoDrafter
     from dartspec.engine import default_tree_size
 
@@ -202,7 +202,7 @@ def test_default_tree_size_follows_device_and_drafter(target: Target) -> None:
     # The base class fills in the contract's optional parts, so these are whole drafters.
     assert isinstance(NetworkDrafter(), Drafter) and isinstance(RandomDrafter(0), Drafter)
     assert Generator(target).tree_size == 4
-    assert default_tree_size(torch.device("cuda"), True) == default_tree_size("cuda") == 16
+    assert default_tree_size(torch.device("cuda"), True) == 32 and default_tree_size("cuda") == 16
 
 
 def test_auto_drafter_is_prompt_lookup_on_a_cpu_and_the_shipped_dart_drafter_on_a_gpu(target: Target) -> None:

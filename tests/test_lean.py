@@ -15,7 +15,7 @@ from dartspec.lean import LeanTarget
 from dartspec.quant import PackedLinear, check_format
 from dartspec.runtime import FeatureSource, TargetRuntime
 from dartspec.target import Target
-from dartspec.targets import describe, resolve_runtime, wrap_model
+from dartspec.targets import FUSED_PROJECTIONS, describe, lean_copy_fits, resolve_runtime, wrap_model
 from dartspec.tree import Tree
 
 LEAN_ARCHS = ["llama", "qwen2", "qwen3"]
@@ -161,11 +161,36 @@ def test_packed_linear_formats_approximate_fp32() -> None:
     assert 0 < err < 0.3  # 8-bit weights and per-row 8-bit activations: close, not equal
 
 
+def test_auto_takes_the_lean_forward_on_a_gpu_only_where_its_copies_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lean forward keeps fused QKV and gate/up copies beside the model's own weights: on a GPU, ``auto`` takes
+    it only if those copies need at most half the free memory (the free memory is faked; the model is on a CPU)."""
+    model = tiny_model("llama", seed=1)
+    copies = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if n.endswith(FUSED_PROJECTIONS))
+    # q, k, v, gate, up in every layer: what the lean forward copies, and nothing else.
+    assert copies == sum(
+        m.weight.numel() * m.weight.element_size()
+        for layer in model.get_decoder().layers
+        for m in (
+            layer.self_attn.q_proj,
+            layer.self_attn.k_proj,
+            layer.self_attn.v_proj,
+            layer.mlp.gate_proj,
+            layer.mlp.up_proj,
+        )
+    )
+    gpu = torch.device("cuda")
+    for free, fits in [(2 * copies, True), (2 * copies - 1, False)]:
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device, free=free: (free, 10 * free))
+        assert lean_copy_fits(model, gpu) is fits
+    assert lean_copy_fits(model, torch.device("cpu"))  # host memory is not checked
+
+
 def test_quant_and_runtime_errors_are_one_line() -> None:
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
     assert resolve_runtime("auto", "auto", "llama", cpu) == ("lean", "exact-a16" if exact.available() else "fp16")
     assert resolve_runtime("auto", "auto", "gemma3_text", cpu) == ("hf", "none")
-    assert resolve_runtime("auto", "auto", "llama", gpu) == ("hf", "none")
+    assert resolve_runtime("auto", "auto", "llama", gpu) == ("lean", "none")  # measured faster on a GPU too
+    assert resolve_runtime("auto", "auto", "gemma3_text", gpu) == ("hf", "none")
     for args, words in [
         (("auto", "int4", "llama", cpu), "unknown --quant 'int4'"),
         (("fast", "auto", "llama", cpu), "unknown --runtime 'fast'"),
