@@ -246,13 +246,24 @@ data | train | profile | bench)
         exit 0
     fi
     if [ "$phase" = bench ]; then
-        # Plain decoding, DART (16 and 32 nodes) and EAGLE-3 on this GPU (float32, the generation default: bf16
+        # Plain decoding (the default lean forward and transformers' modules), DART (32 nodes, the GPU default, and
+        # 16) and EAGLE-3 on this GPU (float32, the generation default: bf16
         # tips near-ties), the shipped drafters, the prompts' files from the package cache as prepare copied them
         # (no registry here). `bench [LIMIT]` (default 20 prompts a set); BENCH_METHODS overrides the methods.
         [ -d .window/bench/packages ] && mkdir -p "$DARTSPEC_CACHE" && cp -r .window/bench/packages "$DARTSPEC_CACHE/"
+        methods=${BENCH_METHODS:-ar,ar:runtime=hf,dart,dart:size=16,eagle3}
+        # This window's last DART run that exported a drafter, if any, runs beside the shipped one (with the shipped
+        # n-gram table): its timed tau on the GPU before it is collected and promoted.
+        latest=""
+        for run in $(find "$WORK" -maxdepth 1 -type d -name "ckpt-dart-[0-9]*" | sort -V); do
+            [ -f "$run/config.json" ] && latest=$run
+        done
+        if [ -z "${BENCH_METHODS:-}" ] && [ -n "$latest" ] && [ -f dartspec/checkpoints/smollm2-135m-dart/ngram.bin ]; then
+            cp dartspec/checkpoints/smollm2-135m-dart/ngram.bin "$latest/" && methods+=",dart:path=$latest"
+        fi
         for set in mtbench humaneval; do
             python3 -m dartspec.cli bench --device "${DEVICE:-cuda}" --dataset "$set" --limit "${minutes:-20}" \
-                --max-new-tokens 128 --methods "${BENCH_METHODS:-ar,dart,dart:size=32,eagle3}" --out "$out/bench-$set" 2>&1 |
+                --max-new-tokens 128 --methods "$methods" --out "$out/bench-$set" 2>&1 |
                 tr '\r' '\n' | grep -v '^bench: ' | tee -a "$out/bench.txt" || echo "bench $set stopped with status $?"
             rm -f "$out/bench-$set"/*.png  # 8 files come back at most: the tables and their JSON
         done
