@@ -4,8 +4,8 @@
 the Llama / Qwen2 / Qwen3 families, on a CPU with the ``exact-a16`` format where the model's weights are integer
 groups (GGUF-converted models) and the kernel builds, else fp16 (exact-a16 is the fastest format at every tree
 size measured, BENCHMARKS.md, so plain and speculative decoding use the same one); on a GPU in the model's dtype
-(one H200, float32, one stream: plain decoding 1.8-1.9x transformers' modules, DART 1.6x more). Transformers'
-modules for other architectures.
+(one H200, float32, one stream: plain decoding 1.8-1.9x transformers' modules, DART 1.2-1.7x on top of that), where
+its fused weight copies fit (:func:`lean_copy_fits`). Transformers' modules for other architectures.
 """
 
 from __future__ import annotations
