@@ -15,7 +15,7 @@
 #                                               0.4 where the profile measured >= 10k answer tokens/s, else 0), and
 #                                               `train` (schedule fitted) for the rest, all within SECONDS
 #   device: scripts/gpu_window.sh profile       where the data generator's and the trainer's time goes, on lean and
-#                                               hf, decoding at batch 256 and 1024 -> $OUT/profile.txt (a runtime
+#                                               hf, decoding at batch 256, 1024, 2048 -> $OUT/profile.txt (a runtime
 #                                               that disagrees with hf is not used for that work)
 #   device: scripts/gpu_window.sh bench [LIMIT]   ar, dart and eagle3 on the GPU (mtbench, humaneval), the shipped
 #                                               drafters: carry [".window/bench", "dartspec/checkpoints/smollm2-135m-
@@ -175,7 +175,7 @@ window)
     "$0" receive
     # Where the data generator's time goes (at most 200 s of the window): the first window measured ~2.5k answer
     # tokens/s on the H100, a twelfth of the goal, with transformers' modules at batch 256; the profile times both
-    # runtimes at batch 256 and 1024 and the data phase takes the fastest. PROFILE=0 skips it.
+    # runtimes at batch 256, 1024 and 2048 and the data phase takes the fastest. PROFILE=0 skips it.
     if [ "${PROFILE:-1}" != 0 ]; then
         "$0" profile || echo "window: the profile stopped with status $?"
         # The profile timed transformers' modules and the lean forward on this GPU: data and training (this call's

@@ -1,6 +1,6 @@
 """Where the batched data generator's time goes: `decode_batch` (dartspec/batch_decode.py) under torch.profiler.
 
-    python3 scripts/profile_decode.py --device cuda --batches 256,1024 --new-tokens 64 [--out profile.txt]
+    python3 scripts/profile_decode.py --device cuda --batches 256,1024,2048 --new-tokens 64 [--out profile.txt]
 
 The first GPU window (2026-11-25, H100, bf16, transformers' modules) generated ~2.5k answer tokens/s at batch 256
 where the goal is 30k: about 80 ms a decode step for a 135M model, so the step is bound by the host (Python, launches,
@@ -205,7 +205,9 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--runtimes", default="lean,hf", help="comma-separated runtimes to time and profile, in order")
-    ap.add_argument("--batches", default="256,1024", help="comma-separated batch sizes to time decoding at")
+    # 2048: the third window's lean decode still scaled with rows from 256 to 1024 (21k -> 76k tokens/s; its data
+    # phase spent 40% of the time writing requests, ~12 ms a step whatever the rows), so a larger batch may pay.
+    ap.add_argument("--batches", default="256,1024,2048", help="comma-separated batch sizes to time decoding at")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=128, help="prompts cut to their last this many tokens")
     ap.add_argument("--long-prompt-len", type=int, default=640, help="prompt length of the long-context step timing")
