@@ -36,7 +36,8 @@
 # Environment: KIND=dflash (train DFlash, from scratch) or KIND=eagle3 (the EAGLE-3 baseline, warm-started from the
 # shipped DART drafter: matched training against a DART call that saw as many tokens), DEVICE=cpu and CONFIG=small.yaml
 # (a rehearsal on a CPU), DATA_SHARE and PROFILE (the window phase), DATA_BATCH (the data phase's batch; default: the profile's fastest) and
-# DATA_TURNS (user turns a conversation, default 2), RUNTIME (hf | lean for data and training; the window phase
+# DATA_TURNS (user turns a conversation, default 2), STEPS (a train call's most steps: matched budgets),
+# RUNTIME (hf | lean for data and training; the window phase
 # otherwise takes whichever its profile measured faster),
 # BENCH_METHODS (the bench phase's methods), PIECE_MB (prepare's piece size; default: what the working tree leaves
 # of a call's 64 MiB).
@@ -321,11 +322,15 @@ data | train | profile | bench)
         compgen -G "$d/shard-*.npz" > /dev/null && data+=(--data "$d")  # a data call stopped before its first shard
     done
     runtime=$(runtime_for score)
+    # STEPS caps the run (the schedule still fits the minutes if they are fewer): a KIND=eagle3 call given the step
+    # count of a DART call's run sees the same data order and batches (same seed, same packing): the same tokens.
+    steps=()
+    [ -n "${STEPS:-}" ] && steps=(--max-steps "$STEPS")
     train_started=$SECONDS
     train() {  # train RUNTIME MINUTES
         python3 -m dartspec.cli train "$kind" --model smollm2-135m --device "${DEVICE:-cuda}" "${data[@]}" \
             --runtime "$1" --dev data/smollm2-135m-sharegpt-dev --out "$ckpt" --config "$config" \
-            "${init[@]}" --max-minutes "$2" --fit-schedule 2>&1 | tee -a "$out/train.txt"
+            "${init[@]}" "${steps[@]}" --max-minutes "$2" --fit-schedule 2>&1 | tee -a "$out/train.txt"
     }
     if ! train "$runtime" "$minutes"; then
         # The lean forward was never run on a GPU before the profile chose it: a run it breaks goes on with
