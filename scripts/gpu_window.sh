@@ -323,7 +323,8 @@ data | train | profile | bench)
     done
     runtime=$(runtime_for score)
     # STEPS caps the run (the schedule still fits the minutes if they are fewer): a KIND=eagle3 call given the step
-    # count of a DART call's run sees the same data order and batches (same seed, same packing): the same tokens.
+    # count of a DART run trains on as many sequences of the same data (and in the same order when both are their
+    # kind's first run of the window: the same seed): the matched budget.
     steps=()
     [ -n "${STEPS:-}" ] && steps=(--max-steps "$STEPS")
     train_started=$SECONDS
