@@ -11,6 +11,7 @@ The online model counts the current prompt and everything generated so far.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections import defaultdict
@@ -44,6 +45,14 @@ def tokenizer_identity(tokenizer) -> str:
     for tok, idx in sorted(vocab.items(), key=lambda kv: kv[1]):
         h.update(f"{idx}:{tok}\n".encode())
     return f"{len(vocab)}-{h.hexdigest()[:12]}"
+
+
+def _find(table: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Index of each key in the sorted ``table``, -1 where it is absent."""
+    if len(table) == 0:
+        return np.full(keys.shape, -1)
+    idx = np.minimum(np.searchsorted(table, keys), len(table) - 1)
+    return np.where(table[idx] == keys, idx, -1)
 
 
 def _pack(windows: np.ndarray, vocab: int) -> np.ndarray:
@@ -192,46 +201,71 @@ class NgramModel:
     # --- queries ---------------------------------------------------------------------------------
 
     def _lookup(self, table: str, keys: np.ndarray) -> np.ndarray:
-        arr = self.arrays[table]
-        if len(arr) == 0:
-            return np.full(keys.shape, -1)
-        idx = np.searchsorted(arr, keys)
-        idx_c = np.minimum(idx, len(arr) - 1)
-        return np.where(arr[idx_c] == keys, idx_c, -1)
+        return _find(self.arrays[table], keys)
+
+    @functools.cached_property
+    def _joined(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Every order's tables in one sorted array each, so that a query searches once, not once per order:
+        order n's n-gram keys (< V^n) are shifted by V + ... + V^(n-1) and its context keys (< V^(n-1)) by
+        1 + V + ... + V^(n-2), which puts each order in a range of its own (the sums stay below 2^64 wherever a
+        model's keys fit 63 bits). Returns (keys, counts, contexts, context totals, key shift, context shift),
+        the shifts per order, longest first."""
+        V = np.uint64(self.vocab)
+        key_shift = [np.uint64(0)] * (self.order + 1)
+        ctx_shift = [np.uint64(0)] * (self.order + 1)
+        for n in range(2, self.order + 1):
+            key_shift[n] = key_shift[n - 1] + V ** np.uint64(n - 1)
+            ctx_shift[n] = ctx_shift[n - 1] + V ** np.uint64(n - 2)
+        orders = range(1, self.order + 1)
+        a = self.arrays
+        keys = np.concatenate([a[f"keys{n}"].astype(np.uint64) + key_shift[n] for n in orders])
+        ctx = np.concatenate([a[f"ctx{n}"].astype(np.uint64) + ctx_shift[n] for n in orders])
+        counts = np.concatenate([a[f"counts{n}"] for n in orders]).astype(np.float64)
+        totals = np.concatenate([a[f"ctxsum{n}"] for n in orders]).astype(np.float64)
+        longest_first = slice(self.order, 0, -1)
+        return keys, counts, ctx, totals, np.array(key_shift[longest_first]), np.array(ctx_shift[longest_first])
 
     def prob(self, contexts: np.ndarray, candidates: np.ndarray) -> np.ndarray:
-        """DART's longest-context probability for a batch.
+        """DART's longest-context probability for a batch: for each candidate, ``c(ctx, t) / c(ctx)`` with the
+        longest context of at most ``order - 1`` preceding tokens under which ``(ctx, t)`` was counted.
 
         Args:
-            contexts: ``(B, order-1)`` preceding token ids (use -1 for missing positions).
+            contexts: ``(B, order-1)`` preceding token ids (use -1 for missing positions; fewer columns are
+                missing positions on the left).
             candidates: ``(B, K)`` token ids.
         Returns:
             ``(B, K)`` probabilities (0 where the token was never seen).
         """
-        contexts = np.asarray(contexts, dtype=np.int64).reshape(len(candidates), -1)
         cand = np.asarray(candidates, dtype=np.int64)
-        out = np.zeros(cand.shape)
-        done = np.zeros(cand.shape, dtype=bool)
+        B, width = len(cand), self.order - 1
+        given = np.asarray(contexts, dtype=np.int64).reshape(B, -1)
+        ctx = np.full((B, width), -1, dtype=np.int64)
+        take = min(width, given.shape[1])
+        if take:
+            ctx[:, width - take :] = given[:, given.shape[1] - take :]
+        keys, counts, ctx_keys, totals, key_shift, ctx_shift = self._joined
+        if not len(keys) or not len(totals):  # nothing was counted
+            return np.zeros(cand.shape)
         V = np.uint64(self.vocab)
-        for n in range(self.order, 0, -1):
-            k = n - 1
-            ctx_tokens = contexts[:, contexts.shape[1] - k :] if k else contexts[:, :0]
-            valid = (ctx_tokens >= 0).all(axis=1) if k else np.ones(len(cand), dtype=bool)
-            if not valid.any():
-                continue
-            ctx_key = (
-                _pack(np.where(ctx_tokens < 0, 0, ctx_tokens), self.vocab) if k else np.zeros(len(cand), np.uint64)
-            )
-            full = ctx_key[:, None] * V + cand.astype(np.uint64)
-            hit = self._lookup(f"keys{n}", full)
-            ctx_hit = self._lookup(f"ctx{n}", ctx_key)
-            use = (hit >= 0) & ~done & valid[:, None] & (ctx_hit >= 0)[:, None]
-            if use.any():
-                counts = self.arrays[f"counts{n}"][np.where(hit >= 0, hit, 0)].astype(np.float64)
-                totals = self.arrays[f"ctxsum{n}"][np.where(ctx_hit >= 0, ctx_hit, 0)].astype(np.float64)
-                out = np.where(use, counts / np.maximum(totals[:, None], 1), out)
-                done |= use
-        return out
+        # Context keys per order, longest first: the last n-1 tokens packed (order 1: the empty context, 0).
+        packed = np.zeros((self.order, B), dtype=np.uint64)
+        valid = np.ones((self.order, B), dtype=bool)
+        scale = np.uint64(1)
+        for j in range(1, self.order):  # the j-th token back is in the contexts of orders j + 1 and up
+            token = ctx[:, width - j]
+            packed[: self.order - j] += np.where(token < 0, 0, token).astype(np.uint64) * scale
+            valid[: self.order - j] &= token >= 0
+            scale *= V
+        full = (packed * V + key_shift[:, None])[:, :, None] + cand.astype(np.uint64)
+        hit = _find(keys, full)
+        ctx_hit = _find(ctx_keys, packed + ctx_shift[:, None])
+        use = (hit >= 0) & ((ctx_hit >= 0) & valid)[:, :, None]
+        first = np.argmax(use, axis=0)  # the longest order that saw (ctx, t)
+        rows = np.arange(B)[:, None]
+        chosen_hit = hit[first, rows, np.arange(cand.shape[1])]
+        chosen_ctx = ctx_hit[first, rows]
+        p = counts[np.maximum(chosen_hit, 0)] / np.maximum(totals[np.maximum(chosen_ctx, 0)], 1)
+        return np.where(use.any(axis=0), p, 0.0)
 
     def prob_interpolated(self, contexts: np.ndarray, candidates: np.ndarray, smoothing: float) -> np.ndarray:
         """The smoothed variant: interpolate every order that saw the context (Jelinek-Mercer).

@@ -47,6 +47,29 @@ def test_static_and_online_match_brute_force(seqs: list[list[int]], ctx: list[in
     np.testing.assert_allclose(online.prob(contexts, cands)[0], expected)
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    seqs=corpora,
+    rows=st.lists(
+        st.tuples(st.lists(st.integers(0, 6), max_size=2), st.lists(st.integers(0, 6), min_size=3, max_size=3)),
+        min_size=1,
+        max_size=5,
+    ),
+    order=st.integers(1, 4),
+)
+def test_a_batch_of_rows_matches_brute_force_row_by_row(
+    seqs: list[list[int]], rows: list[tuple[list[int], list[int]]], order: int
+) -> None:
+    """One query of many rows (as the beam search asks), each with its own context, shorter contexts padded with
+    -1 on the left, and its own candidates: every entry is the brute-force rule for that row."""
+    model, _ = NgramModel.build(seqs, order=order, vocab=7)
+    contexts = np.array([[-1] * (2 - len(ctx)) + ctx for ctx, _ in rows]).reshape(len(rows), 2)
+    cands = np.array([c for _, c in rows])
+    got = model.prob(contexts, cands)
+    expected = [[brute_prob(seqs, order, ctx, t) for t in c] for ctx, c in rows]
+    np.testing.assert_allclose(got, expected)
+
+
 @settings(max_examples=40, deadline=None)
 @given(seqs=corpora, ctx=st.lists(st.integers(0, 6), min_size=2, max_size=2), min_count=st.integers(2, 3))
 def test_min_count_prunes_without_changing_kept_probabilities(seqs: list[list[int]], ctx: list[int], min_count: int):
