@@ -61,10 +61,12 @@ def replayed_taus(
     answers. What the gate's teacher-forced figures estimate, measured on the tree."""
     from dartspec.bench.replay import ReplayEntry, replay_samples
     from dartspec.drafters.dart import DartDrafter
+    from dartspec.methods import GeneratorSpec
 
+    depth = GeneratorSpec().max_depth  # the engine's default draft depth
     entries = [
-        ReplayEntry(str(folder), DartDrafter.from_pretrained(folder, target, "beam", fast_step=False), nodes, 8, str(i))
-        for i, folder in enumerate(folders)
+        ReplayEntry(str(f), DartDrafter.from_pretrained(f, target, "beam", fast_step=False), nodes, depth, str(i))
+        for i, f in enumerate(folders)
     ]
     return [replay.tau for replay in replay_samples(target, entries, samples)]
 
