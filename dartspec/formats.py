@@ -31,7 +31,7 @@ _EAGLE3_OPTIONS = frozenset({"size", "depth", "path", "topk"})
 #: Every drafter, one line each (:func:`dartspec.drafters.make_drafter` builds them); ``none`` is plain decoding.
 DRAFTERS = (
     DrafterKind("none", "dartspec.drafters.base:build_none"),
-    DrafterKind("pld", "dartspec.drafters.pld:build"),
+    DrafterKind("pld", "dartspec.drafters.pld:build", options=frozenset({"size", "depth"})),
     DrafterKind("dart", "dartspec.drafters.dart:build", feature=True, options=_DART_OPTIONS),
     DrafterKind("dart+pld", "dartspec.drafters.hybrid:build", feature=True, options=_DART_OPTIONS),
     DrafterKind("eagle3", "dartspec.drafters.eagle3:build", feature=True, options=_EAGLE3_OPTIONS),

@@ -23,6 +23,8 @@ def test_parse_methods_groups_options() -> None:
     eagle = parse_methods("eagle3:size=6,topk=2,depth=4", tree_size=12)[0]
     assert (eagle.kind, eagle.tree_size, eagle.topk, eagle.max_depth) == ("eagle3", 6, 2, 4)
     assert parse_methods("eagle3:size=auto")[0].tree_size == "auto"
+    lookup = parse_methods("pld:size=2,depth=5", tree_size=12)[0]
+    assert (lookup.kind, lookup.tree_size, lookup.max_depth) == ("pld", 2, 5)
 
 
 @pytest.mark.parametrize(
