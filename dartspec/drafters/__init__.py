@@ -25,7 +25,7 @@ def default_drafter(device, model: str | None = None) -> str:
     """What ``--drafter auto`` (the command line's default) means for the target ``model`` on ``device``.
 
     On a CPU, prompt lookup: the fastest drafter there and about as fast as plain decoding at worst
-    (BENCHMARKS.md, exact-a16 runtime: median 0.96-1.15x on MT-Bench over eight runs, worst prompt 0.88-0.98x;
+    (BENCHMARKS.md, exact-a16 runtime: median 0.96-1.15x on MT-Bench over nine runs, worst prompt 0.88-0.98x;
     1.05-1.22x on HumanEval), costs no model, bit-identical output. On a GPU, the
     shipped DART drafter where the model has one (one H200, float32, lean runtime, 32 nodes, 4-5 prompts a set:
     median 1.18-1.65x / 1.65-1.70x plain decoding on MT-Bench / HumanEval, 1.31x / 1.51x EAGLE-3, 0 mismatches),
