@@ -73,6 +73,11 @@ class TreeKVLayer(CacheLayerMixin):
         values[:, :, :own] = self.values[:, :, :own]
         self.keys, self.values = keys, values
 
+    def reserve(self, length: int) -> None:
+        """Room for positions up to ``length`` without a reallocation (a captured CUDA graph writes the buffers it was
+        captured on: :mod:`dartspec.cuda_graphs`)."""
+        self._reserve(length - self.npre)
+
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -110,9 +110,11 @@ class LeanTarget(CausalRuntime):
         quant: str = "none",
         feature_layers: Sequence[int] | None = None,
         name: str = "",
+        cuda_graphs: bool = False,
     ) -> None:
         """Build the lean weights from a loaded transformers ``*ForCausalLM`` (kept for reference uses such as
-        the ``hf-ar`` benchmark row; its decoder layers are not run)."""
+        the ``hf-ar`` benchmark row; its decoder layers are not run). ``cuda_graphs``: run one-sequence decode and
+        verify steps as CUDA graphs (:mod:`dartspec.cuda_graphs`; a GPU only)."""
         config = model.config.get_text_config()
         name = name or getattr(model.config, "_name_or_path", "") or type(model).__name__
         if not lean_supported(config.model_type):
@@ -171,6 +173,10 @@ class LeanTarget(CausalRuntime):
             # however it is cut (so a prefix from the prefix cache changes nothing), and faster than SDPA's
             # (measured on SmolLM2, 600 tokens, 2 cores: 331-342 ms in chunks of 64, 358-368 ms in one of 512).
             self.prefill_chunk = FUSED_ATTENTION_ROWS
+        if cuda_graphs:
+            from dartspec.cuda_graphs import StepGraphs
+
+            self.step_graphs = StepGraphs(self)
         #: Sequences on the same prefix-cache pages attend to them together in a batched step (each page read once
         #: for all; the same results bit for bit). False: each sequence reads them itself (for comparison).
         self.share_prefix_attention = True

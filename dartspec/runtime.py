@@ -31,6 +31,7 @@ from dartspec.kv_cache import TreeKVCache
 from dartspec.tree import Tree
 
 if TYPE_CHECKING:
+    from dartspec.cuda_graphs import StepGraphs
     from dartspec.prefix_cache import PrefixCache
 
 # Decoding ends at any of these when the tokenizer knows them: chat models close a turn with an
@@ -181,7 +182,7 @@ def describe(target: Any) -> str:
     """``lean/exact`` or ``hf/float32``: the runtime and weight format, for logs, caches and benchmark rows."""
     quant = getattr(target, "quant", None)
     if quant is not None:
-        return f"lean/{quant}"
+        return f"lean/{quant}" + ("+graphs" if target.step_graphs is not None else "")
     return f"hf/{str(target.dtype).removeprefix('torch.')}"
 
 
@@ -212,6 +213,9 @@ class CausalRuntime(ABC):
     Subclasses implement :meth:`_run` (q new tokens at given positions against the cache), :meth:`logits`,
     :meth:`embed`, :meth:`lm_head_weight` and :meth:`score_sequence`.
     """
+
+    #: Captured decode / verify steps (:mod:`dartspec.cuda_graphs`, the lean runtime on a GPU), or None.
+    step_graphs: StepGraphs | None = None
 
     def __init__(
         self,
@@ -382,10 +386,16 @@ class CausalRuntime(ABC):
         (None: causal among themselves)."""
         base = cache.length
         device = self.device
-        ids = torch.tensor(token_ids, dtype=torch.long, device=device)
-        positions = offsets.to(device=device, dtype=torch.long) + base
         try:
-            hidden, feats = self._run(ids, positions, local_mask, features, cache)
+            graphed = None
+            if self.step_graphs is not None:
+                graphed = self.step_graphs.run(token_ids, offsets, local_mask, features, cache)
+            if graphed is not None:
+                hidden, feats = graphed
+            else:
+                ids = torch.tensor(token_ids, dtype=torch.long, device=device)
+                positions = offsets.to(device=device, dtype=torch.long) + base
+                hidden, feats = self._run(ids, positions, local_mask, features, cache)
         except BaseException:
             # A failed forward must not leave half-written entries that later steps would attend to.
             cache.truncate(base)

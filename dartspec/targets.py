@@ -21,7 +21,7 @@ from dartspec.formats import QUANT_CHOICES, RUNTIMES
 from dartspec.quant import check_format
 from dartspec.runtime import describe
 
-__all__ = ["describe", "lean_copy_fits", "load_target", "resolve_runtime", "wrap_format", "wrap_model"]
+__all__ = ["check_graphs", "describe", "lean_copy_fits", "load_target", "resolve_runtime", "wrap_format", "wrap_model"]
 
 #: The CPU weight formats ``--quant auto`` tries, fastest first; each passes the fidelity gate.
 CPU_DEFAULT_QUANTS = ("exact-a16", "fp16")
@@ -51,6 +51,12 @@ def resolve_runtime(runtime: str, quant: str, model_type: str, device: torch.dev
     return runtime, quant
 
 
+def check_graphs(cuda_graphs: bool, runtime: str, device: torch.device) -> None:
+    """A one-line error where ``--cuda-graphs`` cannot apply (checked before a model loads)."""
+    if cuda_graphs and (runtime != "lean" or device.type != "cuda"):
+        raise DartspecError(f"--cuda-graphs needs the lean runtime on a CUDA GPU (here: {runtime} runtime on {device})")
+
+
 def wrap_model(
     model: Any,
     tokenizer: Any,
@@ -59,8 +65,10 @@ def wrap_model(
     quant: str = "auto",
     name: str = "",
     feature_layers: Sequence[int] | None = None,
+    cuda_graphs: bool = False,
 ) -> Any:  # -> Target | LeanTarget
-    """A runtime over an already loaded transformers model (several runtimes may share one model)."""
+    """A runtime over an already loaded transformers model (several runtimes may share one model); ``cuda_graphs``:
+    the lean runtime's one-sequence steps as CUDA graphs (:mod:`dartspec.cuda_graphs`)."""
     from dartspec.lean import LeanTarget
     from dartspec.target import Target
 
@@ -69,15 +77,17 @@ def wrap_model(
     chosen_runtime, chosen = resolve_runtime(runtime, quant, model_type, device)
     if runtime == "auto" and chosen_runtime == "lean" and not lean_copy_fits(model, device):
         chosen_runtime = "hf"
+    check_graphs(cuda_graphs, chosen_runtime, device)
     if chosen_runtime == "hf":
         return Target(model, tokenizer, name=name, feature_layers=feature_layers)
+    kw: dict[str, Any] = {"name": name, "feature_layers": feature_layers, "cuda_graphs": cuda_graphs}
     try:
-        return LeanTarget(model, tokenizer, quant=chosen, name=name, feature_layers=feature_layers)
+        return LeanTarget(model, tokenizer, quant=chosen, **kw)
     except DartspecError:
         if quant != "auto" or chosen != CPU_DEFAULT_QUANTS[0]:
             raise
         # auto: a model that is not made of integer groups gets the next format.
-        return LeanTarget(model, tokenizer, quant=CPU_DEFAULT_QUANTS[1], name=name, feature_layers=feature_layers)
+        return LeanTarget(model, tokenizer, quant=CPU_DEFAULT_QUANTS[1], **kw)
 
 
 #: The projections the lean forward fuses into copies of its own (QKV, gate/up) beside the model's, which it keeps
@@ -120,6 +130,7 @@ def load_target(
     dtype: torch.dtype = torch.float32,
     feature_layers: Sequence[int] | None = None,
     log: Callable[[str], None] | None = None,
+    cuda_graphs: bool = False,
 ) -> Any:  # -> Target | LeanTarget
     """Load a target by known name (e.g. ``smollm2-135m``), local folder or GGUF file into a runtime.
 
@@ -135,7 +146,16 @@ def load_target(
     dev = torch.device(device)
     folder = resolve_model(name_or_path, **({"log": log} if log else {}))
     # Check the combination before loading hundreds of MB.
-    resolve_runtime(runtime, quant, AutoConfig.from_pretrained(folder).get_text_config().model_type, dev)
+    chosen, _ = resolve_runtime(runtime, quant, AutoConfig.from_pretrained(folder).get_text_config().model_type, dev)
+    check_graphs(cuda_graphs, chosen, dev)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").to(dev)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    return wrap_model(model, tokenizer, runtime=runtime, quant=quant, name=name_or_path, feature_layers=feature_layers)
+    return wrap_model(
+        model,
+        tokenizer,
+        runtime=runtime,
+        quant=quant,
+        name=name_or_path,
+        feature_layers=feature_layers,
+        cuda_graphs=cuda_graphs,
+    )

@@ -29,7 +29,7 @@ _PEERS = ("hf-ar", "hf-pld", "llamacpp-ar")
 #: then the peers); options follow a colon (``dart:tree=ddtree,size=8``).
 METHODS = ("ar", *(d for d in DRAFTER_NAMES if d != "none"), *_PEERS)
 #: Every method of dartspec's own engine may run on another runtime / weight format than the main target.
-_RUNTIME_OPTIONS = {"runtime", "quant"}
+_RUNTIME_OPTIONS = {"runtime", "quant", "graphs"}
 #: Options each method takes after its colon (a drafter's come from its registry line).
 _OPTIONS = {
     **{("ar" if d.name == "none" else d.name): {*d.options, *_RUNTIME_OPTIONS} for d in DRAFTERS},
@@ -57,6 +57,7 @@ class MethodSpec:
     topk: int = 4  # eagle3: nodes expanded per level, children per node
     runtime: str | None = None  # None: the main target's; else lean / hf (see dartspec.targets)
     quant: str | None = None  # None: the main target's; else none / fp16 / int8
+    graphs: bool | None = None  # None: the main target's; else CUDA graphs on / off (the lean runtime on a GPU)
     gguf: str | None = None  # llamacpp-ar: None = the model's own file, else a type of LLAMACPP_TYPES
 
     def generator_spec(self) -> GeneratorSpec:
@@ -78,7 +79,7 @@ class MethodSpec:
     @property
     def own_target(self) -> bool:
         """Whether this row runs on another runtime or weight format than the main target."""
-        return self.runtime is not None or self.quant is not None
+        return self.runtime is not None or self.quant is not None or self.graphs is not None
 
 
 def parse_methods(text: str, *, tree_size: int | str | None = None) -> list[MethodSpec]:
@@ -133,8 +134,8 @@ def _spec(group: list[str], tree_size: int | str | None) -> MethodSpec:
                 raise DartspecError(f"{label}: smooth must be a number in (0, 1)") from None
             if not 0 < kw["smooth"] < 1:
                 raise DartspecError(f"{label}: smooth must be a number in (0, 1)")
-        elif key == "online":
-            kw["online"] = value in ("1", "on", "true", "yes")
+        elif key in ("online", "graphs"):
+            kw[key] = value in ("1", "on", "true", "yes")
         elif key == "runtime" and value not in RUNTIMES:
             raise DartspecError(f"{label}: runtime must be one of {', '.join(RUNTIMES)}")
         elif key == "quant" and value not in QUANT_CHOICES:
@@ -327,15 +328,21 @@ def _llamacpp_requantized(llama_cpp: Any, source: Path, kind: str) -> Path:
     return dest
 
 
-def _target_for(spec: MethodSpec, target: Any, others: dict[tuple[str, str], Any]) -> Any:
+def _target_for(spec: MethodSpec, target: Any, others: dict[tuple[str, str, bool], Any]) -> Any:
     """The main target, or (made once, sharing its loaded model) the runtime / format the row asks for."""
     if not spec.own_target:
         return target
     from dartspec.targets import wrap_model
 
-    key = (spec.runtime or "auto", spec.quant or "auto")
+    main_graphs = getattr(target, "step_graphs", None) is not None
+    graphs = main_graphs if spec.graphs is None else spec.graphs
+    if spec.runtime is None and spec.quant is None and graphs == main_graphs:
+        return target  # graphs=... the main target already has
+    key = (spec.runtime or "auto", spec.quant or "auto", graphs)
     if key not in others:
-        others[key] = wrap_model(target.model, target.tokenizer, runtime=key[0], quant=key[1], name=target.name)
+        others[key] = wrap_model(
+            target.model, target.tokenizer, runtime=key[0], quant=key[1], name=target.name, cuda_graphs=graphs
+        )
     return others[key]
 
 
@@ -363,7 +370,7 @@ def run_suite(
     if not any(s.kind == "ar" and not s.own_target for s in specs):
         specs.insert(0, MethodSpec("ar", "ar"))
     runners = dict(runners or {})
-    others: dict[tuple[str, str], Any] = {}
+    others: dict[tuple[str, str, bool], Any] = {}
     targets = {s.label: _target_for(s, target, others) for s in specs}
     plain = {describe(targets[s.label]) for s in specs if s.kind == "ar"}
     for s in list(specs):
@@ -371,7 +378,9 @@ def run_suite(
         if s.kind in _ENGINE_METHODS and own not in plain:
             quant = getattr(targets[s.label], "quant", "none")
             runtime = own.partition("/")[0]
-            ref = MethodSpec(f"ar:runtime={runtime},quant={quant}", "ar", runtime=runtime, quant=quant)
+            graphs = getattr(targets[s.label], "step_graphs", None) is not None
+            label = f"ar:runtime={runtime},quant={quant}" + (",graphs=1" if graphs else "")
+            ref = MethodSpec(label, "ar", runtime=runtime, quant=quant, graphs=graphs)
             specs.insert(1, ref)
             targets[ref.label] = targets[s.label]
             plain.add(own)

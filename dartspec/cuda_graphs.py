@@ -1,0 +1,215 @@
+"""CUDA graphs of the lean forward's one-sequence steps: decoding and tree verification (``--cuda-graphs``).
+
+On a GPU a small model's step is bound by kernel launches, not arithmetic: SmolLM2-135M's lean forward launches
+~450 kernels a step (~9 ms a token on an H200 in the third GPU window) for well under a millisecond of work. A CUDA
+graph launches a whole step's kernels at once. A graph fixes every shape and address, so a step is captured once per
+bucket of new rows (1, 2, 4, ..., 64: trees are padded up to their bucket) against the cache's own buffers, and what
+changes from step to step lives in one small device tensor the graph reads: the cache length, the new tokens, their
+positions and the tree mask (one host-to-device copy a step). The new keys and values go to the slots after the
+cache length, and attention covers the whole buffer under a mask built inside the graph (masked slots add nothing;
+a few thousand of them cost a 135M model microseconds). Padding rows see only themselves and write slots past the
+new cache length, which the next step overwrites.
+
+Off a GPU the same steps run eagerly (``capture=False``): the tests hold them to the ordinary forward and check that
+they read nothing back to the host, the two things a capture needs.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from dartspec.errors import DartspecError
+from dartspec.kv_cache import TreeKVCache, TreeKVLayer
+
+if TYPE_CHECKING:
+    from dartspec.lean import LeanTarget
+
+#: Rows a step is captured for; a step of q new rows runs in the smallest bucket >= q (larger ones run eagerly).
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+class _StaticLayer:
+    """A cache layer as a captured step writes it: new keys and values go to the slots a device tensor names, and
+    attention reads the whole buffer (the mask says which slots count)."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> None:
+        self.keys, self.values, self.slots = keys, values, slots
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.keys.index_copy_(2, self.slots, key_states)
+        self.values.index_copy_(2, self.slots, value_states)
+        return self.keys, self.values
+
+
+@dataclass
+class _Step:
+    """One captured step: its bucket, the cache buffers it was captured on, its input block (host and device) and
+    the call that runs it and returns its outputs ``(hidden, features or None)``."""
+
+    rows: int
+    buffers: tuple[torch.Tensor, ...]
+    host: torch.Tensor
+    meta: torch.Tensor
+    run: Callable[[], tuple[torch.Tensor, torch.Tensor | None]]
+    copied: torch.cuda.Event | None = None
+
+    def on(self, buffers: Sequence[torch.Tensor]) -> bool:
+        """Whether the cache still has the buffers this step was captured on (a cache that grew has new ones)."""
+        return len(buffers) == len(self.buffers) and all(a is b for a, b in zip(self.buffers, buffers, strict=True))
+
+
+class StepGraphs:
+    """Captured decode / verify steps of one lean target, per cache and bucket (see the module docstring)."""
+
+    def __init__(self, target: LeanTarget, *, capture: bool = True, buckets: Sequence[int] = BUCKETS) -> None:
+        if target._fused_attention:
+            raise DartspecError("CUDA graphs take the lean forward's torch path (a GPU), not the CPU's C kernels")
+        if capture and target.device.type != "cuda":
+            raise DartspecError(f"--cuda-graphs needs a CUDA GPU (the target is on {target.device})")
+        self.target, self.capture, self.buckets = target, capture, tuple(sorted(buckets))
+        # Per cache (a sequence, or a server's request): its steps by (bucket, features). Weak keys: a finished
+        # request's cache takes its graphs with it; nothing in a step refers back to the cache itself.
+        self._steps: weakref.WeakKeyDictionary[TreeKVCache, dict[tuple[int, bool], _Step]] = weakref.WeakKeyDictionary()
+        self.captures = 0  # steps captured so far (logs, tests)
+        self.failed: str | None = None  # why capturing failed, after which every step runs eagerly
+
+    def bucket(self, q: int) -> int | None:
+        return next((b for b in self.buckets if b >= q), None)
+
+    def run(
+        self,
+        token_ids: Sequence[int],
+        offsets: torch.Tensor,
+        local_mask: torch.Tensor | None,
+        features: bool,
+        cache: TreeKVCache,
+    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """The step :meth:`dartspec.runtime.CausalRuntime._forward` asks for (new tokens at ``cache.length +
+        offsets``, ``local_mask`` None for causal), run as a graph: ``(final hidden (q, H), features or None)``, or
+        None where no graph applies (too many rows, an empty cache, shared prefix pages, capture failed)."""
+        q, base = len(token_ids), cache.length
+        rows = self.bucket(q)
+        first = cache.layers[0]
+        if self.failed or rows is None or not first.is_initialized or first.npre:
+            return None
+        if base + rows > self.target.max_context:
+            return None  # the padding would not fit the context: run this step eagerly
+        for layer in cache.layers:
+            layer.reserve(base + rows)
+        buffers = tuple(t for layer in cache.layers for t in (layer.keys, layer.values))
+        steps = self._steps.setdefault(cache, {})
+        if not steps or not next(iter(steps.values())).on(buffers):
+            # First steps on these buffers (a new cache, or one that grew into new ones: every step captured on the
+            # old ones is stale). Attention reads every slot, and a masked slot adds nothing only if it holds finite
+            # numbers (0 x NaN is NaN): fresh buffers hold whatever memory they were given, so their free slots are
+            # zeroed once; after that they hold only keys and values this model wrote.
+            steps.clear()
+            for layer, own in ((layer, layer.length - layer.npre) for layer in cache.layers):
+                layer.keys[:, :, own:].zero_()
+                layer.values[:, :, own:].zero_()
+        step = steps.get((rows, features))
+        fresh = step is None
+        if step is None:
+            step = self._new_step(cache.layers, rows, features, buffers)
+        self._fill(step, base, token_ids, offsets, local_mask)
+        if fresh:
+            try:
+                step.run = self._capture(step.run)
+            except RuntimeError as exc:  # a step that cannot be captured still runs, eagerly
+                self.failed = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                warnings.warn(f"CUDA graph capture failed, decoding without graphs: {self.failed}", stacklevel=2)
+                return None
+            steps[(rows, features)] = step
+            self.captures += 1
+        hidden, feats = step.run()
+        for layer in cache.layers:
+            layer.length = base + q
+        # Copies: the next replay overwrites the graph's outputs, and callers keep features across steps.
+        return hidden[:q].clone(), None if feats is None else feats[:q].clone()
+
+    def _new_step(
+        self, layers: Sequence[TreeKVLayer], rows: int, features: bool, buffers: tuple[torch.Tensor, ...]
+    ) -> _Step:
+        """A step's input block and the function of it that the graph captures (which refers to the cache's buffers,
+        never to the cache object)."""
+        target, device = self.target, self.target.device
+        # The input block, int64: [cache length, token ids (rows), positions (rows), tree mask (rows x rows)].
+        size = 1 + 2 * rows + rows * rows
+        host = torch.zeros(size, dtype=torch.long, pin_memory=device.type == "cuda")
+        meta = torch.zeros(size, dtype=torch.long, device=device)
+        new = torch.arange(rows, device=device)
+        cap = buffers[0].shape[2]
+        slots_all = torch.arange(cap, device=device)
+        kv = [(buffers[2 * i], buffers[2 * i + 1]) for i in range(len(layers))]
+
+        def body() -> tuple[torch.Tensor, torch.Tensor | None]:
+            base = meta[0]
+            ids, positions = meta[1 : 1 + rows], meta[1 + rows : 1 + 2 * rows]
+            local = meta[1 + 2 * rows :].view(rows, rows).bool()
+            slots = base + new
+            rel = slots_all - base  # each buffer slot relative to the first new row
+            inside = (rel >= 0) & (rel < rows)
+            mask = (rel < 0) | (inside & local[:, rel.clamp(0, rows - 1)])  # (rows, cap): cached, or the tree's
+            cache = _StaticKV([_StaticLayer(k, v, slots) for k, v in kv])
+            return target._layers(F.embedding(ids, target._embed), positions, mask, False, cache, features)
+
+        return _Step(rows, buffers, host, meta, body)
+
+    def _fill(
+        self, step: _Step, base: int, token_ids: Sequence[int], offsets: torch.Tensor, local_mask: torch.Tensor | None
+    ) -> None:
+        """Write this step's inputs into the step's block: one copy to the device."""
+        rows, q = step.rows, len(token_ids)
+        if step.copied is not None:
+            step.copied.synchronize()  # the last copy out of the pinned block is done before it is rewritten
+        host = step.host
+        host.zero_()
+        host[0] = base
+        host[1 : 1 + q] = torch.as_tensor(list(token_ids), dtype=torch.long)
+        positions = host[1 + rows : 1 + 2 * rows]
+        positions.fill_(base)  # padding rows: any position inside the context
+        positions[:q] = offsets.to(torch.long) + base
+        local = host[1 + 2 * rows :].view(rows, rows)
+        local.fill_diagonal_(1)  # padding rows see themselves only, which keeps their softmax finite
+        local[:q, :q] = torch.ones(q, q, dtype=torch.long).tril_() if local_mask is None else local_mask.to(torch.long)
+        step.meta.copy_(host, non_blocking=True)
+        if self.capture:
+            step.copied = torch.cuda.Event()
+            step.copied.record()
+
+    def _capture(
+        self, body: Callable[[], tuple[torch.Tensor, torch.Tensor | None]]
+    ) -> Callable[[], tuple[torch.Tensor, torch.Tensor | None]]:
+        """``body`` as a CUDA graph (a function that replays it and returns its outputs); eagerly off a GPU."""
+        if not self.capture:
+            return body
+        device = self.target.device
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            body()  # warm-up off the capture: cuBLAS handles, workspaces and kernel choices are made here
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outputs = body()
+
+        def replay() -> tuple[torch.Tensor, torch.Tensor | None]:
+            graph.replay()
+            return outputs
+
+        return replay
+
+
+class _StaticKV:
+    """The cache a captured step passes to the lean forward: its layers write to fixed slots (duck-types the
+    ``layers`` of :class:`dartspec.kv_cache.TreeKVCache` for :meth:`dartspec.lean.LeanTarget._attention`)."""
+
+    def __init__(self, layers: list[_StaticLayer]) -> None:
+        self.layers: list[Any] = layers

@@ -1,0 +1,146 @@
+"""The CUDA-graph steps of the lean forward (dartspec.cuda_graphs), run eagerly on the CPU: the same logits and
+features as the ordinary forward through tree verifications, commits and a cache that outgrows its buffers, the same
+generations, and no read back to the host inside a step (what a capture needs). The capture itself needs a GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import VOCAB, tiny_model, tiny_tokenizer
+from host_reads import HostReads
+from test_engine import RandomDrafter
+from test_lean import _with_biases
+
+from dartspec.cuda_graphs import StepGraphs
+from dartspec.engine import Generator
+from dartspec.errors import DartspecError
+from dartspec.lean import LeanTarget
+from dartspec.targets import describe
+from dartspec.tree import Tree
+
+
+def _random_tree(rng: np.random.Generator, size: int) -> Tree:
+    """A random tree of ``size`` nodes with distinct tokens (so no node has two children alike)."""
+    tokens = rng.permutation(VOCAB)[:size]
+    parents = [-1] + [int(rng.integers(0, i)) for i in range(1, size)]
+    return Tree(tokens, np.array(parents))
+
+
+def _pair(arch: str, seed: int = 5) -> tuple[LeanTarget, LeanTarget]:
+    """The same float64 model as two lean targets: the ordinary forward, and the graph steps run eagerly."""
+    model = _with_biases(tiny_model(arch, seed=seed), seed)
+    plain, graphed = LeanTarget(model, tiny_tokenizer()), LeanTarget(model, tiny_tokenizer())
+    graphed.step_graphs = StepGraphs(graphed, capture=False)
+    return plain, graphed
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_graph_steps_equal_the_forward_through_trees_commits_and_growth(arch: str) -> None:
+    plain, graphed = _pair(arch)
+    steps = graphed.step_graphs
+    assert steps is not None
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(2, VOCAB, size=30).tolist()
+    for t in (plain, graphed):
+        t.prefill(prompt, features=True)  # an empty cache: the prefill runs eagerly
+    assert steps.captures == 0
+    # Tree sizes on and between buckets, one above the largest (eager), enough steps to outgrow the first buffers.
+    sizes = [1, 3, 2, 16, 5, 64, 70, 1, 9, 33, 4, 1, 12, 1, 17, 8]
+    buffers = graphed.cache.layers[0].keys
+    for i in range(6 * len(sizes)):
+        size = sizes[i % len(sizes)]
+        tree = _random_tree(rng, size)
+        base = plain.cached
+        a, b = plain.verify(tree, features=True), graphed.verify(tree, features=True)
+        torch.testing.assert_close(b.logits, a.logits, rtol=0, atol=1e-10)
+        torch.testing.assert_close(b.features, a.features, rtol=0, atol=1e-10)
+        assert graphed.cached == plain.cached == base + tree.size
+        node = int(np.argmax(tree.depth))  # the deepest node, so that the cache grows
+        for t in (plain, graphed):
+            t.commit(base, tree.path_to(node))
+    assert graphed.cached > 256 and graphed.cache.layers[0].keys is not buffers  # the cache grew: new buffers
+    # Captured once per bucket used, and again on the grown buffers; 70 rows never.
+    assert 7 < steps.captures <= 2 * 7
+    # Plain decoding's one-token steps without features are steps of their own.
+    before = steps.captures
+    for t in (plain, graphed):
+        t.verify(Tree.root_only(3))
+    assert steps.captures == before + 1
+
+
+def test_graph_generations_equal_the_forward() -> None:
+    plain, graphed = _pair("qwen3", seed=2)
+    prompt = list(range(5, 15))
+    ref = Generator(plain).generate(prompt, max_new_tokens=60)
+    assert Generator(graphed).generate(prompt, max_new_tokens=60).token_ids == ref.token_ids
+    spec = Generator(graphed, RandomDrafter(seed=1, reference=ref.token_ids), tree_size=12, max_depth=5)
+    out = spec.generate(prompt, max_new_tokens=60)
+    assert out.token_ids == ref.token_ids and out.stats.draft_tokens_accepted > 0
+    # A second sequence in a cache of its own (a server's request) gets steps of its own.
+    cache = graphed.new_cache()
+    graphed.prefill(prompt, cache=cache)
+    before = graphed.step_graphs.captures  # type: ignore[union-attr]
+    got = graphed.verify(Tree.root_only(ref.token_ids[0]), cache=cache).logits
+    assert graphed.step_graphs.captures == before + 1  # type: ignore[union-attr]
+    assert int(got[0].argmax()) == ref.token_ids[1]
+
+
+def test_a_graph_step_reads_nothing_back_from_the_device() -> None:
+    """A captured step cannot wait for the device: every input reaches it in one asynchronous copy. The ordinary
+    forward's step makes one blocking copy (its token ids), which shows the count works."""
+    plain, graphed = _pair("llama")
+    rng = np.random.default_rng(1)
+    for t in (plain, graphed):
+        t.prefill(rng.integers(2, VOCAB, size=20).tolist())
+    tree = _random_tree(rng, 10)
+    graphed.verify(tree)  # the first call captures
+    graphed.truncate(20)
+    counts = []
+    for t in (graphed, plain):
+        with HostReads() as reads:
+            t.verify(tree, features=True)
+        counts.append(reads.count)
+    assert counts[0] == 0 and counts[1] > 0, counts
+
+
+def test_cuda_graphs_need_a_gpu_and_the_torch_forward() -> None:
+    model = tiny_model("llama")
+    with pytest.raises(DartspecError, match="needs a CUDA GPU"):
+        LeanTarget(model, tiny_tokenizer(), cuda_graphs=True)
+    lean = LeanTarget(model, tiny_tokenizer())
+    assert describe(lean) == "lean/none"
+    lean.step_graphs = StepGraphs(lean, capture=False)
+    assert describe(lean) == "lean/none+graphs"
+    from dartspec import exact
+
+    if exact.available():  # float32 on a CPU runs the C kernels, which a graph cannot hold
+        with pytest.raises(DartspecError, match="torch path"):
+            StepGraphs(LeanTarget(tiny_model("llama").float(), tiny_tokenizer()), capture=False)
+
+
+def test_a_failed_capture_falls_back_to_the_forward(monkeypatch: pytest.MonkeyPatch) -> None:
+    plain, graphed = _pair("llama")
+    steps = graphed.step_graphs
+    assert steps is not None
+
+    def refuse(body: object) -> object:
+        raise RuntimeError("operation not permitted when stream is capturing\nmore lines")
+
+    monkeypatch.setattr(steps, "_capture", refuse)
+    prompt = list(range(3, 23))
+    ref = Generator(plain).generate(prompt, max_new_tokens=12).token_ids
+    with pytest.warns(UserWarning, match="decoding without graphs: RuntimeError: operation not permitted"):
+        got = Generator(graphed).generate(prompt, max_new_tokens=12).token_ids
+    assert got == ref and steps.captures == 0 and steps.failed is not None
+
+
+def test_bench_rows_take_graphs() -> None:
+    from dartspec.bench.suite import _target_for, parse_methods
+
+    ar, dart = parse_methods("ar:graphs=0,dart:graphs=1,size=32")
+    assert (ar.graphs, dart.graphs, dart.tree_size) == (False, True, 32) and dart.own_target
+    target = LeanTarget(tiny_model("llama"), tiny_tokenizer())
+    assert _target_for(ar, target, {}) is target  # what the main target already is
+    with pytest.raises(DartspecError, match="needs the lean runtime on a CUDA GPU"):
+        _target_for(dart, target, {})
