@@ -50,13 +50,16 @@ class _StaticLayer:
 
 @dataclass
 class _Step:
-    """One captured step: its bucket, the cache buffers it was captured on, its input block (host and device) and
-    the call that runs it and returns its outputs ``(hidden, features or None)``."""
+    """One captured step: its bucket, the cache buffers it was captured on, its input block (host and device), the
+    step as a function of that block (``body``, whose closure holds the device tensors the graph reads, so they live
+    as long as the step) and the call that runs it and returns its outputs ``(hidden, features or None)``: the
+    graph's replay once captured."""
 
     rows: int
     buffers: tuple[torch.Tensor, ...]
     host: torch.Tensor
     meta: torch.Tensor
+    body: Callable[[], tuple[torch.Tensor, torch.Tensor | None]]
     run: Callable[[], tuple[torch.Tensor, torch.Tensor | None]]
     copied: torch.cuda.Event | None = None
 
@@ -121,7 +124,7 @@ class StepGraphs:
         self._fill(step, base, token_ids, offsets, local_mask)
         if fresh:
             try:
-                step.run = self._capture(step.run)
+                step.run = self._capture(step.body)
             except RuntimeError as exc:  # a step that cannot be captured still runs, eagerly
                 self.failed = f"{type(exc).__name__}: {exc}".splitlines()[0]
                 warnings.warn(f"CUDA graph capture failed, decoding without graphs: {self.failed}", stacklevel=2)
@@ -160,7 +163,7 @@ class StepGraphs:
             cache = _StaticKV([_StaticLayer(k, v, slots) for k, v in kv])
             return target._layers(F.embedding(ids, target._embed), positions, mask, False, cache, features)
 
-        return _Step(rows, buffers, host, meta, body)
+        return _Step(rows, buffers, host, meta, body, body)
 
     def _fill(
         self, step: _Step, base: int, token_ids: Sequence[int], offsets: torch.Tensor, local_mask: torch.Tensor | None
