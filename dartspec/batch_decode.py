@@ -141,7 +141,6 @@ def decode_batch(
         # Rows that ended but are still in the batch run on as padding (slot -1) until the next compaction.
         column = width + step
         key_positions[:, column] = torch.where(running, next_pos, -1)
-        positions = next_pos[:, None]
-        hidden = target.forward_batch(tokens[:, None], positions, key_positions[:, : column + 1], cache)[:, -1]
+        hidden = target.decode_step(tokens, next_pos, key_positions, column, cache)
         next_pos = next_pos + 1
     return [Answer(a, f) for a, f in zip(answers, finished, strict=True)]

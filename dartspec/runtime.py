@@ -432,6 +432,24 @@ class CausalRuntime(ABC):
             cache.truncate(slots - q)
             raise
 
+    def decode_step(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        key_positions: torch.Tensor,
+        column: int,
+        cache: TreeKVCache,
+    ) -> torch.Tensor:
+        """One new token for each row of a static batch (:mod:`dartspec.batch_decode`): ``tokens`` and ``positions``
+        ``(B,)``, written to slot ``column`` of the batch's ``cache``; ``key_positions`` ``(B, slots)`` the position of
+        every slot of every row (column ``column`` already set, later ones -1). Returns the final-norm hidden states
+        ``(B, hidden)``: :meth:`forward_batch` of that column, or the same step as a CUDA graph."""
+        if self.step_graphs is not None:
+            hidden = self.step_graphs.run_batch(tokens, positions, key_positions, column, cache)
+            if hidden is not None:
+                return hidden
+        return self.forward_batch(tokens[:, None], positions[:, None], key_positions[:, : column + 1], cache)[:, -1]
+
     @abstractmethod
     def _run_batch(
         self,

@@ -37,7 +37,7 @@
 # shipped DART drafter: matched training against a DART call that saw as many tokens), DEVICE=cpu and CONFIG=small.yaml
 # (a rehearsal on a CPU), DATA_SHARE and PROFILE (the window phase), DATA_BATCH (the data phase's batch; default: the profile's fastest) and
 # DATA_TURNS (user turns a conversation, default 2), STEPS (a train call's most steps: matched budgets),
-# RUNTIME (hf | lean for data and training; the window phase
+# RUNTIME (hf | lean | lean+graphs for data, hf | lean for training; the window phase
 # otherwise takes whichever its profile measured faster),
 # BENCH_METHODS (the bench phase's methods), PIECE_MB (prepare's piece size; default: what the working tree leaves
 # of a call's 64 MiB).
@@ -285,13 +285,28 @@ data | train | profile | bench)
         shard=${DATA_SHARD:-$((batch > 1024 ? batch : 1024))}
         [ -f "$fresh/manifest.json" ] && shard=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["config"]["shard_size"])' "$fresh/manifest.json")
         echo "data: $runtime runtime, batch $batch, shards of $shard requests" | tee "$out/data.txt"
+        # lean+graphs: the lean forward with its decode steps as CUDA graphs, where the profile measured it fastest
+        # and its tokens agreed with transformers'.
+        graphs=()
+        [ "$runtime" = lean+graphs ] && runtime=lean && graphs=(--cuda-graphs)
         # Two turns a conversation (DATA_TURNS): the target also writes a follow-up request after its own answer,
         # as MT-Bench's second turns are, and answers it with the whole conversation as context.
-        python3 -m dartspec.cli data regenerate --source self --range "$first:$((first + 1000000))" --out "$fresh" \
-            --seed "$window" --max-new-tokens 256 --turns "${DATA_TURNS:-2}" --shard-size "$shard" \
-            --batch-size "$batch" \
-            --device "${DEVICE:-cuda}" --runtime "$runtime" \
-            --max-minutes "$minutes" "${resume[@]}" 2>&1 | tee -a "$out/data.txt"
+        data_started=$SECONDS
+        regen() {  # regen MINUTES [--cuda-graphs]
+            python3 -m dartspec.cli data regenerate --source self --range "$first:$((first + 1000000))" --out "$fresh" \
+                --seed "$window" --max-new-tokens 256 --turns "${DATA_TURNS:-2}" --shard-size "$shard" \
+                --batch-size "$batch" --device "${DEVICE:-cuda}" --runtime "$runtime" "${@:2}" \
+                --max-minutes "$1" "${resume[@]}" 2>&1 | tee -a "$out/data.txt"
+        }
+        if ! regen "$minutes" "${graphs[@]}"; then
+            # CUDA graphs had never run on a GPU before this profile chose them: a run they break goes on without
+            # them for the minutes left (its finished shards kept).
+            [ "${#graphs[@]}" -gt 0 ] || exit 1
+            left=$(awk "BEGIN {print $minutes - ($SECONDS - $data_started) / 60}")
+            echo "window: data with CUDA graphs failed; again without them for $left minutes" | tee -a "$out/data.txt"
+            [ -d "$fresh" ] && resume=(--resume)
+            awk "BEGIN {exit !($left > 0.5)}" && regen "$left"
+        fi
         exit 0
     fi
     # KIND=dflash trains the DFlash drafter (scripts/dflash-window.yaml: sized like the reference), KIND=eagle3 the

@@ -45,16 +45,18 @@ def timed(work: Callable[[], int], cuda: bool) -> float:
 
 
 def answers_of(target: Any, prompts: list[list[int]], sequences: list[list[int]]) -> dict[str, torch.Tensor]:
-    """What ``target`` computes, to check one runtime against another: the first greedy token of 64 prompts' answers,
-    and the top-1 token at every real position of the scored sequences."""
-    first = torch.tensor([a.tokens[0] for a in decode_batch(target, prompts[:64], 1)])
+    """What ``target`` computes, to check one runtime against another: the first two greedy tokens of 64 prompts'
+    answers (the second from a decode step: a CUDA-graph step is checked too), and the top-1 token at every real
+    position of the scored sequences."""
+    answers = decode_batch(target, prompts[:64], 2, stop_ids=frozenset())
+    first = torch.tensor([t for a in answers for t in a.tokens])
     with torch.no_grad():
         top = target.score_batch(sequences).logits.argmax(-1).cpu()
     return {"decode": first, "score": torch.cat([top[i, : len(s)] for i, s in enumerate(sequences)])}
 
 
 def check_agreement(
-    got: dict[str, dict[str, torch.Tensor]], speeds: dict[str, dict[str, float]], lines: list[str]
+    got: dict[str, dict[str, torch.Tensor]], speeds: dict[str, dict[str, float]], lines: list[str], checked: set[str]
 ) -> None:
     """Drop the speed of a runtime's work where it disagrees with transformers' modules (the reference): a fast
     forward that computes something else would otherwise write the window's data or score its training. bf16
@@ -62,8 +64,9 @@ def check_agreement(
     if "hf" not in got:
         return
     for runtime, answers in got.items():
-        if runtime == "hf":
+        if runtime == "hf" or runtime in checked:
             continue
+        checked.add(runtime)
         for work, least in (("decode", 0.9), ("score", 0.95)):
             agree = float((answers[work] == got["hf"][work]).double().mean())
             lines.append(f"{runtime} {work} agrees with hf on {agree:.3f} of its top-1 tokens (needs {least})")
@@ -200,11 +203,23 @@ def profile_training(target: Any, args: Any, lines: list[str]) -> None:
     lines.append(table.table(sort_by="self_cpu_time_total", row_limit=25))
 
 
+def save(out: str | None, lines: list[str], speeds: dict[str, dict[str, float]]) -> None:
+    """The report so far at ``out``, and the speeds beside it as JSON (what the window reads)."""
+    if out:
+        Path(out).write_text("\n".join(lines) + "\n")
+        Path(out).with_suffix(".json").write_text(json.dumps(speeds) + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--runtimes", default="lean,hf", help="comma-separated runtimes to time and profile, in order")
+    ap.add_argument(
+        "--runtimes",
+        default="lean,hf,lean+graphs",
+        help="comma-separated runtimes to time and profile, in order; lean+graphs: the lean forward with its decode "
+        "steps as CUDA graphs (--cuda-graphs; timed for decoding only: scoring is the same code)",
+    )
     # 2048: the third window's lean decode still scaled with rows from 256 to 1024 (21k -> 76k tokens/s; its data
     # phase spent 40% of the time writing requests, ~12 ms a step whatever the rows), so a larger batch may pay.
     ap.add_argument("--batches", default="256,1024,2048", help="comma-separated batch sizes to time decoding at")
@@ -231,20 +246,27 @@ def main() -> None:
     cuda = args.device.startswith("cuda")
     lines: list[str] = []  # the report: what each runtime measured, or why it failed
     speeds: dict[str, dict[str, float]] = {}  # runtime -> decode, decode_batch, score (the window reads the .json)
-    answers: dict[str, dict[str, torch.Tensor]] = {}  # runtime -> what it computed (checked against hf at the end)
+    answers: dict[str, dict[str, torch.Tensor]] = {}  # runtime -> what it computed (checked against hf)
+    checked: set[str] = set()
 
     runtimes = args.runtimes.split(",")
     for runtime in runtimes:
-        quant = "none" if runtime == "lean" and cuda else "auto"
+        name, _, extra = runtime.partition("+")
+        quant = "none" if name == "lean" and cuda else "auto"
         try:
-            target = load_target(args.model, device=args.device, runtime=runtime, quant=quant, dtype=dtype)
+            target = load_target(
+                args.model, device=args.device, runtime=name, quant=quant, dtype=dtype, cuda_graphs=extra == "graphs"
+            )
             speeds[runtime] = profile_runtime(
                 target, f"{runtime}, quant {quant}, {dtype}", prompts, sequences, args, lines
             )
+            if extra == "graphs":
+                speeds[runtime].pop("score", None)  # the trainer's scoring runs no graphs: the same as lean's
             answers[runtime] = answers_of(target, prompts, sequences)
         except Exception as err:  # a runtime that fails here is a finding: the next one still runs
             lines.append(f"== {runtime} (quant {quant}, {dtype}) failed: {type(err).__name__}: {err}")
             print(lines[-1], flush=True)
+            save(args.out, lines, speeds)
             continue
         if args.train_steps and runtime == runtimes[0]:  # the trainer once, on the first runtime
             try:
@@ -252,11 +274,8 @@ def main() -> None:
             except Exception as err:
                 lines.append(f"== trainer on {runtime} failed: {type(err).__name__}: {err}")
                 print(lines[-1], flush=True)
-        if runtime == runtimes[-1]:
-            check_agreement(answers, speeds, lines)
-        if args.out:  # after each runtime: a profile stopped by its time limit still leaves what it measured
-            Path(args.out).write_text("\n".join(lines) + "\n")
-            Path(args.out).with_suffix(".json").write_text(json.dumps(speeds) + "\n")
+        check_agreement(answers, speeds, lines, checked)  # each runtime once, as soon as hf's answers are in
+        save(args.out, lines, speeds)  # after each runtime: a profile stopped by its time limit keeps what it measured
     if not args.out:
         print("\n".join(lines))
 

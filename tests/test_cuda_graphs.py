@@ -9,9 +9,11 @@ import pytest
 import torch
 from conftest import VOCAB, tiny_model, tiny_tokenizer
 from host_reads import HostReads
+from test_batch_decode import prompts, runtime
 from test_engine import RandomDrafter
 from test_lean import _with_biases
 
+from dartspec.batch_decode import decode_batch
 from dartspec.cuda_graphs import StepGraphs
 from dartspec.engine import Generator
 from dartspec.errors import DartspecError
@@ -144,3 +146,27 @@ def test_bench_rows_take_graphs() -> None:
     assert _target_for(ar, target, {}) is target  # what the main target already is
     with pytest.raises(DartspecError, match="needs the lean runtime on a CUDA GPU"):
         _target_for(dart, target, {})
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_graph_batch_steps_decode_as_the_forward(arch: str) -> None:
+    """The data generator's static-batch step as a graph: the same answers greedy and sampled, with rows ending at
+    different steps (the batch drops them: new buffers, captured again) and reads every few steps; each step still
+    reads nothing back (the generator's one read per check is all there is)."""
+    plain = runtime("lean", arch)
+    graphed = LeanTarget(plain.model, tiny_tokenizer())
+    steps = graphed.step_graphs = StepGraphs(graphed, capture=False)
+    batch = prompts(11, seed=3)
+    free = decode_batch(plain, batch, 24, stop_ids=frozenset())
+    stops = frozenset(a.tokens[(5 * i) % 24] for i, a in enumerate(free[:5]))
+    for every in (1, 3):
+        want = decode_batch(plain, batch, 24, stop_ids=stops, check_every=every)
+        assert len({len(a.tokens) for a in want}) > 2
+        before = steps.captures
+        assert decode_batch(graphed, batch, 24, stop_ids=stops, check_every=every) == want
+        assert steps.captures >= before + 2  # the first step, and again after rows were dropped
+    sampled = [decode_batch(t, batch, 20, temperature=0.8, seed=4) for t in (plain, graphed)]
+    assert sampled[0] == sampled[1]
+    with HostReads() as reads:
+        decode_batch(graphed, batch, 16, stop_ids=frozenset(), check_every=4)
+    assert reads.sites == {("tolist", "batch_decode.py:decode_batch"): 4}, reads.sites
