@@ -71,7 +71,7 @@ def check_agreement(
             agree = float((answers[work] == got["hf"][work]).double().mean())
             lines.append(f"{runtime} {work} agrees with hf on {agree:.3f} of its top-1 tokens (needs {least})")
             if agree < least:
-                speeds[runtime].pop(work, None)
+                speeds.get(runtime, {}).pop(work, None)
                 lines.append(f"{runtime} is not used for {work}: it computes something else than transformers")
 
 
@@ -262,6 +262,13 @@ def main() -> None:
             )
             if extra == "graphs":
                 speeds[runtime].pop("score", None)  # the trainer's scoring runs no graphs: the same as lean's
+                graphs = target.step_graphs
+                lines.append(
+                    f"{runtime}: {graphs.captures} steps captured"
+                    + (f"; capture FAILED, every step ran without graphs: {graphs.failed}" if graphs.failed else "")
+                )
+                if graphs.failed:
+                    speeds.pop(runtime)  # what it timed was the lean forward without graphs
             answers[runtime] = answers_of(target, prompts, sequences)
         except Exception as err:  # a runtime that fails here is a finding: the next one still runs
             lines.append(f"== {runtime} (quant {quant}, {dtype}) failed: {type(err).__name__}: {err}")
