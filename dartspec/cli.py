@@ -159,8 +159,9 @@ def add_drafter_args(p: argparse.ArgumentParser, default: str = "auto") -> None:
     p.add_argument(
         "--drafter",
         default=default,
-        help="auto (default: pld on a CPU, the fastest measured there; none elsewhere), none (plain decoding), pld "
-        "(prompt lookup), dart, dart+pld (both in one tree), or eagle3 (baseline)",
+        help="auto (default: pld on a CPU, the fastest measured there; on a GPU dart+pld where a DART drafter ships "
+        "for the model, else none), none (plain decoding), pld (prompt lookup), dart, dart+pld (both in one tree), "
+        "or eagle3 (baseline)",
     )
     p.add_argument(
         "--topk", type=_positive_int, default=4, help="eagle3: nodes expanded per tree level, children per node"

@@ -50,10 +50,7 @@ def build_generator(target: Any, spec: GeneratorSpec) -> Generator:
         ngram=spec.ngram,
         online_ngram=spec.online_ngram,
         auto_size=auto,
-        drafter_nodes=size,
         ngram_smoothing=spec.ngram_smoothing,
         topk=spec.topk,
     )
-    if name == "dart+pld":
-        size += max(spec.max_depth, 0)  # room for a lookup span on top of the DART tree
     return Generator(target, drafter, tree_size=size, max_depth=spec.max_depth)

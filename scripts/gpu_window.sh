@@ -247,14 +247,14 @@ data | train | profile | bench)
         exit 0
     fi
     if [ "$phase" = bench ]; then
-        # Plain decoding (the default lean forward and transformers' modules), DART (32 nodes, the GPU default, and
-        # 16) and EAGLE-3 on this GPU (float32, the generation default: bf16
-        # tips near-ties), plain decoding and DART with CUDA graphs (`graphs=1`, not yet measured: each is checked
-        # against the plain row on graphs), the shipped drafters, the prompts' files from the package cache as
-        # prepare copied them (no registry here). `bench [LIMIT]` (default 20 prompts a set); BENCH_METHODS
-        # overrides the methods.
+        # Plain decoding (the default lean forward and transformers' modules), DART with lookup spans (32 nodes, the
+        # GPU default), DART alone (32 and 16) and EAGLE-3 on this GPU (float32, the generation default: bf16
+        # tips near-ties), plain decoding and the default drafter with CUDA graphs (`graphs=1`, not yet measured:
+        # each is checked against the plain row on graphs), the shipped drafters, the prompts' files from the
+        # package cache as prepare copied them (no registry here). `bench [LIMIT]` (default 20 prompts a set);
+        # BENCH_METHODS overrides the methods.
         [ -d .window/bench/packages ] && mkdir -p "$DARTSPEC_CACHE" && cp -r .window/bench/packages "$DARTSPEC_CACHE/"
-        methods=${BENCH_METHODS:-ar,ar:runtime=hf,dart,dart:size=16,eagle3,ar:graphs=1,dart:graphs=1}
+        methods=${BENCH_METHODS:-ar,ar:runtime=hf,dart+pld,dart,dart:size=16,eagle3,ar:graphs=1,dart+pld:graphs=1}
         # This window's last DART run that exported a drafter, if any, runs beside the shipped one (with the shipped
         # n-gram table): its timed tau on the GPU before it is collected and promoted.
         latest=""

@@ -621,7 +621,7 @@ def test_hybrid_merges_lookup_spans_and_stays_lossless(target: Target) -> None:
     model = model_for(target, depth=5)
     prompt = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6]
     plain = Generator(target).generate(prompt, max_new_tokens=40)
-    hybrid = HybridDrafter(DartDrafter(model, target, "beam"), drafter_nodes=4)
+    hybrid = HybridDrafter(DartDrafter(model, target, "beam"))
     out = Generator(target, hybrid, tree_size=10, max_depth=5).generate(prompt, max_new_tokens=40)
     assert out.token_ids == plain.token_ids
 
@@ -631,7 +631,13 @@ def test_hybrid_merges_lookup_spans_and_stays_lossless(target: Target) -> None:
     hybrid.observe(prompt, feats)
     tokens = [*prompt, 7]
     tree = hybrid.propose(tokens, DraftBudget(max_nodes=10, max_depth=5))
-    assert tree.tokens[1:6].tolist() == [8, 9, 5, 6, 7] and tree.size <= 10
+    assert tree.tokens[1:6].tolist() == [8, 9, 5, 6, 7] and tree.size == 10  # DART filled the nodes left
+    # Spans that fill a budget leave no room: the tree is theirs and DART drafts nothing (its features wait).
+    hybrid.begin(prompt)
+    target.reset()
+    hybrid.observe(prompt, target.prefill(prompt, features=True).features)
+    small = hybrid.propose(tokens, DraftBudget(max_nodes=4, max_depth=5))
+    assert small.tokens.tolist() == [7, 8, 9, 5] and hybrid.drafter._queue.pending
     target.reset()
 
 

@@ -205,7 +205,9 @@ def test_default_tree_size_follows_device_and_drafter(target: Target) -> None:
     assert default_tree_size(torch.device("cuda"), True) == 32 and default_tree_size("cuda") == 16
 
 
-def test_auto_drafter_is_prompt_lookup_on_a_cpu_and_the_shipped_dart_drafter_on_a_gpu(target: Target) -> None:
+def test_auto_drafter_is_prompt_lookup_on_a_cpu_and_the_shipped_dart_drafter_with_lookup_on_a_gpu(
+    target: Target,
+) -> None:
     from dartspec.drafters import default_drafter, make_drafter
     from dartspec.methods import GeneratorSpec, build_generator
 
@@ -213,8 +215,8 @@ def test_auto_drafter_is_prompt_lookup_on_a_cpu_and_the_shipped_dart_drafter_on_
     assert gen.drafter.name == "pld" and gen.tree_size == 4  # lookup's CPU default size
     assert make_drafter("auto", target).name == "pld"
     assert default_drafter("cpu") == "pld" and default_drafter("cpu", "smollm2-135m") == "pld"
-    # On a GPU DART where a drafter ships for the model (measured there), plain decoding where none does.
-    assert default_drafter(torch.device("cuda"), "smollm2-135m") == "dart"
+    # On a GPU DART with lookup spans where a drafter ships for the model, plain decoding where none does.
+    assert default_drafter(torch.device("cuda"), "smollm2-135m") == "dart+pld"
     assert default_drafter("cuda", target.name) == default_drafter("cuda") == "none"
 
 

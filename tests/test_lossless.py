@@ -47,7 +47,7 @@ def drafter(name: str, target: Target, reference: list[int]):
 
         return DFlashDrafter(dflash_for(target).to(target.dtype), target, "beam")
     dart = DartDrafter(model_for(target).to(target.dtype), target, "beam")
-    return HybridDrafter(dart, drafter_nodes=4) if name == "dart+pld" else dart
+    return HybridDrafter(dart) if name == "dart+pld" else dart
 
 
 def prompts(n: int) -> list[list[int]]:

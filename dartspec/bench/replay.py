@@ -192,11 +192,30 @@ def replay_methods(text: str) -> list[Any]:
 
     specs = parse_methods(text)
     for spec in specs:
-        if spec.kind != "dart" or spec.own_target or spec.tree_size == "auto":
+        if spec.kind not in ("dart", "dart+pld") or spec.own_target or spec.tree_size == "auto":
             raise DartspecError(
-                f"bench replay replays DART's trees on the main target at a fixed size; {spec.label!r} is not one"
+                "bench replay replays DART's trees (dart, dart+pld) on the main target at a fixed size; "
+                f"{spec.label!r} is not one"
             )
     return specs
+
+
+class LookupReplay:
+    """``dart+pld`` replayed: a DART drafter's trees with prompt-lookup spans merged in as the hybrid drafter merges
+    them (:func:`dartspec.drafters.hybrid.hybrid_tree`); spans are a function of the committed tokens alone."""
+
+    def __init__(self, hybrid: Any) -> None:
+        self.dart, self.lookup = hybrid.drafter, hybrid.lookup
+        self.model, self.d2t = self.dart.model, self.dart.d2t
+        self.online = getattr(self.dart, "online", None)
+
+    def tree_builder(
+        self, root: int, logp: torch.Tensor, d2t: np.ndarray, tokens: Sequence[int], budget: DraftBudget
+    ) -> Any:
+        from dartspec.drafters.hybrid import hybrid_tree
+
+        spans = self.lookup.continuations(tokens, budget.max_depth) if budget.max_depth > 0 else []
+        return hybrid_tree(root, spans, budget, lambda room: self.dart.tree_builder(root, logp, d2t, tokens, room))
 
 
 def run_replay_bench(
@@ -224,7 +243,13 @@ def run_replay_bench(
         target, prompt_ids, args.max_new_tokens, progress and (lambda items, n: progress(items, n, "answers"))
     )
     entries = [
-        ReplayEntry(spec.label, gen.drafter, gen.tree_size, gen.max_depth, spec.path or "shipped")
+        ReplayEntry(
+            spec.label,
+            LookupReplay(gen.drafter) if spec.kind == "dart+pld" else gen.drafter,
+            gen.tree_size,
+            gen.max_depth,
+            spec.path or "shipped",
+        )
         for spec, gen in zip(specs, generators, strict=True)
     ]
     items = progress(samples, len(samples), "replay") if progress else samples

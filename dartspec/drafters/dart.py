@@ -107,6 +107,7 @@ class DartDrafter(FeatureDrafter):
         root = int(tokens[-1])
         t_draft = time.perf_counter()
         self.last_tree_seconds = 0.0
+        self._proposed = False  # a step that drafts nothing teaches the tree sizer nothing
         # No room to draft: the committed features wait in the queue for the next step that drafts (a full batch
         # gives each sequence one row; absorbing what it committed meanwhile then costs one forward, not one a step).
         waiting = self._queue.take(tokens) if budget.max_depth > 0 and budget.max_nodes > 1 else None

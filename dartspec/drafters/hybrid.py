@@ -1,15 +1,17 @@
 """DART plus prompt lookup in one tree: copied spans as extra branches.
 
-Prompt lookup is nearly free and very precise when the answer repeats the prompt (code, extraction),
-and it proposes nothing otherwise; the DART drafter guesses everywhere but rarely far. The hybrid
-verifies both at once: the lookup continuations (when the context has a match) and the DART tree
-(sized as for DART alone) are merged into one prefix tree, so a step costs T(DART nodes) without a
-match and T(DART nodes + span) with one.
+Prompt lookup is nearly free and very precise when the answer repeats the prompt or itself (code, extraction, the
+loops a small model falls into), and it proposes nothing otherwise; the DART drafter guesses everywhere but rarely
+far. The hybrid verifies both within one budget of nodes: the lookup continuations (when the context has a match)
+come first, and the DART tree fills the nodes they leave; without a match the DART tree has them all. Replayed on
+SmolLM2's development answers (ShareGPT 14000+, 40 answers; ``docs/bench/hybrid-replay-2026-11-26/``) this took DART's
+tau at 16 nodes from 2.72 to 3.32 and at 4 nodes from 2.15 to 2.30; giving DART its own full tree on top instead
+(nodes beyond the budget) or searching deeper spans was no better.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -19,18 +21,19 @@ from dartspec.drafters.pld import PromptLookupDrafter
 from dartspec.runtime import FeatureSource
 from dartspec.tree import Tree
 
+#: Distinct lookup continuations per step (the development answers: 3 a little above 1 at 4, 16 and 32 nodes).
+LOOKUP_MATCHES = 3
+
 
 class HybridDrafter(DrafterBase):
-    """Merges a :class:`PromptLookupDrafter`'s paths (first) with another drafter's tree."""
+    """Merges a :class:`PromptLookupDrafter`'s paths (first) with another drafter's tree, in the engine's budget."""
 
     name = "dart+pld"
     needs_features = True
 
-    def __init__(self, drafter: Drafter, lookup: PromptLookupDrafter | None = None, *, drafter_nodes: int = 4):
-        """``drafter_nodes``: the tree size given to ``drafter`` (root included); the engine's budget caps the merge."""
+    def __init__(self, drafter: Drafter, lookup: PromptLookupDrafter | None = None):
         self.drafter = drafter
-        self.lookup = lookup or PromptLookupDrafter(max_matches=1)
-        self.drafter_nodes = drafter_nodes
+        self.lookup = lookup or PromptLookupDrafter(max_matches=LOOKUP_MATCHES)
         self.needs_features = drafter.needs_features
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
@@ -41,19 +44,10 @@ class HybridDrafter(DrafterBase):
         self.drafter.observe(token_ids, features)
 
     def propose(self, tokens: Sequence[int], budget: DraftBudget) -> Tree:
-        inner = DraftBudget(max_nodes=min(self.drafter_nodes, budget.max_nodes), max_depth=budget.max_depth)
-        tree = self.drafter.propose(tokens, inner)
-        self.last_tree_seconds = self.drafter.last_tree_seconds
         spans = self.lookup.continuations(tokens, budget.max_depth) if budget.max_depth > 0 else []
-        if not spans:
-            return tree
-        # Lookup spans go first: when the budget cuts, a long exact copy is worth more than a guess.
-        guesses = [tree.tokens[path[1:]].tolist() for path in tree.paths()]
-        # With a span the tree is already long: keep only the best DART guesses (half its nodes), since
-        # on a CPU every extra node makes the verification dearer.
-        span_nodes = len(Tree.from_paths(tokens[-1], spans).tokens) - 1
-        cap = 1 + span_nodes + max(1, (self.drafter_nodes - 1) // 2)
-        return Tree.from_paths(tokens[-1], [*spans, *guesses], max_nodes=min(budget.max_nodes, cap))
+        tree = hybrid_tree(tokens[-1], spans, budget, lambda room: self.drafter.propose(tokens, room))
+        self.last_tree_seconds = self.drafter.last_tree_seconds
+        return tree
 
     def report(self) -> dict:
         return self.drafter.report()
@@ -62,8 +56,23 @@ class HybridDrafter(DrafterBase):
         self.drafter = self.drafter.fork()  # the lookup has no state
 
 
+def hybrid_tree(root: int, spans: list[list[int]], budget: DraftBudget, draft: Callable[[DraftBudget], Tree]) -> Tree:
+    """The lookup ``spans`` first, then the tree ``draft`` makes in the nodes they leave (all of them without spans).
+    Where the spans fill the budget, ``draft`` gets one node (the root: a network drafter then runs nothing, and its
+    committed features wait for its next step, which absorbs them in one forward)."""
+    if not spans:
+        return draft(budget)
+    copied = Tree.from_paths(root, spans, max_nodes=budget.max_nodes)
+    room = budget.max_nodes - copied.size + 1  # the drafter's tree shares the root
+    tree = draft(DraftBudget(max_nodes=max(room, 1), max_depth=budget.max_depth))
+    if tree.size == 1:
+        return copied
+    guesses = [tree.tokens[path[1:]].tolist() for path in tree.paths()]
+    return Tree.from_paths(root, [*spans, *guesses], max_nodes=budget.max_nodes)
+
+
 def build(target: FeatureSource, options: DrafterOptions) -> HybridDrafter:
-    """The registry's builder of ``dart+pld``: a DART tree of ``options.drafter_nodes`` nodes plus lookup spans."""
+    """The registry's builder of ``dart+pld``: lookup spans plus a DART tree in the nodes they leave."""
     from dartspec.drafters import dart
 
-    return HybridDrafter(dart.build(target, options), drafter_nodes=options.drafter_nodes)
+    return HybridDrafter(dart.build(target, options))

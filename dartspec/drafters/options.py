@@ -21,7 +21,6 @@ class DrafterOptions:
     ngram: str | Path | None = None
     online_ngram: bool = False
     auto_size: bool = False
-    drafter_nodes: int = 4
     ngram_smoothing: float = 0.0
     topk: int = 4
 
