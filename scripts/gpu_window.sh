@@ -249,12 +249,14 @@ data | train | profile | bench)
     if [ "$phase" = bench ]; then
         # Plain decoding (the default lean forward and transformers' modules), DART with lookup spans (32 nodes, the
         # GPU default), DART alone (32 and 16) and EAGLE-3 on this GPU (float32, the generation default: bf16
-        # tips near-ties), plain decoding and the default drafter with CUDA graphs (`graphs=1`, not yet measured:
-        # each is checked against the plain row on graphs), the shipped drafters, the prompts' files from the
-        # package cache as prepare copied them (no registry here). `bench [LIMIT]` (default 20 prompts a set);
-        # BENCH_METHODS overrides the methods.
+        # tips near-ties), the shipped drafters, the prompts' files from the package cache as prepare copied them
+        # (no registry here). Then, in a call of their own (never run on a GPU before: a failure there must not
+        # take the other rows with it), plain decoding and the default drafter with CUDA graphs, each checked
+        # against the plain row on graphs, beside plain decoding without. `bench [LIMIT]` (default 20 prompts a
+        # set); BENCH_METHODS and GRAPH_METHODS (empty: none) override the methods.
         [ -d .window/bench/packages ] && mkdir -p "$DARTSPEC_CACHE" && cp -r .window/bench/packages "$DARTSPEC_CACHE/"
-        methods=${BENCH_METHODS:-ar,ar:runtime=hf,dart+pld,dart,dart:size=16,eagle3,ar:graphs=1,dart+pld:graphs=1}
+        methods=${BENCH_METHODS:-ar,ar:runtime=hf,dart+pld,dart,dart:size=16,eagle3}
+        graph_methods=${GRAPH_METHODS-ar,ar:graphs=1,dart+pld:graphs=1}
         # This window's last DART run that exported a drafter, if any, runs beside the shipped one (with the shipped
         # n-gram table): its timed tau on the GPU before it is collected and promoted.
         latest=""
@@ -264,11 +266,19 @@ data | train | profile | bench)
         if [ -z "${BENCH_METHODS:-}" ] && [ -n "$latest" ] && [ -f dartspec/checkpoints/smollm2-135m-dart/ngram.bin ]; then
             cp dartspec/checkpoints/smollm2-135m-dart/ngram.bin "$latest/" && methods+=",dart:path=$latest"
         fi
+        bench() {  # bench SET METHODS FOLDER
+            python3 -m dartspec.cli bench --device "${DEVICE:-cuda}" --dataset "$1" --limit "${minutes:-20}" \
+                --max-new-tokens 128 --methods "$2" --out "$3" 2>&1 |
+                tr '\r' '\n' | grep -v '^bench: ' | tee -a "$out/bench.txt" || echo "bench $1 ($2) stopped with status $?"
+            rm -f "$3"/*.png  # 8 files come back at most: bench.txt, the tables and their JSON
+        }
         for set in mtbench humaneval; do
-            python3 -m dartspec.cli bench --device "${DEVICE:-cuda}" --dataset "$set" --limit "${minutes:-20}" \
-                --max-new-tokens 128 --methods "$methods" --out "$out/bench-$set" 2>&1 |
-                tr '\r' '\n' | grep -v '^bench: ' | tee -a "$out/bench.txt" || echo "bench $set stopped with status $?"
-            rm -f "$out/bench-$set"/*.png  # 8 files come back at most: the tables and their JSON
+            bench "$set" "$methods" "$out/bench-$set"
+        done
+        for set in mtbench humaneval; do
+            [ -n "$graph_methods" ] || break
+            bench "$set" "$graph_methods" "$out/bench-$set-graphs"
+            rm -f "$out/bench-$set-graphs/results.md"  # its table is in bench.txt
         done
         exit 0
     fi
