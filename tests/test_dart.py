@@ -641,6 +641,18 @@ def test_hybrid_merges_lookup_spans_and_stays_lossless(target: Target) -> None:
     target.reset()
 
 
+def test_hybrid_builds_three_lookup_spans_and_one_under_the_auto_sizer(tmp_path: Path, target: Target) -> None:
+    """The registry's ``dart+pld``: three continuations at a fixed budget (chosen on development answers); with
+    ``--tree-size auto`` one, since the sizer's cost model cuts only the DART tree."""
+    from dartspec.drafters import make_drafter
+
+    model_for(target).save(tmp_path)
+    fixed = make_drafter("dart+pld", target, tmp_path)
+    auto = make_drafter("dart+pld", target, tmp_path, auto_size=True)
+    assert (fixed.lookup.max_matches, auto.lookup.max_matches) == (3, 1)
+    assert auto.drafter.auto is not None and fixed.drafter.auto is None
+
+
 def test_drafters_on_other_feature_layers_share_one_target(tmp_path: Path, target: Target) -> None:
     """Training on chosen layers stores them; each drafter switches the target to its own before drafting."""
     cfg = small_config(max_steps=2, feature_layers=[1, 4, 5])

@@ -72,7 +72,10 @@ def hybrid_tree(root: int, spans: list[list[int]], budget: DraftBudget, draft: C
 
 
 def build(target: FeatureSource, options: DrafterOptions) -> HybridDrafter:
-    """The registry's builder of ``dart+pld``: lookup spans plus a DART tree in the nodes they leave."""
+    """The registry's builder of ``dart+pld``: lookup spans plus a DART tree in the nodes they leave. With
+    ``--tree-size auto`` (``options.auto_size``) the budget is the sizer's ceiling and its cost model cuts only the
+    DART tree, so the lookup proposes one continuation (at most ``max_depth`` nodes), not three."""
     from dartspec.drafters import dart
 
-    return HybridDrafter(dart.build(target, options))
+    matches = 1 if options.auto_size else LOOKUP_MATCHES
+    return HybridDrafter(dart.build(target, options), PromptLookupDrafter(max_matches=matches))
