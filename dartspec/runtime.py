@@ -182,7 +182,7 @@ def describe(target: Any) -> str:
     """``lean/exact`` or ``hf/float32``: the runtime and weight format, for logs, caches and benchmark rows."""
     quant = getattr(target, "quant", None)
     if quant is not None:
-        return f"lean/{quant}" + ("+graphs" if target.step_graphs is not None else "")
+        return f"lean/{quant}" + ("+graphs" if getattr(target, "step_graphs", None) is not None else "")
     return f"hf/{str(target.dtype).removeprefix('torch.')}"
 
 
@@ -387,9 +387,8 @@ class CausalRuntime(ABC):
         base = cache.length
         device = self.device
         try:
-            graphed = None
-            if self.step_graphs is not None:
-                graphed = self.step_graphs.run(token_ids, offsets, local_mask, features, cache)
+            graphs = self.step_graphs
+            graphed = graphs.run(token_ids, offsets, local_mask, features, cache) if graphs is not None else None
             if graphed is not None:
                 hidden, feats = graphed
             else:
