@@ -1015,7 +1015,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--methods",
         default="dart:size=4,dart:size=8,dart:size=16,dart:size=32",
-        help="DART rows as in `dartspec bench --methods` (tree=, size=, depth=, ngram=, online=, smooth=, path=)",
+        help="DART rows (dart, dart+pld) as in `dartspec bench --methods` (tree=, size=, depth=, ngram=, online=, "
+        "smooth=, path=)",
     )
     _add_answer_args(p, "a regenerated data folder (its prompts, answered again)")
     p.add_argument("--out", default=None, help="folder for replay.md and replay.json")
