@@ -77,6 +77,7 @@ class BeamTree:
         self.ngram = ngram
         self.cap_width = True  # narrow beam + early stop (exact, see the loop); False: full published search
         self.eos = np.array(sorted(eos_ids), dtype=np.int64)
+        self._eos_ids = self.eos.tolist()
 
     def __call__(
         self, root: int, logp: torch.Tensor, d2t: np.ndarray | None, tokens: Sequence[int], budget: DraftBudget
@@ -91,9 +92,12 @@ class BeamTree:
         order = self.ngram.order if self.ngram is not None else 1
         history = np.array(list(tokens)[-(order - 1) :] if order > 1 else [], dtype=np.int64)
 
-        all_tokens: list[int] = []
-        all_parents: list[int] = []
-        all_scores: list[float] = []
+        # Per level: the kept nodes' tokens, parents (node indices, -1 = root) and scores; node i of the tree is
+        # the i-th kept node in level order.
+        level_tokens: list[np.ndarray] = []
+        level_parents: list[np.ndarray] = []
+        level_scores: list[np.ndarray] = []
+        count = 0
         # Beam state: node index (-1 = root), score, last (order-1) tokens of committed text + path.
         beam_nodes = np.array([-1])
         beam_scores = np.array([0.0])
@@ -101,13 +105,13 @@ class BeamTree:
         room = budget.max_nodes - 1
         for level in range(depth):
             w = (level + 1) ** -p.level_decay
-            if self.cap_width and len(all_scores) >= room:
+            if self.cap_width and count >= room:
                 # Scores never rise along a path, so once no node of this level can beat the R-1 best
                 # nodes so far (a prefix-closed set), neither this level nor any deeper one can be kept.
                 best = beam_scores.max() + w * (
                     p.logit_decay**level * cand_lp[level].max() + p.ngram_weight * np.log1p(p.eps)
                 )
-                if best < np.partition(np.asarray(all_scores), -room)[-room]:
+                if best < np.partition(np.concatenate(level_scores), -room)[-room]:
                     break
             score = beam_scores[:, None] + w * p.logit_decay**level * cand_lp[level][None, :]
             kk = cand.shape[1]
@@ -121,29 +125,37 @@ class BeamTree:
                 # A non-EOS node with R-1 non-EOS nodes above it at its level can never make the final
                 # top R-1 (scores only fall along a path; EOS nodes rank last), so a beam of R-1 plus
                 # the EOS entries builds the same tree with less n-gram work.
-                n_eos = len(beam_nodes) * int(np.isin(cand[level], self.eos).sum()) if self.eos.size else 0
+                n_eos = len(beam_nodes) * int(self._is_eos(cand[level]).sum())
                 n_keep = min(n_keep, budget.max_nodes - 1 + n_eos)
             top = np.argpartition(-flat, n_keep - 1)[:n_keep]
             top = top[np.argsort(-flat[top], kind="stable")]
             b_idx, c_idx = np.divmod(top, kk)
-            new_nodes = []
-            for b, c, s in zip(b_idx.tolist(), c_idx.tolist(), flat[top].tolist(), strict=True):
-                all_tokens.append(int(cands[b, c]))
-                all_parents.append(int(beam_nodes[b]))
-                all_scores.append(s)
-                new_nodes.append(len(all_tokens) - 1)
             new_tokens = cands[b_idx, c_idx]
-            alive = ~np.isin(new_tokens, self.eos) if self.eos.size else np.ones(len(new_tokens), dtype=bool)
+            alive = ~self._is_eos(new_tokens)
+            scores = flat[top]
+            level_tokens.append(new_tokens)
+            level_parents.append(beam_nodes[b_idx])
             # EOS ends a branch: it may be drafted but is never expanded further.
-            for i in np.flatnonzero(~alive):
-                all_scores[new_nodes[i]] -= EOS_PENALTY
+            level_scores.append(np.where(alive, scores, scores - EOS_PENALTY))
+            new_nodes = count + np.arange(len(top))
+            count += len(top)
             if not alive.any():
                 break
-            beam_nodes = np.array(new_nodes)[alive]
-            beam_scores = flat[top][alive]
+            beam_nodes = new_nodes[alive]
+            beam_scores = scores[alive]
             ctx = np.concatenate([beam_ctx[b_idx], new_tokens[:, None]], axis=1)[alive]
             beam_ctx = ctx[:, ctx.shape[1] - (order - 1) :] if order > 1 else ctx[:, :0]
-        return Tree.from_nodes(root, all_tokens, all_parents, self._top_closed(all_parents, all_scores, budget))
+        parents = np.concatenate(level_parents).tolist()
+        kept = self._top_closed(parents, np.concatenate(level_scores).tolist(), budget)
+        return Tree.from_nodes(root, np.concatenate(level_tokens).tolist(), parents, kept)
+
+    def _is_eos(self, tokens: np.ndarray) -> np.ndarray:
+        """Which of ``tokens`` are end tokens (a model has one to three: a comparison each is ~20x faster than
+        ``np.isin``'s sort for these few dozen candidates, which took a fifth of a 32-node search)."""
+        out = np.zeros(tokens.shape, dtype=bool)
+        for eos in self._eos_ids:
+            out |= tokens == eos
+        return out
 
     def _one_level(self, root: int, logp: torch.Tensor, d2t: np.ndarray | None, room: int) -> Tree:
         """The search's tree when it has a single level (two nodes: DART's CPU default): the ``room`` best
@@ -152,7 +164,7 @@ class BeamTree:
         _, idx = torch.topk(logp.float(), min(self.params.top_k, logp.shape[-1]))
         ids = idx.cpu().numpy()
         tokens = d2t[ids] if d2t is not None else ids
-        eos = np.isin(tokens, self.eos) if self.eos.size else np.zeros(len(tokens), dtype=bool)
+        eos = self._is_eos(tokens)
         considered = min(self.params.beam_width, len(tokens), room + int(eos.sum()))  # the search's beam
         eos = eos[:considered]
         kept = sorted([*np.flatnonzero(~eos), *np.flatnonzero(eos)][:room])
