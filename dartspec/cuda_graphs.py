@@ -55,14 +55,14 @@ class _StaticLayer:
 
 @dataclass
 class _Step:
-    """One captured step: its bucket, the cache buffers it was captured on, its input block (host and device), the
-    step as a function of that block (``body``, whose closure holds the device tensors the graph reads, so they live
-    as long as the step) and the call that runs it and returns its outputs ``(hidden, features or None)``: the
-    graph's replay once captured."""
+    """One captured step: its bucket, the cache buffers it was captured on, its input block (on the device, and the
+    pinned host copy the host writes it from: one sequence's steps), the step as a function of that block (``body``,
+    whose closure holds the device tensors the graph reads, so they live as long as the step) and the call that runs
+    it and returns its outputs ``(hidden, features or None)``: the graph's replay once captured."""
 
     rows: int
     buffers: tuple[torch.Tensor, ...]
-    host: torch.Tensor
+    host: torch.Tensor | None
     meta: torch.Tensor
     body: Callable[[], tuple[torch.Tensor, torch.Tensor | None]]
     run: Callable[[], tuple[torch.Tensor, torch.Tensor | None]]
@@ -233,7 +233,7 @@ class StepGraphs:
             hidden, _ = target._layers(x, positions.clamp_min(0), allowed[:, None, None], False, cache, False)
             return hidden[:, -1], None
 
-        return _Step(-rows, buffers, meta, meta, body, body)
+        return _Step(-rows, buffers, None, meta, body, body)
 
     def _fill(
         self, step: _Step, base: int, token_ids: Sequence[int], offsets: torch.Tensor, local_mask: torch.Tensor | None
@@ -243,6 +243,7 @@ class StepGraphs:
         if step.copied is not None:
             step.copied.synchronize()  # the last copy out of the pinned block is done before it is rewritten
         host = step.host
+        assert host is not None  # one sequence's steps are written by the host
         host.zero_()
         host[0] = base
         host[1 : 1 + q] = torch.as_tensor(list(token_ids), dtype=torch.long)

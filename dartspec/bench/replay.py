@@ -214,8 +214,10 @@ class LookupReplay:
     ) -> Any:
         from dartspec.drafters.hybrid import hybrid_tree
 
-        spans = self.lookup.continuations(tokens, budget.max_depth) if budget.max_depth > 0 else []
-        return hybrid_tree(root, spans, budget, lambda room: self.dart.tree_builder(root, logp, d2t, tokens, room))
+        def dart(room: DraftBudget) -> Any:
+            return self.dart.tree_builder(root, logp, d2t, tokens, room)
+
+        return hybrid_tree(self.lookup, tokens, budget, dart)
 
 
 def run_replay_bench(

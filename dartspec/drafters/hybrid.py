@@ -44,8 +44,7 @@ class HybridDrafter(DrafterBase):
         self.drafter.observe(token_ids, features)
 
     def propose(self, tokens: Sequence[int], budget: DraftBudget) -> Tree:
-        spans = self.lookup.continuations(tokens, budget.max_depth) if budget.max_depth > 0 else []
-        tree = hybrid_tree(tokens[-1], spans, budget, lambda room: self.drafter.propose(tokens, room))
+        tree = hybrid_tree(self.lookup, tokens, budget, lambda room: self.drafter.propose(tokens, room))
         self.last_tree_seconds = self.drafter.last_tree_seconds
         return tree
 
@@ -56,10 +55,14 @@ class HybridDrafter(DrafterBase):
         self.drafter = self.drafter.fork()  # the lookup has no state
 
 
-def hybrid_tree(root: int, spans: list[list[int]], budget: DraftBudget, draft: Callable[[DraftBudget], Tree]) -> Tree:
-    """The lookup ``spans`` first, then the tree ``draft`` makes in the nodes they leave (all of them without spans).
-    Where the spans fill the budget, ``draft`` gets one node (the root: a network drafter then runs nothing, and its
-    committed features wait for its next step, which absorbs them in one forward)."""
+def hybrid_tree(
+    lookup: PromptLookupDrafter, tokens: Sequence[int], budget: DraftBudget, draft: Callable[[DraftBudget], Tree]
+) -> Tree:
+    """``lookup``'s continuations of ``tokens`` first, then the tree ``draft`` makes in the nodes they leave (all of
+    them without a match). Where the spans fill the budget, ``draft`` gets one node (the root: a network drafter then
+    runs nothing, and its committed features wait for its next step, which absorbs them in one forward)."""
+    root = tokens[-1]
+    spans = lookup.continuations(tokens, budget.max_depth) if budget.max_depth > 0 else []
     if not spans:
         return draft(budget)
     copied = Tree.from_paths(root, spans, max_nodes=budget.max_nodes)
