@@ -471,6 +471,21 @@ def available() -> bool:
     return True
 
 
+def _march() -> str:
+    # DARTSPEC_MARCH (default native) builds for another instruction set, e.g. x86-64-v3 (AVX2 without AVX-512), so
+    # that the AVX2 code paths can be tested on an AVX-512 machine.
+    return os.environ.get("DARTSPEC_MARCH", "native")
+
+
+def build_key() -> str:
+    """What the compiled kernels depend on (their sources, this CPU's flags, the OpenMP runtime, the target
+    instruction set), hashed: names the library, and keys measurements that depend on the kernels' speed (the
+    tree sizer's verify cost curve)."""
+    source = b"".join(src.read_bytes() for src in (*_SOURCES, *_HEADERS))
+    extra = str(sorted(_cpu_flags())) + str(_torch_libgomp()) + _march()
+    return hashlib.sha256(source + extra.encode()).hexdigest()[:16]
+
+
 @lru_cache(maxsize=1)
 def _library() -> ctypes.CDLL:
     from dartspec.assets import cache_dir
@@ -478,13 +493,9 @@ def _library() -> ctypes.CDLL:
     flags = _cpu_flags()
     if platform.machine() not in ("x86_64", "AMD64") or not {"avx2", "fma", "f16c"} <= flags:
         raise DartspecError("--quant exact / exact-a16 need an x86-64 CPU with AVX2 and FMA: use --quant fp16")
-    source = b"".join(src.read_bytes() for src in (*_SOURCES, *_HEADERS))
     gomp = _torch_libgomp()
-    # DARTSPEC_MARCH (default native) builds for another instruction set, e.g. x86-64-v3 (AVX2 without AVX-512), so
-    # that the AVX2 code paths can be tested on an AVX-512 machine.
-    march = os.environ.get("DARTSPEC_MARCH", "native")
-    key = hashlib.sha256(source + str(sorted(flags)).encode() + str(gomp).encode() + march.encode()).hexdigest()[:16]
-    lib_path = cache_dir() / "kernels" / f"qgemm-{key}.so"
+    march = _march()
+    lib_path = cache_dir() / "kernels" / f"qgemm-{build_key()}.so"
     if not lib_path.is_file():
         compiler = shutil.which(os.environ.get("CC", "gcc")) or shutil.which("cc")
         if compiler is None:

@@ -86,6 +86,10 @@ def _calibration_file(target: Any, cache: Path) -> Path:
     cpu = platform.processor() or platform.machine()
     key = f"{target.name}-{target.device}-{describe(target).replace('/', '-')}-t{torch.get_num_threads()}"
     key += f"-{cpu}-{os.cpu_count()}-v3"  # v3: keyed by runtime and weight format
+    if "exact" in describe(target):  # dartspec's own C kernels: a faster build makes a new curve
+        from dartspec import exact
+
+        key += f"-k{exact.build_key()}"
     safe = "".join(c if c.isalnum() or c in "-._" else "_" for c in key)
     return cache / "calibration" / f"{safe}.json"
 

@@ -140,3 +140,20 @@ def test_calibration_is_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     file.write_text("{broken")
     calibrate(target, cache=tmp_path, repeats=1, ctx=16)  # a damaged entry is measured again
     assert calls == [1, 1] and json.loads(file.read_text())["qs"][0] == 1
+
+
+def test_calibration_is_remeasured_for_new_kernels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A curve measured with one build of the C kernels is not reused after they change (a faster kernel would
+    otherwise keep the old curve's tree sizes); other runtimes' curves do not depend on them."""
+    import dartspec.exact as exact
+    import dartspec.tree_size as tree_size
+
+    target = tiny_target()
+    plain = tree_size._calibration_file(target, tmp_path)
+    monkeypatch.setattr(tree_size, "describe", lambda t: "lean/exact-a16")
+    monkeypatch.setattr(exact, "build_key", lambda: "build-one")
+    first = tree_size._calibration_file(target, tmp_path)
+    monkeypatch.setattr(exact, "build_key", lambda: "build-two")
+    second = tree_size._calibration_file(target, tmp_path)
+    assert "build-one" in first.name and first != second
+    assert "build" not in plain.name
