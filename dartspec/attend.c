@@ -128,7 +128,7 @@ static void value_acc(const dartspec_kv *kv, long g, const long *pos, const floa
     long d0 = 0; /* LANES dimensions at a time, four partial sums over the list (independent FMA chains) */
 #if !defined(__AVX512F__) && LANES == 16
     /* AVX2: the same sums with the 8 partial-sum vectors of a block held in registers (the loop below keeps them in
-     * memory: a load and a store per FMA, half a 4-row verify step's attention time on a Zen 3) */
+     * memory: a load and a store per FMA; perf put it at the top of a 4-row verify step's attention on a Zen 3) */
     for (; d0 + LANES <= D; d0 += LANES) {
         __m256 s[4][2];
         for (int u = 0; u < 4; u++)
