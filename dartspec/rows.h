@@ -1,5 +1,5 @@
 /* Shared by the C GEMMs (qgemm.c, qdot.c): a switch body that calls CALL with the row count N as a
- * compile-time constant from 1 to RMAX (defined by the includer: 8 with AVX-512, 4 with AVX2), so that the
+ * compile-time constant from 1 to RMAX (defined by the includer, per instruction set: 4 or 8), so that the
  * per-row accumulators of the inlined kernel live in registers. */
 #if RMAX == 8
 #define ROWS(CALL)                                                                              \
