@@ -26,6 +26,7 @@ import os
 import platform
 import shutil
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -422,6 +423,48 @@ class Block:
         )
 
 
+class BlockStack:
+    """Every decoder block of a forward in one C call (``dartspec_blocks`` of ``block.c``): :meth:`Block.many` for
+    each layer in turn, without returning to Python between layers."""
+
+    def __init__(self, blocks: Sequence[Block]) -> None:
+        self.blocks = list(blocks)  # keeps their weights and structs alive
+        self._ptrs = (ctypes.c_void_p * len(self.blocks))(*(ctypes.addressof(b._c) for b in self.blocks))
+        self._run = _library().dartspec_blocks
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        rot: torch.Tensor,
+        seqs: SequenceSlots,
+        share: bool = True,
+        feature_layers: np.ndarray | None = None,
+        feats: torch.Tensor | None = None,
+    ) -> None:
+        """All layers on the new rows of ``seqs`` (``kv`` holds every layer's row), ``x`` updated **in place**.
+        ``feats`` ``(q, len(feature_layers) * hidden)``: the input of layer ``feature_layers[f]`` lands in column
+        block f."""
+        if (feats is None) != (feature_layers is None):
+            raise ValueError("feature_layers and feats go together")
+        nfeat = 0 if feature_layers is None else len(feature_layers)
+        self._run(
+            self._ptrs,
+            len(self.blocks),
+            x.data_ptr(),
+            x.shape[0],
+            rot.data_ptr(),
+            seqs.count,
+            seqs.starts.ctypes.data,
+            seqs.kv.ctypes.data,
+            seqs.bases.ctypes.data,
+            seqs.masks.ctypes.data,
+            int(share),
+            nfeat,
+            None if feature_layers is None else feature_layers.ctypes.data,
+            None if feats is None else feats.data_ptr(),
+        )
+
+
 #: ``dartspec_kv`` of ``qdot.h``, one layer of one sequence's cache: its own key and value buffers and their
 #: capacity, then the shared pages before them (page pointer arrays, positions in pages, positions per page).
 KV_SLOT = np.dtype([(name, np.int64) for name in ("k", "v", "cap", "kpages", "vpages", "npre", "page")])
@@ -535,6 +578,9 @@ def _library() -> ctypes.CDLL:
     lib.dartspec_block.argtypes = [ptr, ptr, ptr, c_long, ptr, ptr, ptr, c_long, ptr, ptr, c_long, c_long, c_long, ptr]
     lib.dartspec_block_many.restype = None
     lib.dartspec_block_many.argtypes = [ptr, ptr, ptr, c_long, ptr, c_long, ptr, ptr, ptr, ptr, ctypes.c_int]
+    lib.dartspec_blocks.restype = None
+    lib.dartspec_blocks.argtypes = [ptr, c_long, ptr, c_long, ptr, c_long, ptr, ptr, ptr, ptr, ctypes.c_int, c_long]
+    lib.dartspec_blocks.argtypes += [ptr, ptr]
     lib.dartspec_attend_seqs.restype = None
     lib.dartspec_attend_seqs.argtypes = [ptr, c_long, c_long, c_long, ptr, c_long, ptr, ptr, ptr, ptr, ptr, ptr]
     lib.dartspec_attend_seqs.argtypes += [ctypes.c_float, ctypes.c_float, ptr, ctypes.c_int]

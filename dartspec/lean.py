@@ -149,6 +149,7 @@ class LeanTarget(CausalRuntime):
         saved = cache.load() if cache is not None else None
         self._head = self._linear("head", head.weight.detach(), head.bias, saved)
         self.layers = [self._convert(i, layer, saved) for i, layer in enumerate(decoder.layers)]
+        self._stack: exact.BlockStack | None = None  # every layer's fused block in one call (_block_stack)
         if cache is not None and saved is None:
             self._save_packed(cache)
         super().__init__(
@@ -342,6 +343,9 @@ class LeanTarget(CausalRuntime):
         fused = self._fused_attention and q <= FUSED_ATTENTION_ROWS and not batched
         if fused:
             rot_pairs = torch.view_as_real(rot[0]).contiguous()
+        if fused and all(layer.block is not None for layer in self.layers):
+            feats = self._run_blocks(x, rot_pairs, [cache], [q], [mask], features)
+            return F.rms_norm(x, (x.shape[-1],), self._norm, eps), feats
         captured = []
         for i, layer in enumerate(self.layers):
             if features and i in self.feature_layers:
@@ -378,7 +382,11 @@ class LeanTarget(CausalRuntime):
         sequence) and whose attention runs per sequence against its own cache. Each sequence's logits are those of
         its own :meth:`verify`, bit for bit (every row is computed on its own). Elsewhere (no fused blocks:
         another format or device) the sequences are verified one after another."""
-        if len(items) < 2 or self.layers[0].block is None or any(t.size > FUSED_ATTENTION_ROWS for t, _ in items):
+        if (
+            len(items) < 2
+            or any(layer.block is None for layer in self.layers)
+            or any(t.size > FUSED_ATTENTION_ROWS for t, _ in items)
+        ):
             return super().verify_many(items, features=features)
         for tree, cache in items:
             self._check_room(cache, tree)
@@ -389,28 +397,63 @@ class LeanTarget(CausalRuntime):
             None if (m := tree_mask(tree)) is None else self._allowed(int(b), tree.size, m)
             for (tree, _), b in zip(items, bases, strict=True)
         ]
-        n = len(items)
-        slots = self.sequence_slots(caches, sizes, masks)
         ids = torch.from_numpy(np.concatenate([tree.tokens for tree, _ in items])).to(torch.long)
         depths = [tree.depth + b for (tree, _), b in zip(items, bases, strict=True)]
         positions = torch.from_numpy(np.concatenate(depths))
         rot = torch.view_as_real(self._rot[positions.to(torch.long)]).contiguous()
         x = F.embedding(ids, self._embed)
-        captured = {}
-        try:
-            for i, layer in enumerate(self.layers):
-                if features and i in self.feature_layers:
-                    captured[i] = x.clone()
-                self.extend_layer(slots, i, caches, sizes)
-                assert layer.block is not None
-                layer.block.many(x, rot, slots, share=self.share_prefix_attention)
-        except BaseException:
-            for cache, base in zip(caches, bases, strict=True):  # no half-written entries left behind
-                cache.truncate(int(base))
-            raise
+        feats = self._run_blocks(x, rot, caches, sizes, masks, features)
         logits = self.logits(F.rms_norm(x, (x.shape[-1],), self._norm, self.eps)).split(sizes)
-        feats = torch.cat([captured[i] for i in self.feature_layers], dim=-1).split(sizes) if features else None
-        return [TargetOutput(logits[s], None if feats is None else feats[s]) for s in range(n)]
+        parts = feats.split(sizes) if feats is not None else None
+        return [TargetOutput(logits[s], None if parts is None else parts[s]) for s in range(len(items))]
+
+    def _block_stack(self) -> exact.BlockStack | None:
+        """Every layer's fused block as one C call (:class:`exact.BlockStack`), or None where a layer has none."""
+        blocks = [layer.block for layer in self.layers]
+        if any(b is None for b in blocks):
+            return None
+        if self._stack is None or any(a is not b for a, b in zip(self._stack.blocks, blocks, strict=True)):
+            self._stack = exact.BlockStack(blocks)
+        return self._stack
+
+    def _run_blocks(
+        self,
+        x: torch.Tensor,
+        rot_pairs: torch.Tensor,
+        caches: Sequence[TreeKVCache],
+        sizes: Sequence[int],
+        masks: Sequence[torch.Tensor | None],
+        features: bool,
+    ) -> torch.Tensor | None:
+        """The new rows of ``caches`` (``sizes`` each, ``x`` and ``rot_pairs`` holding them one sequence after
+        another) through every layer's fused block, ``x`` in place; returns the feature layers' inputs
+        ``(rows, F * hidden)`` when ``features``. One C call for all layers (:meth:`_block_stack`), else one a layer.
+        Every cache grows by its rows, or none does (an interrupted call leaves no half-written entries behind)."""
+        bases = [cache.length for cache in caches]
+        slots = self.sequence_slots(caches, sizes, masks)
+        hidden = x.shape[1]
+        feats = x.new_empty((x.shape[0], len(self.feature_layers) * hidden)) if features else None
+        share = self.share_prefix_attention
+        try:
+            for i in range(len(self.layers)):
+                self.extend_layer(slots, i, caches, sizes)
+            stack = self._block_stack()
+            if stack is not None:
+                layers = np.asarray(self.feature_layers, dtype=np.int64) if feats is not None else None
+                stack(x, rot_pairs, slots, share, layers, feats)
+                return feats
+            for i, layer in enumerate(self.layers):
+                for f, at in enumerate(self.feature_layers if feats is not None else ()):
+                    if at == i:
+                        feats[:, f * hidden : (f + 1) * hidden] = x
+                slots.layer = i
+                assert layer.block is not None
+                layer.block.many(x, rot_pairs, slots, share=share)
+        except BaseException:
+            for cache, base in zip(caches, bases, strict=True):
+                cache.truncate(base)
+            raise
+        return feats
 
     def sequence_slots(
         self, caches: Sequence[TreeKVCache], sizes: Sequence[int], masks: Sequence[torch.Tensor | None]

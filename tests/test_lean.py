@@ -361,6 +361,41 @@ def test_fused_block_equals_the_op_by_op_forward(arch: str) -> None:
 
 
 @pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
+def test_all_layers_in_one_call_equal_one_call_per_layer() -> None:
+    """exact-a16 runs every decoder block of a forward in one C call (exact.BlockStack); the same blocks called one
+    layer at a time from Python compute the same thing bit for bit: logits, the feature layers' inputs (unsorted and
+    repeated here), the caches after a prefill, a tree and a batch of trees."""
+    from dartspec.kv_cache import TreeKVCache
+
+    model = _gguf_like(tiny_model("qwen2", seed=4).float())
+    layers = [2, 0, 2]
+    stacked, per_layer = (LeanTarget(model, tiny_tokenizer(), quant="exact-a16", feature_layers=layers) for _ in "ab")
+    per_layer._block_stack = lambda: None  # the loop over layer.block calls
+    assert stacked._block_stack() is not None
+    rng = np.random.default_rng(5)
+    ids = rng.integers(3, VOCAB, size=50).tolist()
+    for t in (stacked, per_layer):
+        t.reset()
+    a, b = stacked.prefill(ids, features=True), per_layer.prefill(ids, features=True)
+    assert torch.equal(a.logits, b.logits) and torch.equal(a.features, b.features)
+    assert a.features.shape[-1] == len(layers) * model.config.hidden_size
+    for la, lb in zip(stacked.cache.layers, per_layer.cache.layers, strict=True):
+        n = la.length
+        assert n == lb.length == len(ids) and torch.equal(la.keys[:, :, :n], lb.keys[:, :, :n])
+    tree = _random_tree(rng, ids[-1], 9)
+    a, b = stacked.verify(tree, features=True), per_layer.verify(tree, features=True)
+    assert torch.equal(a.logits, b.logits) and torch.equal(a.features, b.features)
+    items = {}
+    for name, t in (("stacked", stacked), ("per_layer", per_layer)):
+        caches = [TreeKVCache(len(t.layers)), TreeKVCache(len(t.layers))]
+        t.prefill(ids[:20], cache=caches[0])
+        t.prefill(ids[:33], cache=caches[1])
+        items[name] = t.verify_many([(_random_tree(np.random.default_rng(s), 7, 6), c) for s, c in enumerate(caches)])
+    for a, b in zip(items["stacked"], items["per_layer"], strict=True):
+        assert torch.equal(a.logits, b.logits)
+
+
+@pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
 def test_packed_weights_are_cached_and_a_damaged_cache_is_a_clear_error(tmp_path, monkeypatch) -> None:
     from transformers import AutoModelForCausalLM
 
