@@ -39,7 +39,7 @@ from dartspec.atomic import atomic_path
 from dartspec.errors import DartspecError
 
 GROUP = 32
-_SOURCES = tuple(Path(__file__).with_name(name) for name in ("qgemm.c", "qdot.c", "attend.c", "block.c"))
+_SOURCES = tuple(Path(__file__).with_name(name) for name in ("qgemm.c", "qdot.c", "attend.c", "block.c", "ngram.c"))
 _HEADERS = tuple(Path(__file__).with_name(name) for name in ("rows.h", "qdot.h", "vmath.h"))
 
 
@@ -581,6 +581,9 @@ def _library() -> ctypes.CDLL:
     lib.dartspec_blocks.restype = None
     lib.dartspec_blocks.argtypes = [ptr, c_long, ptr, c_long, ptr, c_long, ptr, ptr, ptr, ptr, ctypes.c_int, c_long]
     lib.dartspec_blocks.argtypes += [ptr, ptr]
+    lib.dartspec_ngram_prob.restype = None
+    lib.dartspec_ngram_prob.argtypes = [ptr, ptr, c_long, ptr, ptr, c_long, ptr, ptr, c_long, ctypes.c_uint64]
+    lib.dartspec_ngram_prob.argtypes += [ptr, ptr, c_long, c_long, ptr]
     lib.dartspec_attend_seqs.restype = None
     lib.dartspec_attend_seqs.argtypes = [ptr, c_long, c_long, c_long, ptr, c_long, ptr, ptr, ptr, ptr, ptr, ptr]
     lib.dartspec_attend_seqs.argtypes += [ctypes.c_float, ctypes.c_float, ptr, ctypes.c_int]

@@ -55,6 +55,20 @@ def _find(table: np.ndarray, keys: np.ndarray) -> np.ndarray:
     return np.where(table[idx] == keys, idx, -1)
 
 
+@functools.cache
+def _c_prob():
+    """The C kernel of :meth:`NgramModel.prob` (``ngram.c``, built with dartspec's other kernels), or None where they
+    cannot be built (no gcc, not x86-64 with AVX2): the numpy version then."""
+    from dartspec import exact
+
+    return exact._library().dartspec_ngram_prob if exact.available() else None
+
+
+def _address(a: np.ndarray) -> int:
+    """Where a C-contiguous array's data starts."""
+    return a.__array_interface__["data"][0]
+
+
 def _pack(windows: np.ndarray, vocab: int) -> np.ndarray:
     """Pack rows of token ids into one uint64 key each (base-``vocab`` number)."""
     key = np.zeros(len(windows), dtype=np.uint64)
@@ -243,9 +257,43 @@ class NgramModel:
         take = min(width, given.shape[1])
         if take:
             ctx[:, width - take :] = given[:, given.shape[1] - take :]
+        keys, _, _, totals, _, _ = self._joined
+        if not len(keys) or not len(totals):  # nothing was counted
+            return np.zeros(cand.shape)
+        kernel = _c_prob()
+        if kernel is None:
+            return self._prob_numpy(ctx, cand)
+        cand = np.ascontiguousarray(cand)
+        out = np.empty(cand.shape)
+        kernel(*self._c_tables, _address(ctx), _address(cand), B, cand.shape[1], _address(out))
+        return out
+
+    @functools.cached_property
+    def _c_tables(self) -> tuple[int, ...]:
+        """The joined tables as the C kernel's first arguments (addresses, taken once: ``.ctypes`` costs ~5 us)."""
+        keys, counts, ctx_keys, totals, key_shift, ctx_shift = self._joined
+        a = _address
+        return (
+            a(keys),
+            a(counts),
+            len(keys),
+            a(ctx_keys),
+            a(totals),
+            len(ctx_keys),
+            a(key_shift),
+            a(ctx_shift),
+            self.order,
+            self.vocab,
+        )
+
+    def _prob_numpy(self, ctx: np.ndarray, cand: np.ndarray) -> np.ndarray:
+        """:meth:`prob` in numpy (where the C kernels cannot be built; the reference they are tested against):
+        ``ctx`` ``(B, order-1)`` padded with -1 on the left, ``cand`` ``(B, K)``."""
+        B = len(cand)
         keys, counts, ctx_keys, totals, key_shift, ctx_shift = self._joined
         if not len(keys) or not len(totals):  # nothing was counted
             return np.zeros(cand.shape)
+        width = self.order - 1
         V = np.uint64(self.vocab)
         # Context keys per order, longest first: the last n-1 tokens packed (order 1: the empty context, 0).
         packed = np.zeros((self.order, B), dtype=np.uint64)
