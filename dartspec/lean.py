@@ -343,8 +343,8 @@ class LeanTarget(CausalRuntime):
         fused = self._fused_attention and q <= FUSED_ATTENTION_ROWS and not batched
         if fused:
             rot_pairs = torch.view_as_real(rot[0]).contiguous()
-        if fused and all(layer.block is not None for layer in self.layers):
-            feats = self._run_blocks(x, rot_pairs, [cache], [q], [mask], features)
+        if fused and (stack := self._block_stack()) is not None:  # every layer in one C call
+            feats = self._run_blocks(stack, x, rot_pairs, [cache], [q], [mask], features)
             return F.rms_norm(x, (x.shape[-1],), self._norm, eps), feats
         captured = []
         for i, layer in enumerate(self.layers):
@@ -382,11 +382,8 @@ class LeanTarget(CausalRuntime):
         sequence) and whose attention runs per sequence against its own cache. Each sequence's logits are those of
         its own :meth:`verify`, bit for bit (every row is computed on its own). Elsewhere (no fused blocks:
         another format or device) the sequences are verified one after another."""
-        if (
-            len(items) < 2
-            or any(layer.block is None for layer in self.layers)
-            or any(t.size > FUSED_ATTENTION_ROWS for t, _ in items)
-        ):
+        stack = self._block_stack()
+        if len(items) < 2 or stack is None or any(t.size > FUSED_ATTENTION_ROWS for t, _ in items):
             return super().verify_many(items, features=features)
         for tree, cache in items:
             self._check_room(cache, tree)
@@ -402,7 +399,7 @@ class LeanTarget(CausalRuntime):
         positions = torch.from_numpy(np.concatenate(depths))
         rot = torch.view_as_real(self._rot[positions.to(torch.long)]).contiguous()
         x = F.embedding(ids, self._embed)
-        feats = self._run_blocks(x, rot, caches, sizes, masks, features)
+        feats = self._run_blocks(stack, x, rot, caches, sizes, masks, features)
         logits = self.logits(F.rms_norm(x, (x.shape[-1],), self._norm, self.eps)).split(sizes)
         parts = feats.split(sizes) if feats is not None else None
         return [TargetOutput(logits[s], None if parts is None else parts[s]) for s in range(len(items))]
@@ -418,6 +415,7 @@ class LeanTarget(CausalRuntime):
 
     def _run_blocks(
         self,
+        stack: exact.BlockStack,
         x: torch.Tensor,
         rot_pairs: torch.Tensor,
         caches: Sequence[TreeKVCache],
@@ -426,29 +424,17 @@ class LeanTarget(CausalRuntime):
         features: bool,
     ) -> torch.Tensor | None:
         """The new rows of ``caches`` (``sizes`` each, ``x`` and ``rot_pairs`` holding them one sequence after
-        another) through every layer's fused block, ``x`` in place; returns the feature layers' inputs
-        ``(rows, F * hidden)`` when ``features``. One C call for all layers (:meth:`_block_stack`), else one a layer.
-        Every cache grows by its rows, or none does (an interrupted call leaves no half-written entries behind)."""
+        another) through every layer's fused block in one C call, ``x`` in place; returns the feature layers' inputs
+        ``(rows, F * hidden)`` when ``features``. Every cache grows by its rows, or none does (an interrupted call
+        leaves no half-written entries behind)."""
         bases = [cache.length for cache in caches]
         slots = self.sequence_slots(caches, sizes, masks)
-        hidden = x.shape[1]
-        feats = x.new_empty((x.shape[0], len(self.feature_layers) * hidden)) if features else None
-        share = self.share_prefix_attention
+        feats = x.new_empty((x.shape[0], len(self.feature_layers) * x.shape[1])) if features else None
+        layers = np.asarray(self.feature_layers, dtype=np.int64) if features else None
         try:
             for i in range(len(self.layers)):
                 self.extend_layer(slots, i, caches, sizes)
-            stack = self._block_stack()
-            if stack is not None:
-                layers = np.asarray(self.feature_layers, dtype=np.int64) if feats is not None else None
-                stack(x, rot_pairs, slots, share, layers, feats)
-                return feats
-            for i, layer in enumerate(self.layers):
-                for f, at in enumerate(self.feature_layers if feats is not None else ()):
-                    if at == i:
-                        feats[:, f * hidden : (f + 1) * hidden] = x
-                slots.layer = i
-                assert layer.block is not None
-                layer.block.many(x, rot_pairs, slots, share=share)
+            stack(x, rot_pairs, slots, self.share_prefix_attention, layers, feats)
         except BaseException:
             for cache, base in zip(caches, bases, strict=True):
                 cache.truncate(base)

@@ -288,11 +288,10 @@ class NgramModel:
 
     def _prob_numpy(self, ctx: np.ndarray, cand: np.ndarray) -> np.ndarray:
         """:meth:`prob` in numpy (where the C kernels cannot be built; the reference they are tested against):
-        ``ctx`` ``(B, order-1)`` padded with -1 on the left, ``cand`` ``(B, K)``."""
+        ``ctx`` ``(B, order-1)`` padded with -1 on the left, ``cand`` ``(B, K)``, tables not empty (:meth:`prob`
+        answers zeros for those)."""
         B = len(cand)
         keys, counts, ctx_keys, totals, key_shift, ctx_shift = self._joined
-        if not len(keys) or not len(totals):  # nothing was counted
-            return np.zeros(cand.shape)
         width = self.order - 1
         V = np.uint64(self.vocab)
         # Context keys per order, longest first: the last n-1 tokens packed (order 1: the empty context, 0).

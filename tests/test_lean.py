@@ -370,7 +370,7 @@ def test_all_layers_in_one_call_equal_one_call_per_layer() -> None:
     model = _gguf_like(tiny_model("qwen2", seed=4).float())
     layers = [2, 0, 2]
     stacked, per_layer = (LeanTarget(model, tiny_tokenizer(), quant="exact-a16", feature_layers=layers) for _ in "ab")
-    per_layer._block_stack = lambda: None  # the loop over layer.block calls
+    per_layer._block_stack = lambda: None  # layer.block calls one by one; verify_many: one sequence at a time
     assert stacked._block_stack() is not None
     rng = np.random.default_rng(5)
     ids = rng.integers(3, VOCAB, size=50).tolist()
