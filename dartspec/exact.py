@@ -15,7 +15,8 @@ The ``exact-a16`` format keeps the same integers but rounds each group of 32 act
 (1/32767 of the group's largest magnitude), so that a group's products are one exact integer dot product
 (``qdot.c``: AVX-512 VNNI or AVX2 ``madd``) instead of fp32 multiply-adds on widened weights: 1.3x faster for
 one token and 1.9x for 16 rows on SmolLM2, and it passes the fidelity gate (README). Its weights are laid out
-in panels of 8 or 16 outputs (:func:`to_panels`).
+in panels of 8 or 16 outputs (:func:`to_panels`), with each group's d and m in fp16 where they are half-precision
+numbers (a GGUF's Q4_1 / Q8_0 blocks store them so; SmolLM2: 96 MB a step instead of 111, the same numbers).
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ class ExactWeight:
 
     kind: int
     data: torch.Tensor
-    scale: torch.Tensor  # float32
-    offset: torch.Tensor | None  # float32, kind 4 only
+    scale: torch.Tensor  # float32; in panels float16 where every scale and offset is a half-precision number
+    offset: torch.Tensor | None  # as scale, kind 4 only
     out_features: int
     in_features: int
     panel: int = 0
@@ -115,16 +116,19 @@ def unpack(packed: ExactWeight) -> torch.Tensor:
 
 def linear(x: torch.Tensor, packed: ExactWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W^T + bias`` for ``x`` of shape ``(rows, in)`` in float32 on CPU (``packed`` in rows)."""
-    return _gemm(_library().dartspec_qgemm, x, packed, bias)
+    return _gemm(_library().dartspec_qgemm, (packed.kind,), x, packed, bias)
 
 
-def _gemm(kernel: Any, x: torch.Tensor, packed: ExactWeight, bias: torch.Tensor | None) -> torch.Tensor:
-    """Call one of the C GEMMs (same signature) on ``x`` made contiguous fp32 (the kernels read float32 rows: a
+def _gemm(
+    kernel: Any, lead: tuple[int, ...], x: torch.Tensor, packed: ExactWeight, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """Call one of the C GEMMs (the same signature after its ``lead`` arguments: the format's kind, and for the
+    integer-dot kernel whether its scales are fp16) on ``x`` made contiguous fp32 (the kernels read float32 rows: a
     half-precision tensor, e.g. from an op under autocast, would otherwise be read past its end)."""
     x = x.to(torch.float32).contiguous()
     y = torch.empty((x.shape[0], packed.out_features), dtype=torch.float32)
     kernel(
-        packed.kind,
+        *lead,
         x.data_ptr(),
         x.shape[0],
         packed.in_features,
@@ -158,15 +162,17 @@ def to_panels(packed: ExactWeight, panel: int | None = None) -> ExactWeight:
     else:
         data = panels(packed.data).reshape(blocks, groups, panel, 16, 2).permute(0, 1, 3, 2, 4)
         offset = None
-    return ExactWeight(
-        packed.kind,
-        data.reshape(blocks, groups, -1).contiguous(),
-        panels(packed.scale).contiguous(),
-        offset,
-        out,
-        k,
-        panel,
-    )
+    scale = panels(packed.scale).contiguous()
+    # A decode step is bound by reading weights: where every scale and offset is a half-precision number (a GGUF's
+    # Q4_1 and Q8_0 blocks store them so), keep them in fp16 (a 4-bit group 20 bytes instead of 24, the same numbers).
+    if all(t is None or torch.equal(t.half().float(), t) for t in (scale, offset)):
+        scale, offset = scale.half(), None if offset is None else offset.half()
+    return ExactWeight(packed.kind, data.reshape(blocks, groups, -1).contiguous(), scale, offset, out, k, panel)
+
+
+def _half(packed: ExactWeight) -> int:
+    """1 where ``packed``'s scales (and offsets) are fp16, 0 where fp32 (the C kernels' ``half`` flag)."""
+    return int(packed.scale.dtype == torch.float16)
 
 
 def kernel_panel() -> int:
@@ -193,6 +199,8 @@ def from_tensors(tensors: dict[str, torch.Tensor]) -> ExactWeight:
         or data.numel() != rows * k // GROUP * per_group
         or data.dtype != (torch.uint8 if kind == 4 else torch.int8)
         or scale.numel() != rows * k // GROUP
+        or scale.dtype not in ((torch.float32, torch.float16) if panel else (torch.float32,))
+        or (offset is not None and offset.dtype != scale.dtype)
         or (offset is None) != (kind == 8)
     ):
         raise ValueError("inconsistent packed weight")
@@ -202,7 +210,7 @@ def from_tensors(tensors: dict[str, torch.Tensor]) -> ExactWeight:
 def linear_a16(x: torch.Tensor, packed: ExactWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W^T + bias`` with ``x`` rounded to 16-bit integers per group of 32 (the ``exact-a16`` format;
     ``packed`` in panels)."""
-    return _gemm(_library().dartspec_qdot, x, packed, bias)
+    return _gemm(_library().dartspec_qdot, (packed.kind, _half(packed)), x, packed, bias)
 
 
 def attend(
@@ -292,6 +300,7 @@ class _CLinear(ctypes.Structure):
 
     _fields_ = [
         ("kind", ctypes.c_int),
+        ("half", ctypes.c_int),
         ("K", ctypes.c_long),
         ("O", ctypes.c_long),
         ("w", ctypes.c_void_p),
@@ -355,6 +364,7 @@ class Block:
             parts.append(
                 _CLinear(
                     packed.kind,
+                    _half(packed),
                     packed.in_features,
                     packed.out_features,
                     packed.data.data_ptr(),
@@ -567,7 +577,7 @@ def _library() -> ctypes.CDLL:
     fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
     fn.argtypes += [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]
     lib.dartspec_qdot.restype = None
-    lib.dartspec_qdot.argtypes = fn.argtypes
+    lib.dartspec_qdot.argtypes = [ctypes.c_int, *fn.argtypes]
     lib.dartspec_qdot_panel.restype = ctypes.c_int
     lib.dartspec_qdot_panel.argtypes = []
     lib.dartspec_attend.restype = None

@@ -16,7 +16,9 @@
  * Weights are stored in panels of PANEL outputs (16 with AVX-512, 8 with AVX2; dartspec_qdot_panel() says
  * which): for panel p and group g, chunk c holds 2 * PANEL bytes, byte 2 * o + e for output o and input
  * pair element e. 4-bit groups: 8 chunks, the low nibble is q[2c + e], the high nibble q[16 + 2c + e]
- * (q in 0..15); 8-bit groups: 16 chunks of int8 q[2c + e]. Scales d and offsets m are (P, G, PANEL) fp32.
+ * (q in 0..15); 8-bit groups: 16 chunks of int8 q[2c + e]. Scales d and offsets m are (P, G, PANEL), fp32 or,
+ * where every value is a half-precision number (a GGUF's Q4_1 / Q8_0 blocks store them so), fp16: a decode step is
+ * bound by reading the weights, and fp16 scales make a 4-bit group 20 bytes instead of 24, the same numbers.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -48,6 +50,7 @@ typedef __m512 fvec;
     (s0 = _mm512_add_epi32(s0, _mm512_add_epi32(_mm512_madd_epi16(w0, x0), _mm512_madd_epi16(w1, x1))))
 #endif
 #define FLOAD(p) _mm512_loadu_ps(p)
+#define HLOAD(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 #define FSET(v) _mm512_set1_ps(v)
 #define FMADD(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define FMUL(a, b) _mm512_mul_ps(a, b)
@@ -75,6 +78,7 @@ typedef __m256 fvec;
     (s0 = _mm256_add_epi32(s0, _mm256_add_epi32(_mm256_madd_epi16(w0, x0), _mm256_madd_epi16(w1, x1))))
 #endif
 #define FLOAD(p) _mm256_loadu_ps(p)
+#define HLOAD(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 #define FSET(v) _mm256_set1_ps(v)
 #define FMADD(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define FMUL(a, b) _mm256_mul_ps(a, b)
@@ -179,10 +183,10 @@ void qdot_rows_free(qdot_rows *rows) {
  * AVX2's 16 registers then hold the integer sums of 8 rows (two per row spilled already at 4 rows: this is 1.2x
  * faster at 4-16 rows on a Zen 3). The
  * integer sums are exact either way, so the result does not depend on the path. */
-static inline __attribute__((always_inline)) void panel_rows(int kind, long N, const int32_t *xq, const float *dx,
-                                                             const float *sx, long G, const uint8_t *w,
-                                                             const float *d, const float *m, const uint8_t *next,
-                                                             fvec *out) {
+static inline __attribute__((always_inline)) void panel_rows(int kind, int half, long N, const int32_t *xq,
+                                                             const float *dx, const float *sx, long G,
+                                                             const uint8_t *w, const void *d, const void *m,
+                                                             const uint8_t *next, fvec *out) {
     fvec acc[RMAX];
     long group_bytes = kind == 4 ? 8 * CHUNK : 16 * CHUNK;
     for (long r = 0; r < N; r++) acc[r] = FZERO();
@@ -210,14 +214,17 @@ static inline __attribute__((always_inline)) void panel_rows(int kind, long N, c
                 }
             }
         }
-        fvec dv = FLOAD(d + g * PANEL);
+        /* the group's scales: fp16 widened in one instruction (F16C), or fp32 */
+#define SCALES(p) (half ? HLOAD((const uint16_t *)(p) + g * PANEL) : FLOAD((const float *)(p) + g * PANEL))
+        fvec dv = SCALES(d);
         for (long r = 0; r < N; r++)
             acc[r] = FMADD(TOFLOAT(IADD(s0[r], s1[r])), FMUL(dv, FSET(dx[r * G + g])), acc[r]);
         if (kind == 4) {
-            fvec mv = FLOAD(m + g * PANEL);
+            fvec mv = SCALES(m);
             for (long r = 0; r < N; r++) acc[r] = FMADD(mv, FSET(sx[r * G + g]), acc[r]);
         }
     }
+#undef SCALES
     for (long r = 0; r < N; r++) out[r] = acc[r];
 }
 
@@ -225,14 +232,16 @@ static inline __attribute__((always_inline)) void panel_rows(int kind, long N, c
 
 /* y (M, O) = rows W^T + bias, or y += that when `accumulate` (a residual connection). */
 void qdot_run(const qdot_linear *L, const qdot_rows *rows, long M, float *y, int accumulate) {
-    int kind = L->kind;
+    int kind = L->kind, half = L->half;
     long G = L->K / GROUP, O = L->O, P = (O + PANEL - 1) / PANEL;
+    long scale_bytes = half ? 2 : 4;
     const float *bias = L->bias;
     long panel_bytes = G * GROUP * PANEL / (kind == 4 ? 2 : 1);
 #pragma omp parallel for schedule(static)
     for (long p = 0; p < P; p++) {
         const uint8_t *wp = (const uint8_t *)L->w + p * panel_bytes;
-        const float *dp = L->d + p * G * PANEL, *mp = L->m ? L->m + p * G * PANEL : NULL;
+        const char *dp = (const char *)L->d + p * G * PANEL * scale_bytes;
+        const char *mp = L->m ? (const char *)L->m + p * G * PANEL * scale_bytes : NULL;
         long width = O - p * PANEL < PANEL ? O - p * PANEL : PANEL;
         for (long r0 = 0; r0 < M; r0 += RMAX) {
             long R = M - r0 < RMAX ? M - r0 : RMAX;
@@ -241,10 +250,14 @@ void qdot_run(const qdot_linear *L, const qdot_rows *rows, long M, float *y, int
             const float *dx = rows->dx + r0 * G, *sx = rows->sx + r0 * G;
             /* Prefetch during the first pass over the panel only (later passes read it from L1/L2). */
             const uint8_t *next = r0 == 0 && p + 2 < P ? wp + 2 * panel_bytes : NULL;
-            if (kind == 4) {
-                switch (R) { ROWS(panel_rows(4, N, xr, dx, sx, G, wp, dp, mp, next, out)) }
+            if (kind == 4 && half) {
+                switch (R) { ROWS(panel_rows(4, 1, N, xr, dx, sx, G, wp, dp, mp, next, out)) }
+            } else if (kind == 4) {
+                switch (R) { ROWS(panel_rows(4, 0, N, xr, dx, sx, G, wp, dp, mp, next, out)) }
+            } else if (half) {
+                switch (R) { ROWS(panel_rows(8, 1, N, xr, dx, sx, G, wp, dp, mp, next, out)) }
             } else {
-                switch (R) { ROWS(panel_rows(8, N, xr, dx, sx, G, wp, dp, mp, next, out)) }
+                switch (R) { ROWS(panel_rows(8, 0, N, xr, dx, sx, G, wp, dp, mp, next, out)) }
             }
             for (long r = 0; r < R; r++) {
                 float lanes[PANEL];
@@ -259,10 +272,11 @@ void qdot_run(const qdot_linear *L, const qdot_rows *rows, long M, float *y, int
     }
 }
 
-/* x (M, K) fp32 contiguous, y (M, O) fp32, w in panels as above (P = ceil(O / PANEL)), bias (O) or NULL. */
-void dartspec_qdot(int kind, const float *x, long M, long K, const void *w, const float *d, const float *m,
+/* x (M, K) fp32 contiguous, y (M, O) fp32, w in panels as above (P = ceil(O / PANEL)), d and m fp16 when `half`
+ * (else fp32), bias (O) or NULL. */
+void dartspec_qdot(int kind, int half, const float *x, long M, long K, const void *w, const void *d, const void *m,
                    const float *bias, float *y, long O) {
-    qdot_linear L = {kind, K, O, w, d, m, bias};
+    qdot_linear L = {kind, half, K, O, w, d, m, bias};
     qdot_rows rows;
     qdot_rows_alloc(&rows, M, K);
     qdot_prepare(QDOT_PLAIN, x, M, K, K, NULL, 0.0f, &rows);

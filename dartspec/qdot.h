@@ -7,9 +7,11 @@
  * Structure in exact.py. */
 typedef struct {
     int kind; /* 4: d * q + m nibbles, 8: d * q int8 */
+    int half; /* d and m in fp16 (else fp32) */
     long K, O;
     const void *w;
-    const float *d, *m, *bias; /* m NULL for kind 8, bias NULL when none */
+    const void *d, *m;  /* m NULL for kind 8 */
+    const float *bias;  /* NULL when none */
 } qdot_linear;
 
 /* Input rows quantized per group of 32: int16 pairs, the group's step dx and its exact fp32 sum sx. */

@@ -29,7 +29,7 @@ from dartspec.exact import ExactWeight
 from dartspec.model_cache import sha256
 
 #: Bump when the packed layout or the lean weight preparation (fusion, rotary row order) changes.
-PACKED_VERSION = 1
+PACKED_VERSION = 2
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 
 
@@ -115,6 +115,24 @@ class PackedCache:
             digest, size = sha256(tmp), tmp.stat().st_size
         manifest = {"version": PACKED_VERSION, "source": self.source, "size": size, "sha256": digest}
         atomic.write_text(self.manifest, json.dumps(manifest, indent=1) + "\n")
+        self._remove_older_versions()
+
+    def _remove_older_versions(self) -> None:
+        """Delete this cache's predecessors: files of the same weights and format written by an older
+        ``PACKED_VERSION`` (their source differs only in its last field), which this version never reads. A
+        copy of the model's weights each (~100 MB for SmolLM2) would otherwise pile up with every layout change."""
+        same_weights = self.source.rpartition("\0")[0]
+        for manifest in self.manifest.parent.glob("*.json"):
+            if manifest == self.manifest:
+                continue
+            try:
+                old = json.loads(manifest.read_text(encoding="utf-8"))
+                older = old["version"] != PACKED_VERSION and old["source"].rpartition("\0")[0] == same_weights
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                continue  # not ours to judge
+            if older:
+                manifest.with_suffix(".safetensors").unlink(missing_ok=True)
+                manifest.unlink(missing_ok=True)
 
     def damaged(self, why: str) -> DartspecError:
         return DartspecError(

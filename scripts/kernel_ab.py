@@ -7,21 +7,28 @@ verify forwards of q rows after 256 cached tokens, then generations of developme
     python scripts/kernel_ab.py --base HEAD~1 --qs 1,2,4,8,16 --rounds 60
     python scripts/kernel_ab.py --base HEAD~1 --prompts DEV.jsonl   # e.g. docs/bench/h200-window-3-2026-11-26/
                                                                     # after/cpu-pld-dev/dev_prompts.jsonl
+    python scripts/kernel_ab.py --base fp32-scales ...              # this tree's kernels, fp32 scales as before
+                                                                    # (a base whose Python no longer fits them)
+
+The base's kernels run under the working tree's Python: a revision whose C structs or signatures differ cannot be
+a base (its library would be called wrongly); compare layouts inside one build instead, as `fp32-scales` does.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import subprocess
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 
-from dartspec import exact
+from dartspec import exact, lean
 from dartspec.drafters import make_drafter
 from dartspec.engine import Generator
 from dartspec.targets import load_target
@@ -32,6 +39,8 @@ METHODS = {"ar": ("none", 1), "pld": ("pld", 4), "dart:size=4": ("dart", 4), "da
 
 def load_builds(base: str, folder: Path) -> tuple[dict, dict]:
     """One target per build; each build's library is made current while its target runs (use_build)."""
+    if base == "fp32-scales":
+        return load_scale_layouts()
     for src in (*exact._SOURCES, *exact._HEADERS):
         shown = subprocess.run(
             ["git", "show", f"{base}:dartspec/{src.name}"], cwd=src.parent, capture_output=True, check=True
@@ -49,6 +58,22 @@ def load_builds(base: str, folder: Path) -> tuple[dict, dict]:
         use_build(libs, name)
         targets[name] = load_target("smollm2-135m")
     return libs, targets
+
+
+def load_scale_layouts() -> tuple[dict, dict]:
+    """The working tree's kernels twice: weights with fp32 scales and offsets (packed afresh, not from the packed
+    cache) against the default fp16 ones."""
+    to_panels = exact.to_panels
+
+    def fp32_panels(packed: exact.ExactWeight, panel: int | None = None) -> exact.ExactWeight:
+        p = to_panels(packed, panel)
+        return dataclasses.replace(p, scale=p.scale.float(), offset=None if p.offset is None else p.offset.float())
+
+    lib = exact._library()
+    libs = {"fp32-scales": lib, "tree": lib}
+    with mock.patch.object(exact, "to_panels", fp32_panels), mock.patch.object(lean, "_packed_cache", lambda *a: None):
+        base = load_target("smollm2-135m")
+    return libs, {"fp32-scales": base, "tree": load_target("smollm2-135m")}
 
 
 def use_build(libs: dict, name: str) -> None:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 from conftest import VOCAB, tiny_model, tiny_tokenizer
 from test_engine import RandomDrafter
 
-from dartspec import exact
+from dartspec import exact, weight_cache
 from dartspec.engine import Generator
 from dartspec.errors import DartspecError
 from dartspec.lean import LeanTarget
@@ -248,7 +250,10 @@ def test_exact_format_packs_gguf_groups_bit_for_bit_and_refuses_others() -> None
 
 @pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
 @pytest.mark.parametrize("kind", [4, 8])
-def test_integer_dot_kernel_equals_its_reference_and_computes_each_row_alone(kind: int) -> None:
+@pytest.mark.parametrize("half", [True, False])
+def test_integer_dot_kernel_equals_its_reference_and_computes_each_row_alone(kind: int, half: bool) -> None:
+    """``half``: scales and offsets that are half-precision numbers (as a GGUF's blocks store them) are kept in fp16,
+    others in fp32; both compute the same thing."""
     gen = torch.Generator().manual_seed(kind)
     out, k = 37, 96  # 37: a last panel that is only partly filled
     d = (torch.rand(out, k // 32, 1, generator=gen) * 0.02 + 0.001).half().float()
@@ -260,17 +265,54 @@ def test_integer_dot_kernel_equals_its_reference_and_computes_each_row_alone(kin
         q = torch.randint(-127, 128, (out, k // 32, 32), generator=gen).float()
         q[..., 0], m = 127, torch.zeros(out, k // 32, 1)
     scaled, offset = (q * d).reshape(out, k), m.expand(-1, -1, 32).reshape(out, k)
-    packed = exact.to_panels(exact.pack(scaled + offset))
+    rows = exact.pack(scaled + offset)
+    assert rows is not None and torch.equal(exact.unpack(rows), scaled + offset)
+    if not half:  # scales exact in fp32 (11 + 1 significant bits) but no longer half-precision numbers
+        rows = dataclasses.replace(rows, scale=rows.scale * (1 + 2**-20))
+        scaled = (q * rows.scale[..., None]).reshape(out, k)
+    packed = exact.to_panels(rows)
     assert packed.kind == kind and packed.panel in (8, 16)
+    assert packed.scale.dtype == (torch.float16 if half else torch.float32)
+    assert packed.offset is None or packed.offset.dtype == packed.scale.dtype
     x, bias = torch.randn(11, k, generator=gen) * 3, torch.randn(out, generator=gen)
     x[:, 7] = 40.0  # an outlier: only its own group's inputs lose precision
     y = exact.linear_a16(x, packed, bias)
+    if half:  # the same numbers as fp32 scales: the same result, bit for bit
+        wide = dataclasses.replace(
+            packed, scale=packed.scale.float(), offset=None if packed.offset is None else packed.offset.float()
+        )
+        assert torch.equal(exact.linear_a16(x, wide, bias), y)
     # The kernel's arithmetic: d * q against inputs rounded to 16 bits per group, m against the exact inputs.
     ref = exact.quantize_activations(x).double() @ scaled.double().T + x.double() @ offset.double().T + bias
     torch.testing.assert_close(y.double(), ref, rtol=0, atol=1e-4)
     assert (y.double() - x.double() @ (scaled + offset).double().T - bias).abs().max() < 0.05
     for r in (0, 5, 10):  # a row's result does not depend on the rows beside it: trees compute what decoding does
         assert torch.equal(exact.linear_a16(x[r : r + 1], packed, bias)[0], y[r])
+
+
+@pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
+def test_fp16_scales_compute_what_fp32_scales_do_through_the_fused_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GGUF's group scales are half-precision numbers, so exact-a16 keeps them in fp16 (fewer bytes a step); a model
+    whose scales are not (other GGUF block types) keeps fp32 ones. Both layouts give the same logits, bit for bit."""
+    model = _gguf_like(tiny_model("llama", seed=3).float())
+    half = LeanTarget(model, tiny_tokenizer(), quant="exact-a16")
+    assert all(lin.packed.scale.dtype == torch.float16 for lin in half._linears().values())
+    to_panels = exact.to_panels
+
+    def fp32_panels(packed: exact.ExactWeight, panel: int | None = None) -> exact.ExactWeight:
+        p = to_panels(packed, panel)
+        return dataclasses.replace(p, scale=p.scale.float(), offset=None if p.offset is None else p.offset.float())
+
+    monkeypatch.setattr(exact, "to_panels", fp32_panels)
+    wide = LeanTarget(model, tiny_tokenizer(), quant="exact-a16")
+    assert all(lin.packed.scale.dtype == torch.float32 for lin in wide._linears().values())
+    assert wide.weight_bytes > half.weight_bytes
+    ids = list(range(3, 40))
+    for t in (half, wide):
+        t.prefill(ids[:30])
+    tree = Tree.chain(ids[30], ids[31:36])
+    assert torch.equal(half.verify(tree).logits, wide.verify(tree).logits)  # one C call for every block
+    assert torch.equal(half.score_sequence(ids).logits, wide.score_sequence(ids).logits)
 
 
 @pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
@@ -433,6 +475,11 @@ def test_packed_weights_are_cached_and_a_damaged_cache_is_a_clear_error(tmp_path
     changed = LeanTarget(model, tiny_tokenizer(), quant="exact-a16")
     assert not torch.equal(changed.score_sequence(ids).logits, first.score_sequence(ids).logits)
     assert len(list((tmp_path / "cache" / "packed").iterdir())) == 4
+    # A new layout version replaces its own predecessor on disk and leaves other weights' caches alone.
+    monkeypatch.setattr(weight_cache, "PACKED_VERSION", weight_cache.PACKED_VERSION + 1)
+    LeanTarget(model, tiny_tokenizer(), quant="exact-a16")
+    left = sorted((tmp_path / "cache" / "packed").iterdir())
+    assert len(left) == 4 and files[0] in left and files[1] in left  # the cache of the weights before the change
 
 
 def test_wrap_model_shares_one_model_between_runtimes() -> None:
