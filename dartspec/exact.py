@@ -82,12 +82,38 @@ def pack(weight: torch.Tensor) -> ExactWeight | None:
         q = q.to(torch.uint8).reshape(out, k // GROUP, GROUP)
         nibbles = q[..., :16] | (q[..., 16:] << 4)
         return ExactWeight(4, nibbles.contiguous(), d[..., 0].contiguous(), low[..., 0].contiguous(), out, k)
-    # 8-bit symmetric: the largest magnitude is 127 d.
-    d = g.abs().amax(-1, keepdim=True) / 127
-    q = torch.where(d > 0, g / torch.where(d > 0, d, 1), 0).round()
-    if bool((q.abs() <= 127).all()) and bool((q * d == g).all()):
-        return ExactWeight(8, q.to(torch.int8).contiguous(), d[..., 0].contiguous(), None, out, k)
-    return None
+    found = _symmetric_groups(g.reshape(-1, GROUP))
+    if found is None:
+        return None
+    q, d = found
+    return ExactWeight(8, q.reshape(out, k // GROUP, GROUP), d.reshape(out, k // GROUP), None, out, k)
+
+
+#: The largest |q| an 8-bit symmetric group may have, in the order :func:`_symmetric_groups` tries them: 127 (a
+#: GGUF's Q8_0 blocks), then 16 down to 1 (Q5_0 blocks are ``d * (q - 16)`` with a 5-bit q: the largest magnitude is
+#: at most 16 d).
+_LARGEST_Q = (127, *range(16, 0, -1))
+
+
+def _symmetric_groups(g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(q int8, d)`` with ``q * d == g`` exactly for every group (row) of ``g``, or None. A group whose largest
+    |q| is n has ``d = max|g| / n`` (exact: the quotient of an exact product), so each n is tried on the groups still
+    unsolved; a tensor of other numbers fails the first two tries on every group and is given up at once."""
+    amax = g.abs().amax(-1, keepdim=True)
+    q = torch.zeros(g.shape, dtype=torch.int8)
+    d = torch.zeros(amax.shape)
+    todo = torch.nonzero(amax[:, 0] > 0)[:, 0]  # all-zero groups: d = 0, q = 0
+    for tries, n in enumerate(_LARGEST_Q):
+        if len(todo) == 0:
+            return q, d[:, 0]
+        if tries == 2 and len(todo) == len(amax):  # neither Q8_0 nor Q5_0: not worth 15 more passes
+            return None
+        dn = amax[todo] / n
+        qn = (g[todo] / dn).round()
+        ok = ((qn.abs() <= 127) & (qn * dn == g[todo])).all(-1)
+        q[todo[ok]], d[todo[ok]] = qn[ok].to(torch.int8), dn[ok]
+        todo = todo[~ok]
+    return (q, d[:, 0]) if len(todo) == 0 else None
 
 
 def quantize8(weight: torch.Tensor) -> ExactWeight:

@@ -35,7 +35,7 @@ from dartspec import exact
 from dartspec.errors import ContextLengthError, DartspecError
 from dartspec.kv_cache import TreeKVCache, TreeKVLayer
 from dartspec.prefix_cache import PrefixCache
-from dartspec.quant import EXACT_FORMATS, PackedLinear, check_format, fuse
+from dartspec.quant import EXACT_FORMATS, PackedLinear, check_format, fuse, not_integer_groups
 from dartspec.rotary import interleave_rows
 from dartspec.runtime import CausalRuntime, TargetOutput, attention_kernels, pad_sequences, tree_mask
 from dartspec.tree import Tree
@@ -87,6 +87,10 @@ def _gpu_attention(forward: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+def _projections(layer: _Layer) -> tuple[PackedLinear, ...]:
+    return (layer.qkv, layer.o, layer.gate_up, layer.down)
+
+
 def lean_supported(model_type: str) -> bool:
     return model_type in LEAN_ARCHITECTURES
 
@@ -111,10 +115,13 @@ class LeanTarget(CausalRuntime):
         feature_layers: Sequence[int] | None = None,
         name: str = "",
         cuda_graphs: bool = False,
+        fallback: str | None = None,
     ) -> None:
         """Build the lean weights from a loaded transformers ``*ForCausalLM`` (kept for reference uses such as
         the ``hf-ar`` benchmark row; its decoder layers are not run). ``cuda_graphs``: run one-sequence decode and
-        verify steps as CUDA graphs (:mod:`dartspec.cuda_graphs`; a GPU only)."""
+        verify steps as CUDA graphs (:mod:`dartspec.cuda_graphs`; a GPU only). ``fallback``: with an exact
+        ``quant``, the format of the weights that are no integer groups it keeps (GGUF blocks of other types, e.g.
+        a Q4_K_M file's Q4_K / Q6_K tensors beside its Q5_0 / Q8_0 ones); None: such a weight is an error."""
         config = model.config.get_text_config()
         name = name or getattr(model.config, "_name_or_path", "") or type(model).__name__
         if not lean_supported(config.model_type):
@@ -130,6 +137,7 @@ class LeanTarget(CausalRuntime):
             raise DartspecError(f"{name}'s rope type {rotary.rope_type!r} is not supported by the lean runtime")
         self.model = model.eval()
         self.quant = quant
+        self.fallback = fallback
         embed = model.get_input_embeddings().weight
         check_format(quant, embed.device)
         self.fast_linear = embed.device.type == "cpu"
@@ -152,6 +160,8 @@ class LeanTarget(CausalRuntime):
         self._stack: exact.BlockStack | None = None  # every layer's fused block in one call (_block_stack)
         if cache is not None and saved is None:
             self._save_packed(cache)
+        if fallback is not None and all(lin.packed is None for lin in self._linears().values()):
+            self.quant = fallback  # no weight is of the exact format's kinds: the model is in the fallback format
         super().__init__(
             config=config,
             tokenizer=tokenizer,
@@ -168,8 +178,8 @@ class LeanTarget(CausalRuntime):
         # Shapes and dtype for a cache layer's first write (TreeKVLayer.extend): no keys, no values.
         self._no_kv = embed.new_empty((1, self.kv_heads, 0, self.head_dim))
         if self._fused_attention and quant == "exact-a16":
-            for layer in self.layers:
-                layer.block = self._block(layer)
+            for layer in self.layers:  # a layer with a weight in the fallback format runs op by op
+                layer.block = self._block(layer) if all(lin.packed is not None for lin in _projections(layer)) else None
             # The fused blocks compute every row on its own: a prefill in chunks they take is the same bit for bit
             # however it is cut (so a prefix from the prefix cache changes nothing), and faster than SDPA's
             # (measured on SmolLM2, 600 tokens, 2 cores: 331-342 ms in chunks of 64, 358-368 ms in one of 512).
@@ -220,7 +230,7 @@ class LeanTarget(CausalRuntime):
 
     def _block(self, layer: _Layer) -> exact.Block:
         linears = []
-        for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
+        for lin in _projections(layer):
             assert lin.packed is not None  # exact-a16: every linear is packed in panels
             linears.append((lin.packed, lin.bias))
         return exact.Block(
@@ -240,8 +250,12 @@ class LeanTarget(CausalRuntime):
         self, name: str, weight: torch.Tensor, bias: torch.Tensor | None, saved: SavedWeights | None
     ) -> PackedLinear:
         """One projection in the runtime's format, taken from the packed-weight cache when there is one."""
+        if saved is not None and name in saved.unpacked:  # known to be no integer groups: no second search
+            if self.fallback is None:
+                raise not_integer_groups(self.quant)
+            return PackedLinear(weight, bias, self.fallback)
         packed = saved.get(name, tuple(weight.shape)) if saved is not None else None
-        return PackedLinear(weight, bias, self.quant, packed=packed)
+        return PackedLinear(weight, bias, self.quant, packed=packed, fallback=self.fallback)
 
     def _linears(self) -> dict[str, PackedLinear]:
         out = {"head": self._head}
@@ -249,13 +263,17 @@ class LeanTarget(CausalRuntime):
             out.update({f"layers.{i}.{n}": getattr(layer, n) for n in ("qkv", "o", "gate_up", "down")})
         return out
 
+    @property
+    def weight_format(self) -> str:
+        """``quant``, or ``exact-a16+fp16`` where some weights took the fallback format (logs, benchmark rows)."""
+        formats = {lin.fmt for lin in self._linears().values()}
+        return "+".join([self.quant, *sorted(formats - {self.quant})])
+
     def _save_packed(self, cache: PackedCache) -> None:
-        weights = {}
-        for name, lin in self._linears().items():
-            assert lin.packed is not None  # an exact format: every linear was packed
-            weights[name] = lin.packed
+        linears = self._linears()
+        weights = {name: lin.packed for name, lin in linears.items() if lin.packed is not None}
         try:
-            cache.save(weights)
+            cache.save(weights, unpacked=sorted(set(linears) - set(weights)))
         except OSError as exc:  # a read-only cache costs the next load its packing, nothing more
             warnings.warn(f"could not cache packed weights at {cache.path}: {exc}", stacklevel=3)
 

@@ -63,6 +63,15 @@ def check_format(fmt: str, device: torch.device) -> None:
         )
 
 
+def not_integer_groups(fmt: str) -> DartspecError:
+    """The error for an exact format asked to hold a weight that is no integer groups of the kinds it keeps."""
+    return DartspecError(
+        f"--quant {fmt}: this model's weights are not integer groups of the kinds dartspec keeps (it does not come "
+        "from a GGUF file, or its blocks are of types such as Q4_K / Q6_K): use --quant auto (exact where it can, "
+        "fp16 elsewhere) or --quant fp16"
+    )
+
+
 class PackedLinear:
     """One linear layer in a weight format; call it like ``F.linear`` on ``(rows, in)`` inputs.
 
@@ -71,35 +80,41 @@ class PackedLinear:
     """
 
     def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None, fmt: str, *, packed: ExactWeight | None = None
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        fmt: str,
+        *,
+        packed: ExactWeight | None = None,
+        fallback: str | None = None,
     ) -> None:
-        """``packed``: the exact formats' packed form of ``weight`` when already known (the on-disk cache)."""
+        """``packed``: the exact formats' packed form of ``weight`` when already known (the on-disk cache);
+        ``fallback``: the format to take where an exact format cannot hold ``weight`` (else that is an error)."""
         check_format(fmt, weight.device)
-        self.fmt = fmt
         self.out_features, self.in_features = weight.shape
         self.bias = bias
-        self.packed = packed
+        if fmt in EXACT_FORMATS and packed is None:
+            from dartspec import exact
+
+            if (packed := exact.pack(weight)) is not None and fmt == "exact-a16":
+                packed = exact.to_panels(packed)
+            if packed is None and fallback is None:
+                raise not_integer_groups(fmt)
+            if packed is None:
+                fmt = fallback  # this weight only: the model's other weights keep the exact format
+        self.fmt = fmt
+        self.packed = packed if fmt in EXACT_FORMATS else None
         if fmt == "none":
             self.weight = weight
             self.nbytes = weight.nbytes
             self.forward = self._dense
             return
-        if fmt in EXACT_FORMATS:
+        if self.packed is not None:
             from dartspec import exact
 
-            if packed is None:
-                packed = exact.pack(weight)
-                if packed is None:
-                    raise DartspecError(
-                        f"--quant {fmt}: this model's weights are not integer groups (it does not come from a GGUF "
-                        "file): use --quant fp16"
-                    )
-                if fmt == "exact-a16":
-                    packed = exact.to_panels(packed)
-            self.packed = packed
             kernel = exact.linear if fmt == "exact" else exact.linear_a16
-            self.forward = functools.partial(kernel, packed=packed, bias=bias)
-            self.nbytes = packed.nbytes
+            self.forward = functools.partial(kernel, packed=self.packed, bias=bias)
+            self.nbytes = self.packed.nbytes
             return
         w = weight.detach().float()
         with warnings.catch_warnings():

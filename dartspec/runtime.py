@@ -180,7 +180,7 @@ def pad_sequences(sequences: Sequence[Sequence[int] | torch.Tensor], device: tor
 
 def describe(target: Any) -> str:
     """``lean/exact`` or ``hf/float32``: the runtime and weight format, for logs, caches and benchmark rows."""
-    quant = getattr(target, "quant", None)
+    quant = getattr(target, "weight_format", None) or getattr(target, "quant", None)
     if quant is not None:
         return f"lean/{quant}" + ("+graphs" if getattr(target, "step_graphs", None) is not None else "")
     return f"hf/{str(target.dtype).removeprefix('torch.')}"

@@ -80,14 +80,11 @@ def wrap_model(
     check_graphs(cuda_graphs, chosen_runtime, device)
     if chosen_runtime == "hf":
         return Target(model, tokenizer, name=name, feature_layers=feature_layers)
+    # auto: weights that are no integer groups of the kinds exact-a16 keeps (all of them, for a model not from a GGUF
+    # file) get the next format, each on its own.
+    fallback = CPU_DEFAULT_QUANTS[1] if quant == "auto" and chosen == CPU_DEFAULT_QUANTS[0] else None
     kw: dict[str, Any] = {"name": name, "feature_layers": feature_layers, "cuda_graphs": cuda_graphs}
-    try:
-        return LeanTarget(model, tokenizer, quant=chosen, **kw)
-    except DartspecError:
-        if quant != "auto" or chosen != CPU_DEFAULT_QUANTS[0]:
-            raise
-        # auto: a model that is not made of integer groups gets the next format.
-        return LeanTarget(model, tokenizer, quant=CPU_DEFAULT_QUANTS[1], **kw)
+    return LeanTarget(model, tokenizer, quant=chosen, fallback=fallback, **kw)
 
 
 #: The projections the lean forward fuses into copies of its own (QKV, gate/up) beside the model's, which it keeps

@@ -437,6 +437,69 @@ def test_all_layers_in_one_call_equal_one_call_per_layer() -> None:
         assert torch.equal(a.logits, b.logits)
 
 
+def test_pack_finds_q5_0_groups_and_gives_up_on_other_numbers_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GGUF's Q5_0 blocks (``d * (q - 16)``, 5-bit q, fp16 d: a group's largest |q| is anything up to 16) are 8-bit
+    symmetric groups too; random floats are tried twice per group, not seventeen times."""
+    gen = torch.Generator().manual_seed(5)
+    out, k = 24, 128
+    d = (torch.rand(out, k // 32, 1, generator=gen) * 0.02 + 0.001).half().float()
+    q = torch.randint(0, 32, (out, k // 32, 32), generator=gen).float() - 16
+    q[0, 0], q[1, 1], q[2, 2] = 0, 1, torch.tensor([3.0, -2.0]).repeat(16)  # all-zero group; |q| at most 1; 3
+    w = (q * d).reshape(out, k)
+    packed = exact.pack(w)
+    assert packed is not None and packed.kind == 8 and torch.equal(exact.unpack(packed), w)
+    tried: list[int] = []
+
+    class Recorded(tuple):
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            for n in tuple.__iter__(self):
+                tried.append(n)
+                yield n
+
+    monkeypatch.setattr(exact, "_LARGEST_Q", Recorded(exact._LARGEST_Q))
+    assert exact.pack(w) is not None and tried[:2] == [127, 16] and len(tried) > 3
+    tried.clear()
+    assert exact.pack(torch.randn(out, k, generator=gen)) is None
+    assert tried == [127, 16, 15]  # the third try is where it gives up
+
+
+@pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
+def test_auto_keeps_exact_weights_where_it_can_and_fp16_for_the_others(tmp_path, monkeypatch) -> None:
+    """A Q4_K_M GGUF is mostly Q5_0 / Q8_0 (integer groups exact-a16 keeps) with Q4_K / Q6_K down projections (not):
+    ``--quant auto`` takes exact-a16 for the first and fp16 for the others, weight by weight, and stays lossless;
+    ``--quant exact-a16`` itself refuses such a model; the packed-weight cache records which weights were not packed
+    so that later loads do not search them again."""
+    from transformers import AutoModelForCausalLM
+
+    model = _gguf_like(tiny_model("qwen2", seed=9).float())
+    with torch.no_grad():
+        for i, layer in enumerate(model.model.layers):
+            if i % 2:
+                layer.mlp.down_proj.weight.normal_(0, 0.02)  # no integer groups
+    monkeypatch.setenv("DARTSPEC_CACHE", str(tmp_path / "cache"))
+    model.save_pretrained(tmp_path / "model")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
+    mixed = wrap_model(model, tiny_tokenizer())
+    assert describe(mixed) == "lean/exact-a16+fp16"
+    formats = {name: lin.fmt for name, lin in mixed._linears().items()}
+    assert {n for n, f in formats.items() if f == "fp16"} == {
+        f"layers.{i}.down" for i in range(1, len(formats) // 4, 2)
+    }
+    assert [layer.block is not None for layer in mixed.layers] == [i % 2 == 0 for i in range(len(mixed.layers))]
+    with pytest.raises(DartspecError, match=r"not integer groups.*--quant auto"):
+        wrap_model(model, tiny_tokenizer(), quant="exact-a16")
+    ids = list(range(3, 40))
+    ref = LeanTarget(model, tiny_tokenizer(), quant="none")
+    torch.testing.assert_close(mixed.score_sequence(ids).logits, ref.score_sequence(ids).logits, rtol=5e-3, atol=5e-3)
+    plain = Generator(mixed).generate(ids[:10], max_new_tokens=30)
+    spec = Generator(mixed, RandomDrafter(seed=2, reference=plain.token_ids), tree_size=10, max_depth=4)
+    assert spec.generate(ids[:10], max_new_tokens=30).token_ids == plain.token_ids
+    monkeypatch.setattr(exact, "pack", lambda w: pytest.fail("searched again although the cache knows"))
+    again = wrap_model(model, tiny_tokenizer())
+    assert describe(again) == "lean/exact-a16+fp16"
+    assert torch.equal(again.score_sequence(ids).logits, mixed.score_sequence(ids).logits)
+
+
 @pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
 def test_packed_weights_are_cached_and_a_damaged_cache_is_a_clear_error(tmp_path, monkeypatch) -> None:
     from transformers import AutoModelForCausalLM
