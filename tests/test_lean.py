@@ -448,19 +448,30 @@ def test_pack_finds_q5_0_groups_and_gives_up_on_other_numbers_at_once(monkeypatc
     w = (q * d).reshape(out, k)
     packed = exact.pack(w)
     assert packed is not None and packed.kind == 8 and torch.equal(exact.unpack(packed), w)
-    tried: list[int] = []
+    tried: list[list[int]] = []  # the values of n each search tried, in order
 
     class Recorded(tuple):
         def __iter__(self):  # type: ignore[no-untyped-def]
+            tried.append([])
             for n in tuple.__iter__(self):
-                tried.append(n)
+                tried[-1].append(n)
                 yield n
 
     monkeypatch.setattr(exact, "_LARGEST_Q", Recorded(exact._LARGEST_Q))
-    assert exact.pack(w) is not None and tried[:2] == [127, 16] and len(tried) > 3
+    assert exact.pack(w) is not None and tried[0][:2] == [127, 16] and len(tried[0]) > 3
     tried.clear()
     assert exact.pack(torch.randn(out, k, generator=gen)) is None
-    assert tried == [127, 16, 15]  # the third try is where it gives up
+    assert tried == [[127, 16, 15]]  # the third try is where it gives up
+    # A large weight is searched on a sample of rows first; the values of n the sample needed are tried first on the
+    # whole, most frequent first, and the others still follow.
+    big = torch.cat([w.repeat(1, 8)] * 4)  # 96 rows of 1024 inputs: 3072 groups
+    big[90, 32:64] = (torch.arange(-127, 129, 8).clamp(-127, 127)).float() * 0.001  # a Q8_0 group past the sample
+    tried.clear()
+    packed = exact.pack(big)
+    assert packed is not None and torch.equal(exact.unpack(packed), big)
+    assert exact._try_order(torch.tensor([16.0, 15, 16, 15, 3, 127])) == (16, 15, 127, 3, *range(14, 3, -1), 2, 1)
+    big[95, 0] = 0.123456  # one number no group holds: the whole weight is refused
+    assert exact.pack(big) is None
 
 
 @pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
