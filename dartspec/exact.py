@@ -46,7 +46,8 @@ _HEADERS = tuple(Path(__file__).with_name(name) for name in ("rows.h", "qdot.h",
 
 @dataclass(frozen=True)
 class ExactWeight:
-    """A weight matrix as integer groups: ``kind`` 4 (``d * q + m``, nibbles) or 8 (``d * q``, int8).
+    """A weight matrix as integer groups: ``kind`` 4 (``d * q + m``, nibbles) or 8 (``d * q``, int8); or kind 16, fp16
+    weights in panels (:func:`half_panels`, no scales), for the weights beside them that are no groups.
 
     ``panel`` 0: one row per output (``qgemm.c``): data uint8 (O, G, 16) / int8 (O, G, 32), scale and offset
     (O, G). ``panel`` P > 0: the integer-dot kernel's panels of P outputs (``qdot.c``, :func:`to_panels`).
@@ -228,6 +229,19 @@ def _half(packed: ExactWeight) -> int:
     return int(packed.scale.dtype == torch.float16)
 
 
+def half_panels(weight: torch.Tensor, panel: int | None = None) -> ExactWeight:
+    """``weight`` rounded to fp16 in panels of ``panel`` outputs (kind 16: ``qdot.c`` widens them and runs fp32 FMAs
+    on unrounded inputs, every row on its own): the fp16 format inside the fused blocks, for the weights of a model
+    whose others are integer groups (a GGUF's Q4_K / Q6_K blocks beside Q5_0 / Q8_0 ones)."""
+    panel = panel or kernel_panel()
+    w = weight.detach().to(device="cpu", dtype=torch.float32)
+    out, k = w.shape
+    blocks = -(-out // panel)
+    w = torch.cat([w, w.new_zeros((blocks * panel - out, k))]) if blocks * panel > out else w
+    data = w.half().reshape(blocks, panel, k).transpose(1, 2).contiguous()  # (P, K, panel): input k's panel outputs
+    return ExactWeight(16, data, torch.zeros(0, dtype=torch.float16), None, out, k, panel)
+
+
 def kernel_panel() -> int:
     """Outputs per panel of the integer-dot kernel on this CPU (16 with AVX-512, 8 with AVX2)."""
     return int(_library().dartspec_qdot_panel())
@@ -245,6 +259,10 @@ def from_tensors(tensors: dict[str, torch.Tensor]) -> ExactWeight:
     kind, out, k, panel = (int(v) for v in tensors["meta"].tolist())
     data, scale, offset = tensors["data"], tensors["scale"], tensors.get("offset")
     rows = -(-out // panel) * panel if panel else out
+    if kind == 16:  # fp16 panels (half_panels)
+        if not panel or data.dtype != torch.float16 or data.numel() != rows * k or scale.numel() or offset is not None:
+            raise ValueError("inconsistent packed weight")
+        return ExactWeight(kind, data, scale, offset, out, k, panel)
     per_group = GROUP // 2 if kind == 4 else GROUP
     if (
         kind not in (4, 8)

@@ -35,7 +35,7 @@ from dartspec import exact
 from dartspec.errors import ContextLengthError, DartspecError
 from dartspec.kv_cache import TreeKVCache, TreeKVLayer
 from dartspec.prefix_cache import PrefixCache
-from dartspec.quant import EXACT_FORMATS, PackedLinear, check_format, fuse, not_integer_groups
+from dartspec.quant import EXACT_FORMATS, PackedLinear, check_format, fuse
 from dartspec.rotary import interleave_rows
 from dartspec.runtime import CausalRuntime, TargetOutput, attention_kernels, pad_sequences, tree_mask
 from dartspec.tree import Tree
@@ -119,9 +119,12 @@ class LeanTarget(CausalRuntime):
     ) -> None:
         """Build the lean weights from a loaded transformers ``*ForCausalLM`` (kept for reference uses such as
         the ``hf-ar`` benchmark row; its decoder layers are not run). ``cuda_graphs``: run one-sequence decode and
-        verify steps as CUDA graphs (:mod:`dartspec.cuda_graphs`; a GPU only). ``fallback``: with an exact
-        ``quant``, the format of the weights that are no integer groups it keeps (GGUF blocks of other types, e.g.
-        a Q4_K_M file's Q4_K / Q6_K tensors beside its Q5_0 / Q8_0 ones); None: such a weight is an error."""
+        verify steps as CUDA graphs (:mod:`dartspec.cuda_graphs`; a GPU only). ``fallback``: ``fp16`` with
+        ``quant="exact-a16"``: the weights that are no integer groups it keeps (GGUF blocks of other types, e.g. a
+        Q4_K_M file's Q4_K / Q6_K tensors beside its Q5_0 / Q8_0 ones) are fp16 panels in the same fused blocks;
+        None: such a weight is an error."""
+        if fallback not in (None, "fp16") or (fallback is not None and quant != "exact-a16"):
+            raise ValueError(f"fallback {fallback!r} is for fp16 weights beside exact-a16 ones (quant {quant!r})")
         config = model.config.get_text_config()
         name = name or getattr(model.config, "_name_or_path", "") or type(model).__name__
         if not lean_supported(config.model_type):
@@ -160,7 +163,7 @@ class LeanTarget(CausalRuntime):
         self._stack: exact.BlockStack | None = None  # every layer's fused block in one call (_block_stack)
         if cache is not None and saved is None:
             self._save_packed(cache)
-        if fallback is not None and all(lin.packed is None for lin in self._linears().values()):
+        if fallback is not None and all(lin.fmt == fallback for lin in self._linears().values()):
             self.quant = fallback  # no weight is of the exact format's kinds: the model is in the fallback format
         super().__init__(
             config=config,
@@ -177,9 +180,11 @@ class LeanTarget(CausalRuntime):
         self._fused_attention = embed.device.type == "cpu" and embed.dtype == torch.float32 and exact.available()
         # Shapes and dtype for a cache layer's first write (TreeKVLayer.extend): no keys, no values.
         self._no_kv = embed.new_empty((1, self.kv_heads, 0, self.head_dim))
-        if self._fused_attention and quant == "exact-a16":
-            for layer in self.layers:  # a layer with a weight in the fallback format runs op by op
-                layer.block = self._block(layer) if all(lin.packed is not None for lin in _projections(layer)) else None
+        # exact-a16 and fp16 weights alike are panels of the C kernels (integer groups, fp16 weights)
+        panels = all(lin.packed is not None and lin.packed.panel for lin in self._linears().values())
+        if self._fused_attention and panels:
+            for layer in self.layers:
+                layer.block = self._block(layer)
             # The fused blocks compute every row on its own: a prefill in chunks they take is the same bit for bit
             # however it is cut (so a prefix from the prefix cache changes nothing), and faster than SDPA's
             # (measured on SmolLM2, 600 tokens, 2 cores: 331-342 ms in chunks of 64, 358-368 ms in one of 512).
@@ -250,10 +255,6 @@ class LeanTarget(CausalRuntime):
         self, name: str, weight: torch.Tensor, bias: torch.Tensor | None, saved: SavedWeights | None
     ) -> PackedLinear:
         """One projection in the runtime's format, taken from the packed-weight cache when there is one."""
-        if saved is not None and name in saved.unpacked:  # known to be no integer groups: no second search
-            if self.fallback is None:
-                raise not_integer_groups(self.quant)
-            return PackedLinear(weight, bias, self.fallback)
         packed = saved.get(name, tuple(weight.shape)) if saved is not None else None
         return PackedLinear(weight, bias, self.quant, packed=packed, fallback=self.fallback)
 
@@ -270,10 +271,12 @@ class LeanTarget(CausalRuntime):
         return "+".join([self.quant, *sorted(formats - {self.quant})])
 
     def _save_packed(self, cache: PackedCache) -> None:
-        linears = self._linears()
-        weights = {name: lin.packed for name, lin in linears.items() if lin.packed is not None}
+        weights = {}
+        for name, lin in self._linears().items():
+            assert lin.packed is not None  # an exact format: every linear was packed (fallback weights as fp16 panels)
+            weights[name] = lin.packed
         try:
-            cache.save(weights, unpacked=sorted(set(linears) - set(weights)))
+            cache.save(weights)
         except OSError as exc:  # a read-only cache costs the next load its packing, nothing more
             warnings.warn(f"could not cache packed weights at {cache.path}: {exc}", stacklevel=3)
 

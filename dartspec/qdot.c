@@ -24,6 +24,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "qdot.h"
 #include "vmath.h"
@@ -54,6 +55,7 @@ typedef __m512 fvec;
 #define FSET(v) _mm512_set1_ps(v)
 #define FMADD(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define FMUL(a, b) _mm512_mul_ps(a, b)
+#define FADD(a, b) _mm512_add_ps(a, b)
 #define TOFLOAT(v) _mm512_cvtepi32_ps(v)
 #define FSTORE(p, v) _mm512_storeu_ps(p, v)
 #else
@@ -82,6 +84,7 @@ typedef __m256 fvec;
 #define FSET(v) _mm256_set1_ps(v)
 #define FMADD(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define FMUL(a, b) _mm256_mul_ps(a, b)
+#define FADD(a, b) _mm256_add_ps(a, b)
 #define TOFLOAT(v) _mm256_cvtepi32_ps(v)
 #define FSTORE(p, v) _mm256_storeu_ps(p, v)
 #endif
@@ -159,6 +162,7 @@ void qdot_prepare(int in, const float *x, long M, long K, long stride, const flo
             row = tmp;
         }
         quantize_row(row, K, out->xq + r * G * (GROUP / 2), out->dx + r * G, out->sx + r * G);
+        memcpy(out->xf + r * K, row, sizeof(float) * K);
     }
     free(tmp);
 }
@@ -168,12 +172,14 @@ void qdot_rows_alloc(qdot_rows *rows, long M, long K) {
     rows->xq = (int32_t *)malloc(sizeof(int32_t) * M * G * (GROUP / 2));
     rows->dx = (float *)malloc(sizeof(float) * M * G);
     rows->sx = (float *)malloc(sizeof(float) * M * G);
+    rows->xf = (float *)malloc(sizeof(float) * M * K);
 }
 
 void qdot_rows_free(qdot_rows *rows) {
     free(rows->xq);
     free(rows->dx);
     free(rows->sx);
+    free(rows->xf);
 }
 
 /* N rows (a constant at every call site, so the accumulators stay in registers) against one panel. With VNNI
@@ -230,19 +236,82 @@ static inline __attribute__((always_inline)) void panel_rows(int kind, int half,
 
 #include "rows.h"
 
+/* fp16 weights (kind 16): a panel is K steps of PANEL halfs (step k: the weights of the panel's outputs at input k),
+ * widened in registers; fp32 FMAs against the unrounded rows. Two chains per row (even and odd inputs), added at
+ * the end: the same order whatever the row count, so every row is computed on its own (a tree verification computes
+ * what one-token decoding does; fbgemm's fp16 GEMM rounds by row count). Two chains keep one row memory-bound; up to
+ * HROWS rows share each widened step (a prefill's 64-row chunks). */
+#define HROWS 4
+static inline __attribute__((always_inline)) void half_rows(long N, const float *x, long K, const uint16_t *w,
+                                                            fvec *out) {
+    fvec even[HROWS], odd[HROWS];
+    for (long r = 0; r < N; r++) even[r] = odd[r] = FZERO();
+    long k = 0;
+    for (; k + 2 <= K; k += 2) {
+        fvec w0 = HLOAD(w + k * PANEL), w1 = HLOAD(w + (k + 1) * PANEL);
+        for (long r = 0; r < N; r++) {
+            even[r] = FMADD(w0, FSET(x[r * K + k]), even[r]);
+            odd[r] = FMADD(w1, FSET(x[r * K + k + 1]), odd[r]);
+        }
+    }
+    if (k < K) {
+        fvec w0 = HLOAD(w + k * PANEL);
+        for (long r = 0; r < N; r++) even[r] = FMADD(w0, FSET(x[r * K + k]), even[r]);
+    }
+    for (long r = 0; r < N; r++) out[r] = FADD(even[r], odd[r]);
+}
+
+/* Rows r0 .. r0 + R of panel p's outputs (``out``: one vector of PANEL lanes a row) into y, + bias, or added to y
+ * when `accumulate` (a residual connection). */
+static void store_rows(const fvec *out, long R, long r0, long p, long O, const float *bias, float *y, int accumulate) {
+    long width = O - p * PANEL < PANEL ? O - p * PANEL : PANEL;
+    for (long r = 0; r < R; r++) {
+        float lanes[PANEL];
+        FSTORE(lanes, out[r]);
+        float *yr = y + (r0 + r) * O + p * PANEL;
+        for (long o = 0; o < width; o++) {
+            float v = lanes[o] + (bias ? bias[p * PANEL + o] : 0.0f);
+            yr[o] = accumulate ? yr[o] + v : v;
+        }
+    }
+}
+
+/* y (M, O) = rows W^T + bias, or y += that when `accumulate`, for fp16 weights (kind 16, half_rows). */
+static void half_run(const qdot_linear *L, const qdot_rows *rows, long M, float *y, int accumulate) {
+    long K = L->K, O = L->O, P = (O + PANEL - 1) / PANEL;
+#pragma omp parallel for schedule(static)
+    for (long p = 0; p < P; p++) {
+        const uint16_t *wp = (const uint16_t *)L->w + p * K * PANEL;
+        for (long r0 = 0; r0 < M; r0 += HROWS) {
+            long R = M - r0 < HROWS ? M - r0 : HROWS;
+            fvec out[HROWS];
+            const float *x = rows->xf + r0 * K;
+            switch (R) { /* a constant row count: the accumulators stay in registers */
+            case 1: half_rows(1, x, K, wp, out); break;
+            case 2: half_rows(2, x, K, wp, out); break;
+            case 3: half_rows(3, x, K, wp, out); break;
+            default: half_rows(HROWS, x, K, wp, out); break;
+            }
+            store_rows(out, R, r0, p, O, L->bias, y, accumulate);
+        }
+    }
+}
+
 /* y (M, O) = rows W^T + bias, or y += that when `accumulate` (a residual connection). */
 void qdot_run(const qdot_linear *L, const qdot_rows *rows, long M, float *y, int accumulate) {
+    if (L->kind == 16) {
+        half_run(L, rows, M, y, accumulate);
+        return;
+    }
     int kind = L->kind, half = L->half;
     long G = L->K / GROUP, O = L->O, P = (O + PANEL - 1) / PANEL;
     long scale_bytes = half ? 2 : 4;
-    const float *bias = L->bias;
     long panel_bytes = G * GROUP * PANEL / (kind == 4 ? 2 : 1);
 #pragma omp parallel for schedule(static)
     for (long p = 0; p < P; p++) {
         const uint8_t *wp = (const uint8_t *)L->w + p * panel_bytes;
         const char *dp = (const char *)L->d + p * G * PANEL * scale_bytes;
         const char *mp = L->m ? (const char *)L->m + p * G * PANEL * scale_bytes : NULL;
-        long width = O - p * PANEL < PANEL ? O - p * PANEL : PANEL;
         for (long r0 = 0; r0 < M; r0 += RMAX) {
             long R = M - r0 < RMAX ? M - r0 : RMAX;
             fvec out[RMAX];
@@ -259,15 +328,7 @@ void qdot_run(const qdot_linear *L, const qdot_rows *rows, long M, float *y, int
             } else {
                 switch (R) { ROWS(panel_rows(8, 0, N, xr, dx, sx, G, wp, dp, mp, next, out)) }
             }
-            for (long r = 0; r < R; r++) {
-                float lanes[PANEL];
-                FSTORE(lanes, out[r]);
-                float *yr = y + (r0 + r) * O + p * PANEL;
-                for (long o = 0; o < width; o++) {
-                    float v = lanes[o] + (bias ? bias[p * PANEL + o] : 0.0f);
-                    yr[o] = accumulate ? yr[o] + v : v;
-                }
-            }
+            store_rows(out, R, r0, p, O, L->bias, y, accumulate);
         }
     }
 }

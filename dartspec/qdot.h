@@ -6,7 +6,7 @@
 /* One linear layer in panels (dartspec/exact.py ExactWeight with panel > 0). Field order is the ctypes
  * Structure in exact.py. */
 typedef struct {
-    int kind; /* 4: d * q + m nibbles, 8: d * q int8 */
+    int kind; /* 4: d * q + m nibbles, 8: d * q int8, 16: fp16 weights (no groups; d and m NULL) */
     int half; /* d and m in fp16 (else fp32) */
     long K, O;
     const void *w;
@@ -14,10 +14,11 @@ typedef struct {
     const float *bias;  /* NULL when none */
 } qdot_linear;
 
-/* Input rows quantized per group of 32: int16 pairs, the group's step dx and its exact fp32 sum sx. */
+/* Input rows quantized per group of 32: int16 pairs, the group's step dx and its exact fp32 sum sx; and the rows
+ * themselves in fp32 (after the prologue), which fp16 weights (kind 16) take unrounded. */
 typedef struct {
     int32_t *xq;
-    float *dx, *sx;
+    float *dx, *sx, *xf;
 } qdot_rows;
 
 /* What is applied to each input row before it is quantized. */

@@ -5,9 +5,12 @@ speed of plain decoding and of small-tree verification. The formats:
 
 - ``none``: float weights as loaded (fp32 on CPU); small row counts use the rows-first GEMM order of
   :mod:`dartspec.kernels`.
-- ``fp16``: weights stored in half precision, arithmetic in fp32 (fbgemm's packed fp16 GEMM: it widens
-  the weights in registers). Half the bytes; the only change to the model is rounding each weight to
-  fp16 (11 significant bits), which keeps greedy answers identical to fp32 in our fidelity gate.
+- ``fp16``: weights stored in half precision, arithmetic in fp32. Half the bytes; the only change to the model
+  is rounding each weight to fp16 (11 significant bits), which keeps greedy answers identical to fp32 in our
+  fidelity gate. Where dartspec's C kernels build (:mod:`dartspec.exact`, x86-64 with AVX2) the weights are
+  panels they widen in registers (every row computed on its own, so a draft tree's rows equal one-token decoding
+  bit for bit, and the fused decoder blocks take them); elsewhere fbgemm's packed fp16 GEMM, which rounds by row
+  count.
 - ``int8``: int8 weights with one scale per output channel, activations quantized to 8 bits per *row*.
   fbgemm's dynamic int8 GEMM quantizes the whole input with one range; each row is divided by its own
   largest magnitude and two constant columns +1 and -1 (with zero weights) are appended, so that range is
@@ -18,7 +21,9 @@ speed of plain decoding and of small-tree verification. The formats:
   fp32 in registers by dartspec's own small C kernel (:mod:`dartspec.exact`); fp32 arithmetic. Only for
   models whose every weight is such a group (a clear error otherwise).
 - ``exact-a16``: the same integer weights, activations rounded to 16-bit integers per group of 32, integer
-  dot products (:mod:`dartspec.exact`). The fastest format at every row count, within the fidelity gate.
+  dot products (:mod:`dartspec.exact`). The fastest format at every row count, within the fidelity gate. With
+  ``fallback="fp16"`` (``--quant auto``) a weight that is no such groups (a GGUF's Q4_K / Q6_K blocks) is kept as
+  fp16 panels that the same C kernels and fused blocks run (fp32 arithmetic, every row on its own).
 
 Why these kernels: measured on the 2-core CPUs this project runs on (README "CPU runtime"), fbgemm's fp16
 and int8 GEMMs stream weights at 20-30 GB/s for 1-8 rows, while the alternatives in torch 2.13
@@ -89,7 +94,8 @@ class PackedLinear:
         fallback: str | None = None,
     ) -> None:
         """``packed``: the exact formats' packed form of ``weight`` when already known (the on-disk cache);
-        ``fallback``: the format to take where an exact format cannot hold ``weight`` (else that is an error)."""
+        ``fallback``: ``"fp16"`` to keep ``weight`` as fp16 panels where an exact format cannot hold it (else that
+        is an error)."""
         check_format(fmt, weight.device)
         self.out_features, self.in_features = weight.shape
         self.bias = bias
@@ -100,11 +106,19 @@ class PackedLinear:
                 packed = exact.to_panels(packed)
             if packed is None and fallback is None:
                 raise not_integer_groups(fmt)
-            if packed is None:
-                fmt = fallback  # this weight only: the model's other weights keep the exact format
-        self.fmt = fmt
-        self.packed = packed if fmt in EXACT_FORMATS else None
-        if fmt == "none":
+            if packed is None:  # this weight only, in panels of fp16 weights beside the others in the fused blocks
+                fmt, packed = fallback, exact.half_panels(weight)
+        if packed is not None and packed.kind == 16 and fallback is None:  # fp16 panels from the cache
+            raise not_integer_groups(fmt)
+        # fp16 panels (exact.half_panels) are the fp16 format whichever format asked for them
+        self.fmt = "fp16" if packed is not None and packed.kind == 16 else fmt
+        if self.fmt == "fp16" and packed is None and weight.device.type == "cpu":
+            from dartspec import exact
+
+            if exact.available():  # dartspec's C kernels: every row on its own, and the fused blocks take them
+                packed = exact.half_panels(weight)
+        self.packed = packed
+        if self.fmt == "none":
             self.weight = weight
             self.nbytes = weight.nbytes
             self.forward = self._dense
@@ -112,7 +126,7 @@ class PackedLinear:
         if self.packed is not None:
             from dartspec import exact
 
-            kernel = exact.linear if fmt == "exact" else exact.linear_a16
+            kernel = exact.linear if self.packed.panel == 0 else exact.linear_a16
             self.forward = functools.partial(kernel, packed=self.packed, bias=bias)
             self.nbytes = self.packed.nbytes
             return

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +29,7 @@ from dartspec.exact import ExactWeight
 from dartspec.model_cache import sha256
 
 #: Bump when the packed layout or the lean weight preparation (fusion, rotary row order) changes.
-PACKED_VERSION = 2
+PACKED_VERSION = 3
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 
 
@@ -71,7 +71,7 @@ class PackedCache:
         Raises:
             DartspecError: the manifest or the file is damaged (names both files to delete).
         """
-        from safetensors import SafetensorError, safe_open
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
         if not self.manifest.is_file():
@@ -94,28 +94,24 @@ class PackedCache:
             raise self.damaged("the weights file does not match its recorded sha256")
         try:
             tensors = load_file(self.path)
-            with safe_open(str(self.path), "pt") as f:
-                unpacked = json.loads((f.metadata() or {}).get("unpacked", "[]"))
-        except (OSError, SafetensorError, ValueError) as exc:
+        except (OSError, SafetensorError) as exc:
             raise self.damaged(f"cannot read it: {exc}") from None
         by_weight: dict[str, dict[str, torch.Tensor]] = {}  # "layers.0.qkv.data" -> ["layers.0.qkv"]["data"]
         for key, value in tensors.items():
             name, _, field = key.rpartition(".")
             by_weight.setdefault(name, {})[field] = value
         try:
-            weights = {name: exact.from_tensors(t) for name, t in by_weight.items()}
-            return SavedWeights(self, weights, frozenset(map(str, unpacked)))
-        except (KeyError, ValueError, TypeError):
+            return SavedWeights(self, {name: exact.from_tensors(t) for name, t in by_weight.items()})
+        except (KeyError, ValueError):
             raise self.damaged("a packed weight in it is inconsistent") from None
 
-    def save(self, weights: dict[str, ExactWeight], unpacked: Sequence[str] = ()) -> None:
-        """Write ``weights`` atomically (see the module docstring), and the names of the model's ``unpacked``
-        weights (no integer groups: they run in a fallback format), so that no later load searches them again."""
+    def save(self, weights: dict[str, ExactWeight]) -> None:
+        """Write ``weights`` atomically (see the module docstring)."""
         from safetensors.torch import save_file
 
         tensors = {f"{name}.{k}": v for name, w in weights.items() for k, v in exact.to_tensors(w).items()}
         with atomic.atomic_path(self.path) as tmp:
-            save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata={"unpacked": json.dumps(unpacked)})
+            save_file({k: v.contiguous() for k, v in tensors.items()}, tmp)
             digest, size = sha256(tmp), tmp.stat().st_size
         manifest = {"version": PACKED_VERSION, "source": self.source, "size": size, "sha256": digest}
         atomic.write_text(self.manifest, json.dumps(manifest, indent=1) + "\n")
@@ -151,7 +147,6 @@ class SavedWeights:
 
     cache: PackedCache
     weights: dict[str, ExactWeight]
-    unpacked: frozenset[str] = frozenset()  # the model's weights in a fallback format (no integer groups)
 
     def get(self, name: str, shape: tuple[int, ...]) -> ExactWeight:
         """The packed form of weight ``name`` of ``shape``; a damaged-cache error when the cache lacks it."""
