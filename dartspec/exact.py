@@ -231,8 +231,9 @@ def _half(packed: ExactWeight) -> int:
 
 def half_panels(weight: torch.Tensor, panel: int | None = None) -> ExactWeight:
     """``weight`` rounded to fp16 in panels of ``panel`` outputs (kind 16: ``qdot.c`` widens them and runs fp32 FMAs
-    on unrounded inputs, every row on its own): the fp16 format inside the fused blocks, for the weights of a model
-    whose others are integer groups (a GGUF's Q4_K / Q6_K blocks beside Q5_0 / Q8_0 ones)."""
+    on unrounded inputs, every row on its own): the ``fp16`` format on dartspec's kernels, and the weights of an
+    exact-a16 model that are no integer groups (a GGUF's Q4_K / Q6_K blocks beside Q5_0 / Q8_0 ones), in the same
+    fused blocks."""
     panel = panel or kernel_panel()
     w = weight.detach().to(device="cpu", dtype=torch.float32)
     out, k = w.shape

@@ -184,8 +184,8 @@ class FormatLinear(nn.Linear):
 def use_fast_linears(module: nn.Module, target: object) -> None:
     """Give a drafter network the fastest linear kernels for ``target``'s machine, in place.
 
-    On a CPU in float32 the linears become fbgemm fp16 GEMMs: the shipped drafters are stored in fp16, so this
-    changes no weight, only halves the bytes each drafting step streams (drafting was ~15% of a DART step on
+    On a CPU in float32 the linears become the ``fp16`` format's GEMMs: the shipped drafters are stored in fp16, so
+    this changes no weight, only halves the bytes each drafting step streams (drafting was ~15% of a DART step on
     the lean runtime). Elsewhere the rows-first dispatch of :mod:`dartspec.kernels` applies where the target
     uses it. Proposals never affect losslessness: verification decides.
     """
