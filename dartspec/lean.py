@@ -161,10 +161,10 @@ class LeanTarget(CausalRuntime):
         self._head = self._linear("head", head.weight.detach(), head.bias, saved)
         self.layers = [self._convert(i, layer, saved) for i, layer in enumerate(decoder.layers)]
         self._stack: exact.BlockStack | None = None  # every layer's fused block in one call (_block_stack)
-        if cache is not None and saved is None:
-            self._save_packed(cache)
         if fallback is not None and all(lin.fmt == fallback for lin in self._linears().values()):
             self.quant = fallback  # no weight is of the exact format's kinds: the model is in the fallback format
+        elif cache is not None and saved is None:  # (fp16 panels alone are quicker made than read: not cached)
+            self._save_packed(cache)
         super().__init__(
             config=config,
             tokenizer=tokenizer,

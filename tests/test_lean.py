@@ -524,6 +524,14 @@ def test_auto_keeps_exact_weights_where_it_can_and_fp16_for_the_others(tmp_path,
     again = wrap_model(model, tiny_tokenizer())
     assert describe(again) == "lean/exact-a16+fp16"
     assert torch.equal(again.score_sequence(ids).logits, mixed.score_sequence(ids).logits)
+    # A model of no groups at all is the fp16 format (its panels are quicker made than read: no cache file).
+    monkeypatch.undo()
+    monkeypatch.setenv("DARTSPEC_CACHE", str(tmp_path / "cache"))
+    tiny_model("qwen2", seed=10).float().save_pretrained(tmp_path / "plain")
+    cached = sorted((tmp_path / "cache" / "packed").iterdir())
+    plain = wrap_model(AutoModelForCausalLM.from_pretrained(tmp_path / "plain"), tiny_tokenizer())
+    assert describe(plain) == "lean/fp16" and all(layer.block is not None for layer in plain.layers)
+    assert sorted((tmp_path / "cache" / "packed").iterdir()) == cached
 
 
 @pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
