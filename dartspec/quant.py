@@ -108,7 +108,7 @@ class PackedLinear:
                 raise not_integer_groups(fmt)
             if packed is None:  # this weight only, in panels of fp16 weights beside the others in the fused blocks
                 fmt, packed = fallback, exact.half_panels(weight)
-        if packed is not None and packed.kind == 16 and fallback is None:  # fp16 panels from the cache
+        if fmt in EXACT_FORMATS and packed is not None and packed.kind == 16 and fallback is None:  # from the cache
             raise not_integer_groups(fmt)
         # fp16 panels (exact.half_panels) are the fp16 format whichever format asked for them
         self.fmt = "fp16" if packed is not None and packed.kind == 16 else fmt
