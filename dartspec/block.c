@@ -39,7 +39,8 @@ void dartspec_block_many(const dartspec_block_weights *b, float *x, const float 
     float *attn = (float *)malloc(sizeof(float) * q * attn_width);
     float *gu = (float *)malloc(sizeof(float) * q * b->gate_up.O);
     qdot_rows rows;
-    qdot_rows_alloc(&rows, q, widest);
+    int fp16 = b->qkv.kind == 16 || b->o.kind == 16 || b->gate_up.kind == 16 || b->down.kind == 16;
+    qdot_rows_alloc(&rows, q, widest, fp16);
 
     if (attn_in)
         qdot_prepare(QDOT_PLAIN, attn_in, q, b->qkv.K, b->qkv.K, NULL, 0.0f, &rows);

@@ -87,10 +87,6 @@ def _gpu_attention(forward: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-def _projections(layer: _Layer) -> tuple[PackedLinear, ...]:
-    return (layer.qkv, layer.o, layer.gate_up, layer.down)
-
-
 def lean_supported(model_type: str) -> bool:
     return model_type in LEAN_ARCHITECTURES
 
@@ -235,8 +231,8 @@ class LeanTarget(CausalRuntime):
 
     def _block(self, layer: _Layer) -> exact.Block:
         linears = []
-        for lin in _projections(layer):
-            assert lin.packed is not None  # exact-a16: every linear is packed in panels
+        for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
+            assert lin.packed is not None  # every linear is packed in panels (integer groups or fp16)
             linears.append((lin.packed, lin.bias))
         return exact.Block(
             tuple(linears),

@@ -162,17 +162,17 @@ void qdot_prepare(int in, const float *x, long M, long K, long stride, const flo
             row = tmp;
         }
         quantize_row(row, K, out->xq + r * G * (GROUP / 2), out->dx + r * G, out->sx + r * G);
-        memcpy(out->xf + r * K, row, sizeof(float) * K);
+        if (out->xf) memcpy(out->xf + r * K, row, sizeof(float) * K);
     }
     free(tmp);
 }
 
-void qdot_rows_alloc(qdot_rows *rows, long M, long K) {
+void qdot_rows_alloc(qdot_rows *rows, long M, long K, int keep_float) {
     long G = K / GROUP;
     rows->xq = (int32_t *)malloc(sizeof(int32_t) * M * G * (GROUP / 2));
     rows->dx = (float *)malloc(sizeof(float) * M * G);
     rows->sx = (float *)malloc(sizeof(float) * M * G);
-    rows->xf = (float *)malloc(sizeof(float) * M * K);
+    rows->xf = keep_float ? (float *)malloc(sizeof(float) * M * K) : NULL;
 }
 
 void qdot_rows_free(qdot_rows *rows) {
@@ -339,7 +339,7 @@ void dartspec_qdot(int kind, int half, const float *x, long M, long K, const voi
                    const float *bias, float *y, long O) {
     qdot_linear L = {kind, half, K, O, w, d, m, bias};
     qdot_rows rows;
-    qdot_rows_alloc(&rows, M, K);
+    qdot_rows_alloc(&rows, M, K, kind == 16);
     qdot_prepare(QDOT_PLAIN, x, M, K, K, NULL, 0.0f, &rows);
     qdot_run(&L, &rows, M, y, 0);
     qdot_rows_free(&rows);

@@ -14,8 +14,9 @@ typedef struct {
     const float *bias;  /* NULL when none */
 } qdot_linear;
 
-/* Input rows quantized per group of 32: int16 pairs, the group's step dx and its exact fp32 sum sx; and the rows
- * themselves in fp32 (after the prologue), which fp16 weights (kind 16) take unrounded. */
+/* Input rows quantized per group of 32: int16 pairs, the group's step dx and its exact fp32 sum sx; and, where a
+ * GEMM of fp16 weights (kind 16) will take them unrounded, the rows themselves in fp32 after the prologue (xf; NULL
+ * otherwise, so integer-only steps copy nothing). */
 typedef struct {
     int32_t *xq;
     float *dx, *sx, *xf;
@@ -24,7 +25,7 @@ typedef struct {
 /* What is applied to each input row before it is quantized. */
 enum { QDOT_PLAIN = 0, QDOT_RMSNORM = 1, QDOT_SILU_MUL = 2 };
 
-void qdot_rows_alloc(qdot_rows *rows, long M, long K);
+void qdot_rows_alloc(qdot_rows *rows, long M, long K, int keep_float);
 void qdot_rows_free(qdot_rows *rows);
 void qdot_prepare(int in, const float *x, long M, long K, long stride, const float *norm, float eps, qdot_rows *out);
 void qdot_run(const qdot_linear *L, const qdot_rows *rows, long M, float *y, int accumulate);

@@ -77,6 +77,29 @@ def not_integer_groups(fmt: str) -> DartspecError:
     )
 
 
+def _packed_form(
+    weight: torch.Tensor, fmt: str, packed: ExactWeight | None, fallback: str | None
+) -> tuple[str, ExactWeight | None]:
+    """The format ``weight`` runs in and its form for dartspec's C kernels (None: torch's kernels run it).
+
+    Exact formats: ``packed`` (from the cache) or the weight's integer groups; where it has none, fp16 panels when
+    ``fallback`` is ``"fp16"`` (that weight then runs in the fp16 format), else an error. ``fp16`` on a CPU where the
+    kernels build: fp16 panels (every row computed on its own; the fused blocks take them), else fbgemm."""
+    from dartspec import exact
+
+    if fmt in EXACT_FORMATS:
+        if packed is None and (packed := exact.pack(weight)) is not None and fmt == "exact-a16":
+            packed = exact.to_panels(packed)
+        if packed is not None and packed.kind != 16:
+            return fmt, packed
+        if fallback is None:  # no integer groups (or fp16 panels in the cache of a model that has such weights)
+            raise not_integer_groups(fmt)
+        return fallback, packed if packed is not None else exact.half_panels(weight)
+    if fmt == "fp16" and weight.device.type == "cpu" and exact.available():
+        return fmt, exact.half_panels(weight)
+    return fmt, None
+
+
 class PackedLinear:
     """One linear layer in a weight format; call it like ``F.linear`` on ``(rows, in)`` inputs.
 
@@ -99,25 +122,7 @@ class PackedLinear:
         check_format(fmt, weight.device)
         self.out_features, self.in_features = weight.shape
         self.bias = bias
-        if fmt in EXACT_FORMATS and packed is None:
-            from dartspec import exact
-
-            if (packed := exact.pack(weight)) is not None and fmt == "exact-a16":
-                packed = exact.to_panels(packed)
-            if packed is None and fallback is None:
-                raise not_integer_groups(fmt)
-            if packed is None:  # this weight only, in panels of fp16 weights beside the others in the fused blocks
-                fmt, packed = fallback, exact.half_panels(weight)
-        if fmt in EXACT_FORMATS and packed is not None and packed.kind == 16 and fallback is None:  # from the cache
-            raise not_integer_groups(fmt)
-        # fp16 panels (exact.half_panels) are the fp16 format whichever format asked for them
-        self.fmt = "fp16" if packed is not None and packed.kind == 16 else fmt
-        if self.fmt == "fp16" and packed is None and weight.device.type == "cpu":
-            from dartspec import exact
-
-            if exact.available():  # dartspec's C kernels: every row on its own, and the fused blocks take them
-                packed = exact.half_panels(weight)
-        self.packed = packed
+        self.fmt, self.packed = _packed_form(weight, fmt, packed, fallback)
         if self.fmt == "none":
             self.weight = weight
             self.nbytes = weight.nbytes
@@ -134,7 +139,7 @@ class PackedLinear:
         with warnings.catch_warnings():
             # torch 2.13 marks the quantized-tensor constructors deprecated; we pin 2.13.
             warnings.simplefilter("ignore")
-            if fmt == "fp16":
+            if self.fmt == "fp16":
                 self._packed = torch.ops.quantized.linear_prepack_fp16(w.half().float(), bias)
                 self.forward = self._fp16
             else:
@@ -143,7 +148,7 @@ class PackedLinear:
                 qw = torch.quantize_per_channel(w, scale, torch.zeros_like(scale, dtype=torch.long), 0, torch.qint8)
                 self._packed = torch.ops.quantized.linear_prepack(qw, None)
                 self.forward = self._int8
-        self.nbytes = self.out_features * self.in_features * (2 if fmt == "fp16" else 1)  # weight bytes per call
+        self.nbytes = self.out_features * self.in_features * (2 if self.fmt == "fp16" else 1)  # weight bytes a call
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward(x)

@@ -84,9 +84,10 @@ def verify_cost_curve(
 
 def _calibration_file(target: Any, cache: Path) -> Path:
     cpu = platform.processor() or platform.machine()
-    key = f"{target.name}-{target.device}-{describe(target).replace('/', '-')}-t{torch.get_num_threads()}"
+    fmt = describe(target)
+    key = f"{target.name}-{target.device}-{fmt.replace('/', '-')}-t{torch.get_num_threads()}"
     key += f"-{cpu}-{os.cpu_count()}-v3"  # v3: keyed by runtime and weight format
-    if "exact" in describe(target):  # dartspec's own C kernels: a faster build makes a new curve
+    if "exact" in fmt or "fp16" in fmt:  # on dartspec's C kernels: a new build, a new curve
         from dartspec import exact
 
         key += f"-k{exact.build_key()}"
