@@ -149,9 +149,10 @@ def add_target_args(p: argparse.ArgumentParser, runtime: str = "auto", gpu_dtype
     )
     p.add_argument(
         "--cuda-graphs",
-        action="store_true",
-        help="lean runtime on a GPU: run decode and verify steps as CUDA graphs (one launch a step instead of "
-        "hundreds; not yet measured, so off by default)",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="run the lean runtime's decode and verify steps as CUDA graphs (one launch a step instead of hundreds): "
+        "auto (default) on a GPU, where plain decoding measured 2.8-3.8x as fast with them; on; off",
     )
 
 
@@ -239,7 +240,7 @@ def load_target(args: argparse.Namespace):  # -> TargetRuntime (imported lazily:
         device=dev,
         dtype=getattr(torch, dtype_for(args, dev.type)),
         log=_log,
-        cuda_graphs=getattr(args, "cuda_graphs", False),
+        cuda_graphs={"on": True, "off": False}.get(getattr(args, "cuda_graphs", "auto")),
     )
     streamed = getattr(target, "weight_bytes", None)
     per_token = f", {streamed / 1e6:.0f} MB of weights per token" if streamed else ""

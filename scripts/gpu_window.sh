@@ -247,16 +247,15 @@ data | train | profile | bench)
         exit 0
     fi
     if [ "$phase" = bench ]; then
-        # Plain decoding (the default lean forward and transformers' modules), DART with lookup spans (32 nodes, the
-        # GPU default), DART alone (32 and 16) and EAGLE-3 on this GPU (float32, the generation default: bf16
-        # tips near-ties), the shipped drafters, the prompts' files from the package cache as prepare copied them
-        # (no registry here). Then, in a call of their own (never run on a GPU before: a failure there must not
-        # take the other rows with it), plain decoding and the default drafter with CUDA graphs, each checked
-        # against the plain row on graphs, beside plain decoding without. `bench [LIMIT]` (default 20 prompts a
-        # set); BENCH_METHODS and GRAPH_METHODS (empty: none) override the methods.
+        # Plain decoding (the default lean forward with CUDA graphs, the GPU default since the fourth window, and
+        # without them), prompt lookup, DART with lookup spans (32 nodes, the GPU size), DART alone (32 and 16) and
+        # EAGLE-3 on this GPU (float32, the generation default: bf16 tips near-ties), the shipped drafters, the
+        # prompts' files from the package cache as prepare copied them (no registry here). GRAPH_METHODS (default
+        # none) runs further methods in calls of their own, a failure there not taking the other rows with it.
+        # `bench [LIMIT]` (default 20 prompts a set); BENCH_METHODS and GRAPH_METHODS override the methods.
         [ -d .window/bench/packages ] && mkdir -p "$DARTSPEC_CACHE" && cp -r .window/bench/packages "$DARTSPEC_CACHE/"
-        methods=${BENCH_METHODS:-ar,ar:runtime=hf,dart+pld,dart,dart:size=16,eagle3}
-        graph_methods=${GRAPH_METHODS-ar,ar:graphs=1,dart+pld:graphs=1}
+        methods=${BENCH_METHODS:-ar,ar:graphs=0,pld,dart+pld,dart,dart:size=16,eagle3}
+        graph_methods=${GRAPH_METHODS:-}
         # This window's last DART run that exported a drafter, if any, runs beside the shipped one (with the shipped
         # n-gram table): its timed tau on the GPU before it is collected and promoted.
         latest=""
@@ -297,12 +296,12 @@ data | train | profile | bench)
         echo "data: $runtime runtime, batch $batch, shards of $shard requests" | tee "$out/data.txt"
         # lean+graphs: the lean forward with its decode steps as CUDA graphs, where the profile measured it fastest
         # and its tokens agreed with transformers'.
-        graphs=()
-        [ "$runtime" = lean+graphs ] && runtime=lean && graphs=(--cuda-graphs)
+        graphs=(--cuda-graphs off)  # the runtime as the profile timed it (graphs are the GPU default otherwise)
+        [ "$runtime" = lean+graphs ] && runtime=lean && graphs=(--cuda-graphs on)
         # Two turns a conversation (DATA_TURNS): the target also writes a follow-up request after its own answer,
         # as MT-Bench's second turns are, and answers it with the whole conversation as context.
         data_started=$SECONDS
-        regen() {  # regen MINUTES [--cuda-graphs]
+        regen() {  # regen MINUTES --cuda-graphs on|off
             python3 -m dartspec.cli data regenerate --source self --range "$first:$((first + 1000000))" --out "$fresh" \
                 --seed "$window" --max-new-tokens 256 --turns "${DATA_TURNS:-2}" --shard-size "$shard" \
                 --batch-size "$batch" --device "${DEVICE:-cuda}" --runtime "$runtime" "${@:2}" \
@@ -311,11 +310,11 @@ data | train | profile | bench)
         if ! regen "$minutes" "${graphs[@]}"; then
             # CUDA graphs had never run on a GPU before this profile chose them: a run they break goes on without
             # them for the minutes left (its finished shards kept).
-            [ "${#graphs[@]}" -gt 0 ] || exit 1
+            [ "${graphs[1]}" = on ] || exit 1
             left=$(awk "BEGIN {print $minutes - ($SECONDS - $data_started) / 60}")
             echo "window: data with CUDA graphs failed; again without them for $left minutes" | tee -a "$out/data.txt"
             [ -d "$fresh" ] && resume=(--resume)
-            awk "BEGIN {exit !($left > 0.5)}" && regen "$left"
+            awk "BEGIN {exit !($left > 0.5)}" && regen "$left" --cuda-graphs off
         fi
         exit 0
     fi

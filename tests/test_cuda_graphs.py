@@ -170,3 +170,30 @@ def test_graph_batch_steps_decode_as_the_forward(arch: str) -> None:
     with HostReads() as reads:
         decode_batch(graphed, batch, 16, stop_ids=frozenset(), check_every=4)
     assert reads.sites == {("tolist", "batch_decode.py:decode_batch"): 4}, reads.sites
+
+
+def test_graphs_are_the_default_wherever_they_can_run() -> None:
+    """auto (None): on for the lean runtime on a CUDA GPU, off elsewhere; asked for where they cannot run: an error;
+    the command line's on / off / auto map to True / False / None."""
+    from dartspec.cli import build_parser
+    from dartspec.targets import resolve_graphs
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert resolve_graphs(None, "lean", gpu) is True
+    assert resolve_graphs(None, "hf", gpu) is False and resolve_graphs(None, "lean", cpu) is False
+    assert resolve_graphs(False, "lean", gpu) is False
+    for kind, device in (("hf", gpu), ("lean", cpu)):
+        with pytest.raises(DartspecError, match="needs the lean runtime on a CUDA GPU"):
+            resolve_graphs(True, kind, device)
+    parser = build_parser()
+    assert parser.parse_args(["generate", "--prompt", "x"]).cuda_graphs == "auto"
+    assert parser.parse_args(["generate", "--prompt", "x", "--cuda-graphs", "off"]).cuda_graphs == "off"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["generate", "--prompt", "x", "--cuda-graphs", "maybe"])
+
+
+def test_a_method_option_written_with_a_colon_says_how_to_write_it() -> None:
+    from dartspec.bench.suite import parse_methods
+
+    with pytest.raises(DartspecError, match="separated by commas"):
+        parse_methods("dart:size=16:graphs=1")

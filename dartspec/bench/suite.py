@@ -115,6 +115,8 @@ def _spec(group: list[str], tree_size: int | str | None) -> MethodSpec:
     kw: dict[str, Any] = {"tree_size": tree_size}
     for opt in options:
         key, _, value = opt.partition("=")
+        if ":" in value:
+            raise DartspecError(f"bad option {opt!r} in {label}: a method's options are separated by commas")
         if key not in allowed or not value:
             raise DartspecError(f"bad option {opt!r} in {label}: use {', '.join(sorted(allowed))} as key=value")
         if key == "tree":

@@ -27,15 +27,13 @@ def default_drafter(device, model: str | None = None) -> str:
     On a CPU, prompt lookup: the fastest drafter there and about as fast as plain decoding at worst
     (BENCHMARKS.md, exact-a16 runtime: median 0.96-1.15x on MT-Bench over nine runs, worst prompt 0.88-0.98x;
     1.05-1.22x on HumanEval), costs no model, bit-identical output; ``dart+pld`` at 3 nodes ties with it there
-    (1.03x against 1.04x on development prompts). On a GPU, where verifying 32 nodes costs about what one does, the
-    shipped DART drafter with prompt-lookup spans in the same 32 nodes where the model has one: DART alone measured
-    1.18-1.65x / 1.65-1.70x plain decoding on MT-Bench / HumanEval (one H200, float32, lean runtime, 4-5 prompts a
-    set; 1.31x / 1.51x EAGLE-3, 0 mismatches), and the spans raise its replayed tau at the same budget by 11% / 25%
-    (2.41 -> 2.67, 2.91 -> 3.63) for ~40 us of lookup a step; else plain decoding (lookup alone is not measured
-    there)."""
-    if str(getattr(device, "type", device)) == "cpu":
-        return "pld"
-    return "dart+pld" if model is not None and shipped_checkpoint("dart", model) is not None else "none"
+    (1.03x against 1.04x on development prompts). On a GPU, plain decoding: there the lean forward's steps run as
+    CUDA graphs by default, which made plain decoding 2.8-3.8x as fast (the fourth window, one H100, float32), and
+    against that DART with lookup spans measured 0.80-0.88x on MT-Bench (1.39-1.52x on HumanEval, 4-5 prompts a
+    set, 0 mismatches): its drafter forward and tree search still run eagerly, ~38% of a step. ``model`` is kept
+    for the day a drafter pays on a GPU for the model it ships for."""
+    del model  # no model's drafter is the GPU default today (see above)
+    return "pld" if str(getattr(device, "type", device)) == "cpu" else "none"
 
 
 def make_drafter(
