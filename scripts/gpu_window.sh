@@ -251,10 +251,11 @@ data | train | profile | bench)
         # without them), prompt lookup, DART with lookup spans (32 nodes, the GPU size), DART alone (32 and 16) and
         # EAGLE-3 on this GPU (float32, the generation default: bf16 tips near-ties), the shipped drafters, the
         # prompts' files from the package cache as prepare copied them (no registry here). GRAPH_METHODS (default
-        # none) runs further methods in calls of their own, a failure there not taking the other rows with it.
-        # `bench [LIMIT]` (default 20 prompts a set); BENCH_METHODS and GRAPH_METHODS override the methods.
+        # none) runs further methods in calls of their own, a failure there not taking the other rows with it (8
+        # files come back: leave LATENCY=0 then). `bench [LIMIT]` (default 20 prompts a set); BENCH_METHODS and
+        # GRAPH_METHODS override the methods.
         [ -d .window/bench/packages ] && mkdir -p "$DARTSPEC_CACHE" && cp -r .window/bench/packages "$DARTSPEC_CACHE/"
-        methods=${BENCH_METHODS:-ar,ar:graphs=0,pld,dart+pld,dart,dart:size=16,eagle3}
+        methods=${BENCH_METHODS:-ar,ar:graphs=0,pld,dart+pld,dart+pld:size=16,dart,dart:size=16,eagle3}
         graph_methods=${GRAPH_METHODS:-}
         # This window's last DART run that exported a drafter, if any, runs beside the shipped one (with the shipped
         # n-gram table): its timed tau on the GPU before it is collected and promoted.
@@ -274,6 +275,13 @@ data | train | profile | bench)
         for set in mtbench humaneval; do
             bench "$set" "$methods" "$out/bench-$set"
         done
+        # What a verify step of q rows costs with and without graphs (LATENCY=0: not): a speculative step on graphs
+        # measured ~1.6x a plain one at 32 nodes in the fourth window; this says how much of it is the forward.
+        if [ "${LATENCY:-1}" != 0 ]; then
+            python3 -m dartspec.cli bench latency --device "${DEVICE:-cuda}" --cuda-graphs off --formats lean:none \
+                --prompts 0 --qs 1,2,4,8,16,32,64 --out "$out/latency" 2>&1 | tee -a "$out/bench.txt" ||
+                echo "bench latency stopped with status $?"
+        fi
         for set in mtbench humaneval; do
             [ -n "$graph_methods" ] || break
             bench "$set" "$graph_methods" "$out/bench-$set-graphs"
