@@ -25,7 +25,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +35,8 @@ from dartspec.kv_cache import TreeKVCache, TreeKVLayer
 
 if TYPE_CHECKING:
     from dartspec.lean import LeanTarget
+
+T = TypeVar("T")
 
 #: Rows a step is captured for; a step of q new rows runs in the smallest bucket >= q (larger ones run eagerly).
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -262,23 +264,26 @@ class StepGraphs:
         self, body: Callable[[], tuple[torch.Tensor, torch.Tensor | None]]
     ) -> Callable[[], tuple[torch.Tensor, torch.Tensor | None]]:
         """``body`` as a CUDA graph (a function that replays it and returns its outputs); eagerly off a GPU."""
-        if not self.capture:
-            return body
-        device = self.target.device
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            body()  # warm-up off the capture: cuBLAS handles, workspaces and kernel choices are made here
-        torch.cuda.current_stream(device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            outputs = body()
+        return capture(body, self.target.device) if self.capture else body
 
-        def replay() -> tuple[torch.Tensor, torch.Tensor | None]:
-            graph.replay()
-            return outputs
 
-        return replay
+def capture(body: Callable[[], T], device: torch.device) -> Callable[[], T]:
+    """``body`` captured as a CUDA graph on ``device``: a function that replays it and returns its outputs (the same
+    tensors each time, overwritten by the next replay). Raises RuntimeError where the body cannot be captured."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        body()  # warm-up off the capture: cuBLAS handles, workspaces and kernel choices are made here
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = body()
+
+    def replay() -> T:
+        graph.replay()
+        return outputs
+
+    return replay
 
 
 class _StaticKV:

@@ -16,6 +16,7 @@ import torch
 
 from dartspec.drafters.base import DraftBudget, FeatureDrafter
 from dartspec.drafters.dart_fast import FastDraftNet
+from dartspec.drafters.dart_graphs import GraphDraftNet
 from dartspec.drafters.dart_model import DartModel
 from dartspec.drafters.options import DrafterOptions, checkpoint_folder
 from dartspec.ngram import MergedNgram, NgramModel, OnlineNgram
@@ -60,9 +61,12 @@ class DartDrafter(FeatureDrafter):
         self.tree_builder = self._tree_builder()
         self.t2d = np.full(max(int(self.d2t.max()) + 1, 1), -1, dtype=np.int64)
         self.t2d[self.d2t] = np.arange(len(self.d2t))
-        # On a float32 CPU target the step runs on dartspec's C kernels (8-bit weight groups; dart_fast.py).
+        # On a float32 CPU target the step runs on dartspec's C kernels (8-bit weight groups; dart_fast.py); with a
+        # target on CUDA graphs, DART's own network steps on graphs too (dart_graphs.py). Either keeps its own cache.
         fast = FastDraftNet.supports(model, target.device, target.dtype) if fast_step is None else fast_step
-        self._fast = FastDraftNet(self.model) if fast else None
+        self._fast: FastDraftNet | GraphDraftNet | None = FastDraftNet(self.model) if fast else None
+        if self._fast is None and type(model) is DartModel and getattr(target, "step_graphs", None) is not None:
+            self._fast = GraphDraftNet(model, capture=target.device.type == "cuda")
 
     def _tree_builder(self) -> TreeBuilder:
         """The tree builder, scoring with the static and this sequence's online n-grams."""

@@ -212,6 +212,16 @@ class DraftLayer(nn.Module):
         drafting passes one sequence without them. Returns the residual stream and the new keys/values
         ``(..., kv_heads, N, head_dim)``.
         """
+        q, k, v = self.project(x_in, positions)
+        if past is not None:
+            k_all = torch.cat([past[0], k], dim=-2)
+            v_all = torch.cat([past[1], v], dim=-2)
+        else:
+            k_all, v_all = k, v
+        return self.mix(q, k_all, v_all, mask, resid), k, v
+
+    def project(self, x_in: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values ``(..., heads, N, head_dim)`` of the new inputs, rotated to ``positions``."""
         cfg = self.cfg
 
         def heads(x: torch.Tensor, count: int) -> torch.Tensor:
@@ -219,17 +229,16 @@ class DraftLayer(nn.Module):
 
         q = rotary(heads(self.q_proj(x_in), cfg.num_attention_heads), positions, cfg.rope_theta)
         k = rotary(heads(self.k_proj(x_in), cfg.num_key_value_heads), positions, cfg.rope_theta)
-        v = heads(self.v_proj(x_in), cfg.num_key_value_heads)
-        if past is not None:
-            k_all = torch.cat([past[0], k], dim=-2)
-            v_all = torch.cat([past[1], v], dim=-2)
-        else:
-            k_all, v_all = k, v
-        attn = attend(q, k_all, v_all, mask)
+        return q, k, heads(self.v_proj(x_in), cfg.num_key_value_heads)
+
+    def mix(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, resid: torch.Tensor
+    ) -> torch.Tensor:
+        """The residual stream after attention of ``q`` over ``keys``/``values`` under ``mask`` and the MLP."""
+        attn = attend(q, keys, values, mask)
         h = resid + self.o_proj(attn.transpose(-2, -3).flatten(-2))
         x = self.post_norm(h)
-        h = h + self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        return h, k, v
+        return h + self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DartModel(nn.Module):
