@@ -40,7 +40,9 @@ from dartspec.atomic import atomic_path
 from dartspec.errors import DartspecError
 
 GROUP = 32
-_SOURCES = tuple(Path(__file__).with_name(name) for name in ("qgemm.c", "qdot.c", "attend.c", "block.c", "ngram.c"))
+_SOURCES = tuple(
+    Path(__file__).with_name(name) for name in ("qgemm.c", "qdot.c", "attend.c", "block.c", "ngram.c", "search.c")
+)
 _HEADERS = tuple(Path(__file__).with_name(name) for name in ("rows.h", "qdot.h", "vmath.h"))
 
 
@@ -666,6 +668,10 @@ def _library() -> ctypes.CDLL:
     lib.dartspec_ngram_prob.restype = None
     lib.dartspec_ngram_prob.argtypes = [ptr, ptr, c_long, ptr, ptr, c_long, ptr, ptr, c_long, ctypes.c_uint64]
     lib.dartspec_ngram_prob.argtypes += [ptr, ptr, c_long, c_long, ptr]
+    lib.dartspec_beam_search.restype = c_long
+    lib.dartspec_beam_search.argtypes = [ptr, ptr, c_long, c_long, ptr, ptr, ptr, c_long, ptr, ptr, c_long, ptr, ptr]
+    lib.dartspec_beam_search.argtypes += [c_long, ctypes.c_uint64, ptr, c_long, c_long, c_long, ctypes.c_double]
+    lib.dartspec_beam_search.argtypes += [ctypes.c_double, ctypes.c_double, ctypes.c_double, ctypes.c_int, ptr, ptr]
     lib.dartspec_attend_seqs.restype = None
     lib.dartspec_attend_seqs.argtypes = [ptr, c_long, c_long, c_long, ptr, c_long, ptr, ptr, ptr, ptr, ptr, ptr]
     lib.dartspec_attend_seqs.argtypes += [ctypes.c_float, ctypes.c_float, ptr, ctypes.c_int]

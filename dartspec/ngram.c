@@ -8,19 +8,24 @@
  * key_shift), their counts; every order's context keys in one sorted array (shifted by ctx_shift), their totals; the
  * shifts per order, longest first. For row b (its last order-1 tokens in ctx, -1 where missing) and candidate t, the
  * probability is count(c, t) / max(count(c), 1) at the longest context c (n-1 tokens, all present) that was seen and
- * under which (c, t) was counted; 0 where none was. Same doubles, same division: equal to numpy's, bit for bit. */
+ * under which (c, t) was counted; 0 where none was. Same doubles, same division: equal to numpy's, bit for bit.
+ * A context's n-grams are one run of the sorted keys, found once per row and order; candidates are searched in it. */
 #include <stdint.h>
 
-static long find(const uint64_t *table, long n, uint64_t key) {
-    long lo = 0, hi = n; /* first index with table[i] >= key */
-    while (lo < hi) {
+static long lower_bound(const uint64_t *table, long lo, long hi, uint64_t key) {
+    while (lo < hi) { /* first index in [lo, hi) with table[i] >= key */
         long mid = lo + (hi - lo) / 2;
         if (table[mid] < key)
             lo = mid + 1;
         else
             hi = mid;
     }
-    return lo < n && table[lo] == key ? lo : -1;
+    return lo;
+}
+
+static long find_in(const uint64_t *table, long lo, long hi, uint64_t key) {
+    long i = lower_bound(table, lo, hi, key);
+    return i < hi && table[i] == key ? i : -1;
 }
 
 void dartspec_ngram_prob(const uint64_t *keys, const double *counts, long nkeys, const uint64_t *ctx_keys,
@@ -47,13 +52,15 @@ void dartspec_ngram_prob(const uint64_t *keys, const double *counts, long nkeys,
                 packed = packed * vocab + (uint64_t)tok;
             }
             if (!valid) continue;
-            long ch = find(ctx_keys, nctx, packed + ctx_shift[i]);
+            long ch = find_in(ctx_keys, 0, nctx, packed + ctx_shift[i]);
             if (ch < 0) continue;
             double total = totals[ch] > 1.0 ? totals[ch] : 1.0;
             uint64_t base = packed * vocab + key_shift[i];
-            for (long k = 0; k < K; k++) {
+            /* This context's n-grams are the keys in [base, base + vocab): search that run, not the whole table. */
+            long lo = lower_bound(keys, 0, nkeys, base), hi = lower_bound(keys, lo, nkeys, base + vocab);
+            for (long k = 0; k < K && lo < hi; k++) {
                 if (o[k] >= 0.0) continue;
-                long h = find(keys, nkeys, base + (uint64_t)t[k]);
+                long h = find_in(keys, lo, hi, base + (uint64_t)t[k]);
                 if (h >= 0) {
                     o[k] = counts[h] / total;
                     done++;

@@ -11,14 +11,16 @@ They share :func:`top_candidates` (per-depth top-k, renormalised) and never keep
 
 from __future__ import annotations
 
+import functools
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
+from dartspec.ngram import MergedNgram, NgramModel, _address
 from dartspec.tree import DraftBudget, Tree
 
 # Drafted EOS nodes rank below every other node (still kept if the budget allows).
@@ -76,6 +78,7 @@ class BeamTree:
         self.params = params or BeamParams()
         self.ngram = ngram
         self.cap_width = True  # narrow beam + early stop (exact, see the loop); False: full published search
+        self.use_c = True  # the same search in C (search.c) where the kernels build and the n-gram is a static one
         self.eos = np.array(sorted(eos_ids), dtype=np.int64)
         self._eos_ids = self.eos.tolist()
 
@@ -89,6 +92,9 @@ class BeamTree:
         if self.cap_width and depth == 1:
             return self._one_level(root, logp[0], d2t, budget.max_nodes - 1)
         cand, cand_lp = top_candidates(logp[:depth], p.top_k, d2t)
+        fast = self._c_search(root, cand, cand_lp, tokens, budget) if self.use_c else None
+        if fast is not None:
+            return fast
         order = self.ngram.order if self.ngram is not None else 1
         history = np.array(list(tokens)[-(order - 1) :] if order > 1 else [], dtype=np.int64)
 
@@ -144,10 +150,56 @@ class BeamTree:
             beam_nodes = new_nodes[alive]
             beam_scores = scores[alive]
             ctx = np.concatenate([beam_ctx[b_idx], new_tokens[:, None]], axis=1)[alive]
-            beam_ctx = ctx[:, ctx.shape[1] - (order - 1) :] if order > 1 else ctx[:, :0]
+            # The last order-1 tokens (all of them while the text is shorter, as at the start of a sequence).
+            beam_ctx = ctx[:, max(0, ctx.shape[1] - (order - 1)) :] if order > 1 else ctx[:, :0]
         parents = np.concatenate(level_parents).tolist()
         kept = self._top_closed(parents, np.concatenate(level_scores).tolist(), budget)
         return Tree.from_nodes(root, np.concatenate(level_tokens).tolist(), parents, kept)
+
+    def _c_search(
+        self, root: int, cand: np.ndarray, cand_lp: np.ndarray, tokens: Sequence[int], budget: DraftBudget
+    ) -> Tree | None:
+        """The search in C (``search.c``: the same scores, so the same tree wherever no two scores tie), or None
+        where it does not apply: no C kernels here, an n-gram other than one static model, sizes beyond its limits."""
+        kernel = _c_beam_search()
+        static = _static_ngram(self.ngram)
+        if kernel is None or static is False:
+            return None
+        p = self.params
+        tables: tuple[int, ...] = (0, 0, 0, 0, 0, 0, 0, 0, 1, 1)  # no n-gram: a NULL table, order 1
+        history = np.zeros(0, dtype=np.int64)
+        if static is not None:
+            tables = static._c_tables
+            width = static.order - 1
+            history = np.full(width, -1, dtype=np.int64)
+            tail = list(tokens)[-width:] if width else []
+            history[width - len(tail) :] = tail
+        cand = np.ascontiguousarray(cand, dtype=np.int64)
+        cand_lp = np.ascontiguousarray(cand_lp, dtype=np.float64)
+        out_tokens = np.empty(budget.max_nodes, dtype=np.int64)
+        out_parents = np.empty(budget.max_nodes, dtype=np.int64)
+        n = kernel(
+            _address(cand),
+            _address(cand_lp),
+            cand.shape[0],
+            cand.shape[1],
+            _address(history),
+            *tables,
+            _address(self.eos),
+            len(self.eos),
+            budget.max_nodes,
+            p.beam_width,
+            p.level_decay,
+            p.logit_decay,
+            p.ngram_weight,
+            p.eps,
+            int(self.cap_width),
+            _address(out_tokens),
+            _address(out_parents),
+        )
+        if n < 0:
+            return None
+        return Tree(np.concatenate([[root], out_tokens[:n]]), np.concatenate([[-1], out_parents[:n] + 1]))
 
     def _is_eos(self, tokens: np.ndarray) -> np.ndarray:
         """Which of ``tokens`` are end tokens (a model has one to three: a comparison each is ~20x faster than
@@ -184,6 +236,24 @@ class BeamTree:
                 if i not in kept and (parents[i] == -1 or parents[i] in kept):
                     kept.add(i)
         return sorted(kept)
+
+
+@functools.cache
+def _c_beam_search() -> Any:
+    """The C beam search (``search.c``, built with dartspec's other kernels), or None where they cannot be built."""
+    from dartspec import exact
+
+    return exact._library().dartspec_beam_search if exact.available() else None
+
+
+def _static_ngram(scorer: Scorer | None) -> NgramModel | bool | None:
+    """The one static n-gram model behind ``scorer`` (None: no n-gram), or False where it is something else (online
+    counts, smoothing), which only the numpy search scores."""
+    if isinstance(scorer, MergedNgram) and scorer.online is None:
+        scorer = scorer.static
+    if scorer is None or type(scorer) is NgramModel:
+        return scorer
+    return False
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dartspec import exact
 from dartspec.drafters.base import DraftBudget
-from dartspec.ngram import NgramModel
-from dartspec.search import BeamParams, BeamTree, ChainTree, DDTree, make_tree_builder
+from dartspec.ngram import MergedNgram, NgramModel, OnlineNgram, SmoothedNgram
+from dartspec.search import BeamParams, BeamTree, ChainTree, DDTree, make_tree_builder, top_candidates
 
 
 def random_logp(seed: int, d: int, v: int) -> torch.Tensor:
@@ -106,9 +107,10 @@ def test_chain_is_argmax_per_depth() -> None:
     use_ngram=st.booleans(),
     eos=st.sampled_from([(), (3,), (3, 5)]),
     rows=st.sampled_from([1, 8]),
+    use_c=st.booleans(),
 )
 def test_narrow_beam_builds_the_same_tree_as_the_full_width(
-    seed: int, nodes: int, use_ngram: bool, eos, rows: int
+    seed: int, nodes: int, use_ngram: bool, eos, rows: int, use_c: bool
 ) -> None:
     # One row (or two nodes) takes the single-level shortcut; EOS ranked high must still come last.
     rng = np.random.default_rng(seed)
@@ -123,5 +125,52 @@ def test_narrow_beam_builds_the_same_tree_as_the_full_width(
     narrow = BeamTree(ngram=ngram, eos_ids=eos)
     full = BeamTree(ngram=ngram, eos_ids=eos)
     full.cap_width = False
+    narrow.use_c = full.use_c = use_c
     a, b = narrow(1, logp, None, history, budget), full(1, logp, None, history, budget)
     assert a.tokens.tolist() == b.tokens.tolist() and a.parents.tolist() == b.parents.tolist()
+
+
+@pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
+@settings(max_examples=150, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    nodes=st.integers(2, 70),
+    ngram_kind=st.sampled_from(["none", "static", "merged"]),
+    eos=st.sampled_from([(), (3,), (3, 5, 7)]),
+    rows=st.integers(2, 12),
+    cap_width=st.booleans(),
+)
+def test_the_c_beam_search_builds_the_numpy_searchs_tree(
+    seed: int, nodes: int, ngram_kind: str, eos: tuple[int, ...], rows: int, cap_width: bool
+) -> None:
+    """search.c against the numpy search (the reference): the same tree, node for node, where no scores tie."""
+    rng = np.random.default_rng(seed)
+    logp = random_logp(seed, rows, 300)
+    for i, t in enumerate(eos):  # end tokens ranked high (distinct scores, so no tie decides)
+        if seed % 2:
+            logp[:, t] = logp.max() + 0.5 + 0.1 * i
+    ngram = None
+    if ngram_kind != "none":
+        # Few distinct tokens, so contexts repeat and the n-gram term decides many ranks.
+        ngram, _ = NgramModel.build([rng.integers(0, 40, size=3000).tolist()], order=3 + seed % 2, vocab=300)
+        ngram = MergedNgram(ngram, None) if ngram_kind == "merged" else ngram
+    history = rng.integers(0, 40, size=int(rng.integers(0, 6))).tolist()
+    d2t = rng.permutation(1000)[:300] if seed % 3 == 0 else None
+    budget = DraftBudget(max_nodes=nodes, max_depth=rows)
+    c, ref = BeamTree(ngram=ngram, eos_ids=eos), BeamTree(ngram=ngram, eos_ids=eos)
+    c.cap_width = ref.cap_width = cap_width
+    ref.use_c = False
+    a, b = c(1, logp, d2t, history, budget), ref(1, logp, d2t, history, budget)
+    assert a.tokens.tolist() == b.tokens.tolist() and a.parents.tolist() == b.parents.tolist()
+    if rows > 1 and nodes > 2:
+        assert c._c_search(1, *top_candidates(logp, 25, d2t), history, budget) is not None  # the C path ran
+
+
+def test_online_and_smoothed_ngrams_take_the_numpy_search() -> None:
+    model, _ = NgramModel.build([list(range(50)) * 3], order=3, vocab=60)
+    online = OnlineNgram(3)
+    online.extend(list(range(20)))
+    cand, lp = top_candidates(random_logp(0, 4, 60), 25, None)
+    budget = DraftBudget(max_nodes=8, max_depth=4)
+    for scorer in (MergedNgram(model, online), online, SmoothedNgram(model, 0.5)):
+        assert BeamTree(ngram=scorer)._c_search(1, cand, lp, [1, 2], budget) is None

@@ -48,6 +48,8 @@ def time_builders(
     builders: dict[str, Any] = {"beam": BeamTree(), "ddtree": DDTree(), "chain": ChainTree()}
     if ngram is not None:
         builders["beam+ngram"] = BeamTree(ngram=ngram)
+        builders["beam+ngram, numpy"] = BeamTree(ngram=ngram)
+        builders["beam+ngram, numpy"].use_c = False  # the reference search.c replaced (same trees)
         builders["beam+ngram+online"] = BeamTree(ngram=MergedNgram(ngram, online))
     builders["beam+online"] = BeamTree(ngram=online)
     out: dict[str, dict[int, float]] = {}
