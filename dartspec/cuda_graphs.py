@@ -37,6 +37,9 @@ if TYPE_CHECKING:
     from dartspec.lean import LeanTarget
 
 T = TypeVar("T")
+#: A captured step's kind ("step": decode / verify, "batch": the static batch, "commit": keeping a path), its rows,
+#: and whether it returns features.
+StepKey = tuple[str, int, bool]
 
 #: Rows a step is captured for; a step of q new rows runs in the smallest bucket >= q (larger ones run eagerly).
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -86,7 +89,7 @@ class StepGraphs:
         self.target, self.capture, self.buckets = target, capture, tuple(sorted(buckets))
         # Per cache (a sequence, or a server's request): its steps by (bucket, features). Weak keys: a finished
         # request's cache takes its graphs with it; nothing in a step refers back to the cache itself.
-        self._steps: weakref.WeakKeyDictionary[TreeKVCache, dict[tuple[int, bool], _Step]] = weakref.WeakKeyDictionary()
+        self._steps: weakref.WeakKeyDictionary[TreeKVCache, dict[StepKey, _Step]] = weakref.WeakKeyDictionary()
         self.captures = 0  # steps captured so far (logs, tests)
         self.failed: str | None = None  # why capturing failed, after which every step runs eagerly
 
@@ -114,7 +117,7 @@ class StepGraphs:
         for layer in cache.layers:
             layer.reserve(base + rows)
         steps, buffers = self._steps_on(cache)
-        key = (rows, features)
+        key = ("step", rows, features)
         step = steps.get(key)
         if step is None:
             step = self._new_step(cache.layers, rows, features, buffers)
@@ -142,7 +145,7 @@ class StepGraphs:
         if self.failed or not first.is_initialized or first.npre or column >= first.keys.shape[2]:
             return None
         steps, buffers = self._steps_on(cache, key_positions)
-        key = (-len(tokens), False)  # batch steps apart from one sequence's buckets
+        key = ("batch", len(tokens), False)
         step = steps.get(key)
         if step is None:
             step = self._new_batch_step(cache.layers, len(tokens), key_positions, buffers)
@@ -157,9 +160,63 @@ class StepGraphs:
             layer.length = column + 1
         return hidden.clone()
 
+    def commit(self, base: int, nodes: Sequence[int], cache: TreeKVCache) -> bool:
+        """Keep the entries ``base + nodes`` (ascending) as positions ``base, base + 1, ...`` (what
+        :meth:`dartspec.kv_cache.TreeKVCache.keep` does: an index_select and a copy per layer's keys and values, ~120
+        launches on a 30-layer model) as one graph per bucket of path lengths; False where no graph applies (the
+        caller keeps them eagerly). Padding entries copy a slot onto itself."""
+        n = len(nodes)
+        rows = self.bucket(n)
+        first = cache.layers[0]
+        if self.failed or rows is None or not first.is_initialized or first.npre or base + rows > first.keys.shape[2]:
+            return False
+        steps, buffers = self._steps_on(cache)
+        key = ("commit", rows, False)
+        step = steps.get(key)
+        if step is None:
+            step = self._new_commit(cache.layers, rows, buffers)
+            # A capture runs its body once before recording it, and a commit is not idempotent (a second run would
+            # move moved entries again): it is captured on the identity path, which moves nothing.
+            self._fill_commit(step, base, range(rows))
+            if not self._captured(steps, key, step):
+                return False
+        self._fill_commit(step, base, nodes)
+        step.run()
+        for layer in cache.layers:
+            layer.length = base + n
+        return True
+
+    def _fill_commit(self, step: _Step, base: int, nodes: Sequence[int]) -> None:
+        """Write a commit's inputs (padding entries name their own slot) and send them."""
+        if step.copied is not None:
+            step.copied.synchronize()
+        host = step.host
+        assert host is not None
+        host[0] = base
+        host[1:] = torch.arange(step.rows)
+        host[1 : 1 + len(nodes)] = torch.as_tensor(list(nodes), dtype=torch.long)
+        self._send(step)
+
+    def _new_commit(self, layers: Sequence[TreeKVLayer], rows: int, buffers: tuple[torch.Tensor, ...]) -> _Step:
+        """A path's commit: its input block ``[base, nodes (rows, padded with their own index)]``."""
+        device = self.target.device
+        host = torch.zeros(1 + rows, dtype=torch.long, pin_memory=device.type == "cuda")
+        meta = torch.zeros(1 + rows, dtype=torch.long, device=device)
+        new = torch.arange(rows, device=device)
+        kv = [(buffers[2 * i], buffers[2 * i + 1]) for i in range(len(layers))]
+
+        def body() -> tuple[torch.Tensor, None]:
+            src, dst = meta[0] + meta[1:], meta[0] + new
+            for keys, values in kv:
+                keys.index_copy_(2, dst, keys.index_select(2, src))  # gathered first: overlaps are safe
+                values.index_copy_(2, dst, values.index_select(2, src))
+            return meta, None
+
+        return _Step(rows, buffers, host, meta, body, body)
+
     def _steps_on(
         self, cache: TreeKVCache, *tables: torch.Tensor
-    ) -> tuple[dict[tuple[int, bool], _Step], tuple[torch.Tensor, ...]]:
+    ) -> tuple[dict[StepKey, _Step], tuple[torch.Tensor, ...]]:
         """The steps captured on ``cache``'s current buffers (and the given tables, which the steps read in place),
         and those buffers. Steps captured on older ones (the cache grew, or a batch dropped rows) are dropped."""
         buffers = (*(t for layer in cache.layers for t in (layer.keys, layer.values)), *tables)
@@ -174,7 +231,7 @@ class StepGraphs:
                 layer.values[:, :, own:].zero_()
         return steps, buffers
 
-    def _captured(self, steps: dict[tuple[int, bool], _Step], key: tuple[int, bool], step: _Step) -> bool:
+    def _captured(self, steps: dict[StepKey, _Step], key: StepKey, step: _Step) -> bool:
         """Capture a new step (its inputs written) and keep it; False (and every later step eager) if that fails."""
         try:
             step.run = self._capture(step.body)
@@ -255,7 +312,12 @@ class StepGraphs:
         local = host[1 + 2 * rows :].view(rows, rows)
         local.fill_diagonal_(1)  # padding rows see themselves only, which keeps their softmax finite
         local[:q, :q] = torch.ones(q, q, dtype=torch.long).tril_() if local_mask is None else local_mask.to(torch.long)
-        step.meta.copy_(host, non_blocking=True)
+        self._send(step)
+
+    def _send(self, step: _Step) -> None:
+        """Copy the step's host block to its device block without waiting (the next write waits for this copy)."""
+        assert step.host is not None
+        step.meta.copy_(step.host, non_blocking=True)
         if self.capture:
             step.copied = torch.cuda.Event()
             step.copied.record()

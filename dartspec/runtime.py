@@ -368,7 +368,7 @@ class CausalRuntime(ABC):
         n = len(nodes)
         if list(nodes) == list(range(n)):
             cache.truncate(base + n)
-        else:
+        elif self.step_graphs is None or not self.step_graphs.commit(base, nodes, cache):
             cache.keep(base, torch.as_tensor(nodes, dtype=torch.long, device=self.device))
 
     @torch.inference_mode()

@@ -38,10 +38,17 @@ def _pair(arch: str, seed: int = 5) -> tuple[LeanTarget, LeanTarget]:
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
-def test_graph_steps_equal_the_forward_through_trees_commits_and_growth(arch: str) -> None:
+@pytest.mark.parametrize("warm_up", [False, True])
+def test_graph_steps_equal_the_forward_through_trees_commits_and_growth(
+    arch: str, warm_up: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     plain, graphed = _pair(arch)
     steps = graphed.step_graphs
     assert steps is not None
+    if warm_up:
+        # As a CUDA capture does, run each step's body once before it is replayed: every captured step must leave the
+        # state one run leaves (a commit moves entries, so it is captured on a path that moves none).
+        monkeypatch.setattr(steps, "_capture", lambda body: (body(), body)[1])
     rng = np.random.default_rng(0)
     prompt = rng.integers(2, VOCAB, size=30).tolist()
     for t in (plain, graphed):
@@ -62,8 +69,11 @@ def test_graph_steps_equal_the_forward_through_trees_commits_and_growth(arch: st
         for t in (plain, graphed):
             t.commit(base, tree.path_to(node))
     assert graphed.cached > 256 and graphed.cache.layers[0].keys is not buffers  # the cache grew: new buffers
-    # Captured once per bucket used, and again on the grown buffers; 70 rows never.
-    assert 7 < steps.captures <= 2 * 7
+    # Captured once per bucket used, and again on the grown buffers; 70 rows never. Commits of paths that are not the
+    # tree's first nodes are graphs of their own (the logits above hold them to the eager commit).
+    kinds = [key[0] for key in steps._steps[graphed.cache]]
+    assert set(kinds) == {"step", "commit"} and kinds.count("step") == 7
+    assert 7 + 3 < steps.captures <= 2 * (7 + 7)
     # Plain decoding's one-token steps without features are steps of their own.
     before = steps.captures
     for t in (plain, graphed):
@@ -96,14 +106,18 @@ def test_a_graph_step_reads_nothing_back_from_the_device() -> None:
     for t in (plain, graphed):
         t.prefill(rng.integers(2, VOCAB, size=20).tolist())
     tree = _random_tree(rng, 10)
-    graphed.verify(tree)  # the first call captures
+    path = next(p for p in map(tree.path_to, range(tree.size)) if p != list(range(len(p))))  # not a prefix: moves
+    graphed.verify(tree)  # the first calls capture
+    graphed.commit(20, path)
     graphed.truncate(20)
     counts = []
     for t in (graphed, plain):
         with HostReads() as reads:
             t.verify(tree, features=True)
+            t.commit(20, path)
         counts.append(reads.count)
     assert counts[0] == 0 and counts[1] > 0, counts
+    assert graphed.cached == plain.cached == 20 + len(path)
 
 
 def test_cuda_graphs_need_a_gpu_and_the_torch_forward() -> None:

@@ -33,11 +33,16 @@ def _inputs(length: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.parametrize("num_layers", [1, 2])
-def test_static_steps_equal_the_network_through_growth(monkeypatch: pytest.MonkeyPatch, num_layers: int) -> None:
+@pytest.mark.parametrize("warm_up", [False, True])
+def test_static_steps_equal_the_network_through_growth(
+    monkeypatch: pytest.MonkeyPatch, num_layers: int, warm_up: bool
+) -> None:
     monkeypatch.setattr(dart_graphs, "FIRST_CAPACITY", 32)  # outgrown within the test
+    if warm_up:  # as a CUDA capture does: the body runs once before its replays, which must change nothing
+        monkeypatch.setattr(dart_graphs, "capture", lambda body, device: (body(), body)[1])
     model = model_for(tiny_target(), depth=4, num_layers=num_layers).eval()
     feats, embeds = _inputs(120)
-    net, cache = GraphDraftNet(model, capture=False, max_new=6), DraftKV()
+    net, cache = GraphDraftNet(model, capture=warm_up, max_new=6), DraftKV()
     buffers = net.keys[0]
     # A prompt (more positions than a graph takes: eager), accepted paths of 1..5 positions, shallower requests.
     chunks = [9, 1, 3, 5, 2, 1, 4, 1, 1, 5, 12, 2, 3, 1, 5, 4, 2, 1, 3, 5, 2, 4, 1, 3, 5, 2, 5, 5, 5]
