@@ -121,7 +121,8 @@ class GraphDraftNet:
         m, full = features.shape[0], self.model.cfg.depth
         depth = max(1, min(depth, full))
         if start + m + full - 1 > self.slots.shape[0]:
-            self._allocate(max(2 * self.slots.shape[0], start + m + full - 1))
+            # Whole multiples of 64 slots: GPU attention kernels want the mask's rows aligned.
+            self._allocate(max(2 * self.slots.shape[0], -(-(start + m + full - 1) // 64) * 64))
         self.length_t.fill_(start)
         step = self._graph(m)
         if step is None:
