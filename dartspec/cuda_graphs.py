@@ -27,11 +27,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from dartspec.errors import DartspecError
 from dartspec.kv_cache import TreeKVCache, TreeKVLayer
+from dartspec.runtime import host_array
 
 if TYPE_CHECKING:
     from dartspec.lean import LeanTarget
@@ -190,11 +192,11 @@ class StepGraphs:
         """Write a commit's inputs (padding entries name their own slot) and send them."""
         if step.copied is not None:
             step.copied.synchronize()
-        host = step.host
-        assert host is not None
-        host[0] = base
-        host[1:] = torch.arange(step.rows)
-        host[1 : 1 + len(nodes)] = torch.as_tensor(list(nodes), dtype=torch.long)
+        assert step.host is not None
+        block = host_array(step.host)
+        block[0] = base
+        block[1:] = np.arange(step.rows)
+        block[1 : 1 + len(nodes)] = nodes
         self._send(step)
 
     def _new_commit(self, layers: Sequence[TreeKVLayer], rows: int, buffers: tuple[torch.Tensor, ...]) -> _Step:
@@ -301,17 +303,18 @@ class StepGraphs:
         rows, q = step.rows, len(token_ids)
         if step.copied is not None:
             step.copied.synchronize()  # the last copy out of the pinned block is done before it is rewritten
-        host = step.host
-        assert host is not None  # one sequence's steps are written by the host
-        host.zero_()
-        host[0] = base
-        host[1 : 1 + q] = torch.as_tensor(list(token_ids), dtype=torch.long)
-        positions = host[1 + rows : 1 + 2 * rows]
-        positions.fill_(base)  # padding rows: any position inside the context
-        positions[:q] = offsets.to(torch.long) + base
-        local = host[1 + 2 * rows :].view(rows, rows)
-        local.fill_diagonal_(1)  # padding rows see themselves only, which keeps their softmax finite
-        local[:q, :q] = torch.ones(q, q, dtype=torch.long).tril_() if local_mask is None else local_mask.to(torch.long)
+        assert step.host is not None  # one sequence's steps are written by the host
+        # The pinned block written through numpy (a microsecond an operation; torch's are several on tiny tensors).
+        block = host_array(step.host)
+        block[:] = 0
+        block[0] = base
+        block[1 : 1 + q] = token_ids
+        positions = block[1 + rows : 1 + 2 * rows]
+        positions[:] = base  # padding rows: any position inside the context
+        positions[:q] += host_array(offsets)  # offsets and the mask are host tensors (from the tree's arrays)
+        local = block[1 + 2 * rows :].reshape(rows, rows)
+        np.fill_diagonal(local, 1)  # padding rows see themselves only, which keeps their softmax finite
+        local[:q, :q] = np.tri(q, dtype=np.int64) if local_mask is None else host_array(local_mask)
         self._send(step)
 
     def _send(self, step: _Step) -> None:

@@ -376,7 +376,7 @@ class Generator:
     def emit(self, seq: SequenceState) -> StepEvent:
         """What ``seq`` has to show now; when it is finished (EOS, a stop string, the limit) the event carries the
         result and ``seq.result`` is set."""
-        finish = self._finish_reason(seq.new, seq.limit, seq.text)
+        finish = self._finish_reason(seq.new, seq.limit, seq.text, seq.shown)  # what was shown held no EOS
         if finish is not None:
             new, final_text = self._truncate(seq.new, seq.limit, seq.text)
             stats = seq.stats
@@ -444,8 +444,10 @@ class Generator:
         seq.drafted = acc.accepted_drafts
         seq.clock.lap("other")
 
-    def _finish_reason(self, new: list[int], limit: int, text: _TextStream) -> str | None:
-        if any(t in self.target.eos_token_ids for t in new):
+    def _finish_reason(self, new: list[int], limit: int, text: _TextStream, checked: int = 0) -> str | None:
+        """Why the answer ``new`` is finished, or None; its first ``checked`` tokens are known to hold no EOS (a scan
+        of the whole answer at every step would cost O(n^2) over it)."""
+        if any(t in self.target.eos_token_ids for t in new[checked:]):
             return "stop"
         if text.stop and text.find_stop(text.current(new)) is not None:
             return "stop"

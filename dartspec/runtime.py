@@ -170,6 +170,14 @@ def host_values(tensor: torch.Tensor) -> list:
     return tensor.tolist()
 
 
+def host_array(tensor: torch.Tensor) -> np.ndarray:
+    """A host tensor's memory as a numpy array (checked: no device to wait for; tests/host_reads.py tells this call
+    apart from a read of a device tensor)."""
+    if tensor.device.type != "cpu":
+        raise ValueError(f"host_array views host tensors; this one is on {tensor.device}")
+    return tensor.numpy()
+
+
 def pad_sequences(sequences: Sequence[Sequence[int] | torch.Tensor], device: torch.device) -> torch.Tensor:
     """Token ids of many sequences as one ``(B, T)`` tensor, right-padded with id 0 to the longest."""
     if not sequences:

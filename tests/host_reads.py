@@ -46,9 +46,10 @@ class HostReads(TorchFunctionMode):
             # copies are counted where dartspec makes them, reads wherever they are made.
             if copy and "/dartspec/" not in stack[-1].filename:
                 return func(*args, **kwargs)
-            # Reads that wait for nothing: dartspec's reads of host tensors (runtime.host_values checks they are),
-            # and AdamW's step counters, host tensors unless the optimizer is fused (as the trainer's is on a GPU).
-            if any(f.name == "host_values" or "/torch/optim/" in f.filename for f in stack):
+            # Reads that wait for nothing: dartspec's reads of host tensors (runtime.host_values / host_array check
+            # they are), and AdamW's step counters, host tensors unless the optimizer is fused (as the trainer's is on a
+            # GPU).
+            if any(f.name in ("host_values", "host_array") or "/torch/optim/" in f.filename for f in stack):
                 return func(*args, **kwargs)
             frames = [f for f in stack if "/dartspec/" in f.filename]
             where = f"{frames[-1].filename.rsplit('/dartspec/', 1)[-1]}:{frames[-1].name}" if frames else "?"
