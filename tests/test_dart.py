@@ -255,7 +255,7 @@ def test_dart_drafter_on_the_fast_step_is_lossless() -> None:
     t32.model.float()
     model = model_for(t32, depth=5).float()
     drafter = DartDrafter(model, t32)
-    assert drafter._fast is not None and DartDrafter(model_for(t32), tiny_target())._fast is None  # float64: torch
+    assert drafter._net is not None and DartDrafter(model_for(t32), tiny_target())._net is None  # float64: torch
     plain = Generator(t32).generate(list(range(2, 12)), max_new_tokens=40)
     spec = Generator(t32, drafter, tree_size=8, max_depth=5).generate(list(range(2, 12)), max_new_tokens=40)
     assert spec.token_ids == plain.token_ids

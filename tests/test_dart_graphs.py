@@ -99,7 +99,7 @@ def test_a_drafter_on_a_graphed_target_drafts_on_static_steps() -> None:
     for target in (plain, graphed):
         record = _Recording()
         drafter = DartDrafter(model, target, record)
-        assert isinstance(drafter._fast, GraphDraftNet) == (target is graphed)
+        assert isinstance(drafter._net, GraphDraftNet) == (target is graphed)
         gen = Generator(target, drafter, tree_size=6, max_depth=5)
         outs.append(gen.generate(prompt, max_new_tokens=50))
         # A second sequence (the cache restarts) and a fork (a server's request) draft the same way.

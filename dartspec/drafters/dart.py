@@ -61,12 +61,13 @@ class DartDrafter(FeatureDrafter):
         self.tree_builder = self._tree_builder()
         self.t2d = np.full(max(int(self.d2t.max()) + 1, 1), -1, dtype=np.int64)
         self.t2d[self.d2t] = np.arange(len(self.d2t))
-        # On a float32 CPU target the step runs on dartspec's C kernels (8-bit weight groups; dart_fast.py); with a
-        # target on CUDA graphs, DART's own network steps on graphs too (dart_graphs.py). Either keeps its own cache.
+        # Where the network's step runs other than in torch, with a draft cache of its own: on a float32 CPU target
+        # dartspec's C kernels (8-bit weight groups; dart_fast.py), with a target on CUDA graphs graphs of its own
+        # (dart_graphs.py).
         fast = FastDraftNet.supports(model, target.device, target.dtype) if fast_step is None else fast_step
-        self._fast: FastDraftNet | GraphDraftNet | None = FastDraftNet(self.model) if fast else None
-        if self._fast is None and type(model) is DartModel and getattr(target, "step_graphs", None) is not None:
-            self._fast = GraphDraftNet(model, capture=target.device.type == "cuda")
+        self._net: FastDraftNet | GraphDraftNet | None = FastDraftNet(self.model) if fast else None
+        if self._net is None and type(model) is DartModel and getattr(target, "step_graphs", None) is not None:
+            self._net = GraphDraftNet(model, capture=target.device.type == "cuda")
 
     def _tree_builder(self) -> TreeBuilder:
         """The tree builder, scoring with the static and this sequence's online n-grams."""
@@ -81,8 +82,8 @@ class DartDrafter(FeatureDrafter):
         if self.online is not None:
             self.online = OnlineNgram(self.online.order)
             self.tree_builder = self._tree_builder()
-        if self._fast is not None:
-            self._fast = self._fast.fork()
+        if self._net is not None:
+            self._net = self._net.fork()
 
     #: The network class this drafter runs (a subclass drafts with another parallel network the same way).
     model_cls: type[DartModel] = DartModel
@@ -98,12 +99,12 @@ class DartDrafter(FeatureDrafter):
         super().begin(prompt_ids)
         if self.online is not None:
             self.online.reset()
-        if self._fast is not None:
-            self._fast.reset()
+        if self._net is not None:
+            self._net.reset()
 
     def _step(self, feats: torch.Tensor, next_ids: torch.Tensor, start: int, depth: int) -> torch.Tensor:
-        if self._fast is not None:
-            return self._fast.dart_step(feats, self.embed(next_ids), start, depth)
+        if self._net is not None:
+            return self._net.dart_step(feats, self.embed(next_ids), start, depth)
         return self.model.step(feats, self.embed(next_ids), start, self._cache, depth=depth)
 
     @torch.inference_mode()
