@@ -58,12 +58,12 @@ def main() -> None:
         print(f"DFlash, {layers} layer(s), depth {args.depth}: {ms:.2f} ms a step")
     dart = make_drafter("dart", target)
     feats = torch.randn(ctx + args.repeats, 3 * H)
-    if dart._fast is not None:
-        dart._fast.dart_step(feats[:ctx], embeds[:ctx], 0, args.depth)
+    if dart._net is not None:
+        dart._net.dart_step(feats[:ctx], embeds[:ctx], 0, args.depth)
         ms = median_ms(
-            lambda n: dart._fast.dart_step(feats[n : n + 1], embeds[n : n + 1], n, args.depth), ctx, args.repeats
+            lambda n: dart._net.dart_step(feats[n : n + 1], embeds[n : n + 1], n, args.depth), ctx, args.repeats
         )
-        print(f"DART, C kernels, depth {args.depth}: {ms:.2f} ms a step")
+        print(f"DART, {type(dart._net).__name__}, depth {args.depth}: {ms:.2f} ms a step")
     cache = DraftKV()
     dart.model.step(feats[:ctx], embeds[:ctx], 0, cache, depth=args.depth)
     ms = median_ms(
