@@ -172,7 +172,7 @@ class BeamTree:
             tables = static._c_tables
             width = static.order - 1
             history = np.full(width, -1, dtype=np.int64)
-            tail = list(tokens)[-width:] if width else []
+            tail = list(tokens[-width:]) if width else []
             history[width - len(tail) :] = tail
         cand = np.ascontiguousarray(cand, dtype=np.int64)
         cand_lp = np.ascontiguousarray(cand_lp, dtype=np.float64)
