@@ -112,3 +112,19 @@ def test_a_drafter_on_a_graphed_target_drafts_on_static_steps() -> None:
     for a, b in zip(rows[0], rows[1], strict=True):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-9)
     assert outs[1].stats.tau > 1.0 or outs[1].stats.tau == outs[0].stats.tau
+
+
+def test_a_failed_capture_drafts_eagerly(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(body, device):  # type: ignore[no-untyped-def]
+        raise RuntimeError("operation not permitted when stream is capturing\nmore lines")
+
+    monkeypatch.setattr(dart_graphs, "capture", refuse)
+    model = model_for(tiny_target(), depth=4).eval()
+    feats, embeds = _inputs(20)
+    net, cache = GraphDraftNet(model, capture=True), DraftKV()
+    with pytest.warns(UserWarning, match="drafting without graphs: RuntimeError: operation not permitted"):
+        got = net.dart_step(feats[:10], embeds[:10], 0, 4)
+    torch.testing.assert_close(got, model.step(feats[:10], embeds[:10], 0, cache), rtol=0, atol=1e-10)
+    assert net.failed is not None and net.captures == 0
+    got = net.dart_step(feats[10:12], embeds[10:12], 10, 3)  # eager from now on, without another warning
+    torch.testing.assert_close(got, model.step(feats[10:12], embeds[10:12], 10, cache, depth=3), rtol=0, atol=1e-10)
