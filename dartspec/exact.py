@@ -43,7 +43,7 @@ GROUP = 32
 _SOURCES = tuple(
     Path(__file__).with_name(name) for name in ("qgemm.c", "qdot.c", "attend.c", "block.c", "ngram.c", "search.c")
 )
-_HEADERS = tuple(Path(__file__).with_name(name) for name in ("rows.h", "qdot.h", "vmath.h"))
+_HEADERS = tuple(Path(__file__).with_name(name) for name in ("rows.h", "qdot.h", "vmath.h", "ngram.h"))
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,8 @@
  * A context's n-grams are one run of the sorted keys, found once per row and order; candidates are searched in it. */
 #include <stdint.h>
 
+#include "ngram.h"
+
 static long lower_bound(const uint64_t *table, long lo, long hi, uint64_t key) {
     while (lo < hi) { /* first index in [lo, hi) with table[i] >= key */
         long mid = lo + (hi - lo) / 2;

@@ -15,10 +15,7 @@
 #include <stdint.h>
 #include <string.h>
 
-void dartspec_ngram_prob(const uint64_t *keys, const double *counts, long nkeys, const uint64_t *ctx_keys,
-                         const double *totals, long nctx, const uint64_t *key_shift, const uint64_t *ctx_shift,
-                         long order, uint64_t vocab, const int64_t *ctx, const int64_t *cand, long B, long K,
-                         double *out);
+#include "ngram.h"
 
 /* numpy rounds a * b + c twice; a fused multiply-add (which -march=native would allow) once. */
 #pragma GCC optimize("fp-contract=off")
