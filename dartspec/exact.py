@@ -598,6 +598,12 @@ def available() -> bool:
     return True
 
 
+def kernel(name: str) -> Any:
+    """The C function ``name`` of dartspec's kernel library, or None where the library cannot be built here (no
+    gcc, not x86-64 with AVX2): its caller then runs its numpy version."""
+    return getattr(_library(), name) if available() else None
+
+
 def _march() -> str:
     # DARTSPEC_MARCH (default native) builds for another instruction set, e.g. x86-64-v3 (AVX2 without AVX-512), so
     # that the AVX2 code paths can be tested on an AVX-512 machine.

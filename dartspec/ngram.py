@@ -57,11 +57,10 @@ def _find(table: np.ndarray, keys: np.ndarray) -> np.ndarray:
 
 @functools.cache
 def _c_prob():
-    """The C kernel of :meth:`NgramModel.prob` (``ngram.c``, built with dartspec's other kernels), or None where they
-    cannot be built (no gcc, not x86-64 with AVX2): the numpy version then."""
+    """The C kernel of :meth:`NgramModel.prob` (``ngram.c``), or None where dartspec's kernels cannot be built."""
     from dartspec import exact
 
-    return exact._library().dartspec_ngram_prob if exact.available() else None
+    return exact.kernel("dartspec_ngram_prob")
 
 
 def _address(a: np.ndarray) -> int:

@@ -27,13 +27,6 @@
 #define MAX_NODES (MAX_LEVELS * MAX_BEAM)
 #define EOS_PENALTY 1e6
 
-typedef struct {
-    const uint64_t *keys, *ctx_keys, *key_shift, *ctx_shift;
-    const double *counts, *totals;
-    long nkeys, nctx, order;
-    uint64_t vocab;
-} Ngram;
-
 static int is_eos(int64_t t, const int64_t *eos, long n_eos) {
     for (long i = 0; i < n_eos; i++)
         if (eos[i] == t) return 1;
@@ -65,7 +58,6 @@ long dartspec_beam_search(const int64_t *cand, const double *lp, long depth, lon
                           long order, uint64_t vocab, const int64_t *eos, long n_eos, long max_nodes,
                           long beam_width, double level_decay, double logit_decay, double ngram_weight, double eps,
                           int cap_width, int64_t *out_tokens, int64_t *out_parents) {
-    Ngram ng = {keys, ctx_keys, key_shift, ctx_shift, counts, totals, nkeys, nctx, order, vocab};
     long width = keys ? order - 1 : 0;
     if (k > MAX_K || beam_width > MAX_BEAM || depth > MAX_LEVELS || order > MAX_ORDER || max_nodes < 2) return -1;
     /* Everything on the stack (~100 KB): no state between calls, safe from several threads. */
@@ -102,8 +94,8 @@ long dartspec_beam_search(const int64_t *cand, const double *lp, long depth, lon
             for (long j = 0; j < k; j++) score[b * k + j] = beam_scores[b] + wd * l[j];
         if (keys && level > 0) {
             for (long b = 0; b < nb; b++) memcpy(ngram_cand + b * k, c, k * sizeof(int64_t));
-            dartspec_ngram_prob(ng.keys, ng.counts, ng.nkeys, ng.ctx_keys, ng.totals, ng.nctx, ng.key_shift,
-                                ng.ctx_shift, ng.order, ng.vocab, beam_ctx, ngram_cand, nb, k, pn);
+            dartspec_ngram_prob(keys, counts, nkeys, ctx_keys, totals, nctx, key_shift, ctx_shift, order, vocab,
+                                beam_ctx, ngram_cand, nb, k, pn);
             double wn = w * ngram_weight;
             for (long i = 0; i < n; i++) score[i] = score[i] + wn * log(pn[i] + eps);
         }

@@ -77,6 +77,7 @@ class BeamTree:
     def __init__(self, params: BeamParams | None = None, ngram: Scorer | None = None, eos_ids: Sequence[int] = ()):
         self.params = params or BeamParams()
         self.ngram = ngram
+        self._static = _static_ngram(ngram)  # what the C search scores with (False: it cannot)
         self.cap_width = True  # narrow beam + early stop (exact, see the loop); False: full published search
         self.use_c = True  # the same search in C (search.c) where the kernels build and the n-gram is a static one
         self.eos = np.array(sorted(eos_ids), dtype=np.int64)
@@ -161,8 +162,7 @@ class BeamTree:
     ) -> Tree | None:
         """The search in C (``search.c``: the same scores, so the same tree wherever no two scores tie), or None
         where it does not apply: no C kernels here, an n-gram other than one static model, sizes beyond its limits."""
-        kernel = _c_beam_search()
-        static = _static_ngram(self.ngram)
+        kernel, static = _c_beam_search(), self._static
         if kernel is None or static is False:
             return None
         p = self.params
@@ -240,10 +240,10 @@ class BeamTree:
 
 @functools.cache
 def _c_beam_search() -> Any:
-    """The C beam search (``search.c``, built with dartspec's other kernels), or None where they cannot be built."""
+    """The C beam search (``search.c``), or None where dartspec's kernels cannot be built."""
     from dartspec import exact
 
-    return exact._library().dartspec_beam_search if exact.available() else None
+    return exact.kernel("dartspec_beam_search")
 
 
 def _static_ngram(scorer: Scorer | None) -> NgramModel | bool | None:
