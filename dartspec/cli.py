@@ -161,9 +161,9 @@ def add_drafter_args(p: argparse.ArgumentParser, default: str = "auto") -> None:
     p.add_argument(
         "--drafter",
         default=default,
-        help="auto (default: pld on a CPU, the fastest measured there; on a GPU dart+pld where a DART drafter ships "
-        "for the model, else none), none (plain decoding), pld (prompt lookup), dart, dart+pld (both in one tree), "
-        "or eagle3 (baseline)",
+        help="auto (default: on a CPU dart+pld where a DART drafter ships for the model, else pld, the fastest "
+        "measured there; on a GPU none: plain decoding on CUDA graphs measured fastest on chat, pass dart+pld for "
+        "code), none (plain decoding), pld (prompt lookup), dart, dart+pld (both in one tree), or eagle3 (baseline)",
     )
     p.add_argument(
         "--topk", type=_positive_int, default=4, help="eagle3: nodes expanded per tree level, children per node"
@@ -184,8 +184,15 @@ def add_drafter_args(p: argparse.ArgumentParser, default: str = "auto") -> None:
         "--tree-size",
         type=_tree_size,
         default=None,
-        help="max draft tree nodes, root included (default: 4 on CPU, 16 on GPU), or auto (dart, eagle3: sized per "
-        "step from measured verify costs)",
+        help="max draft tree nodes, root included (default on a CPU: 4, 2 for dart and eagle3; on a GPU: 16, 32 for "
+        "dart, dart+pld and eagle3), or auto (dart, eagle3: sized per step from measured verify costs)",
+    )
+    p.add_argument(
+        "--draft-nodes",
+        type=_positive_int,
+        default=None,
+        help="dart+pld: at most this many of the tree's nodes (root included) go to DART's tree, the rest to prompt "
+        "lookup's spans (default with the default tree size: 2 on a CPU, no cap on a GPU)",
     )
     p.add_argument("--max-depth", type=int, default=8, help="max draft depth below the root")
 
@@ -198,6 +205,7 @@ def make_generator(args: argparse.Namespace, target):  # -> Generator
         drafter=args.drafter,
         path=args.drafter_path,
         tree_size=args.tree_size,
+        draft_nodes=args.draft_nodes,
         max_depth=args.max_depth,
         tree=args.tree,
         ngram=args.ngram,

@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dartspec.drafters import FEATURE_DRAFTERS, default_drafter, make_drafter
-from dartspec.engine import Generator, default_tree_size
+from dartspec.drafters import default_drafter, make_drafter
+from dartspec.engine import Generator, default_budget
+from dartspec.formats import drafter_kind
 from dartspec.tree_size import AUTO_MAX_SIZE
 
 
@@ -20,8 +21,9 @@ class GeneratorSpec:
     """A decoding method: the drafter and its options (see :func:`dartspec.drafters.make_drafter`).
 
     ``drafter``: a name of :func:`dartspec.drafters.make_drafter`, ``auto`` included. ``tree_size``: nodes verified
-    per step; None picks the device's default for the drafter
-    (:func:`dartspec.engine.default_tree_size`), ``"auto"`` chooses per step from the machine's cost curve."""
+    per step; None picks the device's default for the drafter (:func:`dartspec.engine.default_budget`), ``"auto"``
+    chooses per step from the machine's cost curve. ``draft_nodes``: a hybrid's (``dart+pld``) cap on its network
+    tree's nodes; None: the default budget's cap where the size is the default, else none."""
 
     drafter: str = "none"
     path: str | None = None
@@ -32,16 +34,22 @@ class GeneratorSpec:
     online_ngram: bool = False
     ngram_smoothing: float = 0.0
     topk: int = 4
+    draft_nodes: int | None = None
 
 
 def build_generator(target: Any, spec: GeneratorSpec) -> Generator:
     name = default_drafter(target.device, target.name) if spec.drafter == "auto" else spec.drafter
     auto = spec.tree_size == "auto"
-    feature = name in FEATURE_DRAFTERS
+    kind = drafter_kind(name)
+    feature = kind is not None and kind.feature
+    draft_nodes = spec.draft_nodes
     if auto:
         size = AUTO_MAX_SIZE if feature else 16
+    elif spec.tree_size is not None:
+        size = int(spec.tree_size)
     else:
-        size = int(spec.tree_size) if spec.tree_size is not None else default_tree_size(target.device, feature)
+        size, default_cap = default_budget(target.device, feature, kind is not None and kind.lookup)
+        draft_nodes = default_cap if draft_nodes is None else draft_nodes
     drafter = make_drafter(
         name,
         target,
@@ -52,5 +60,6 @@ def build_generator(target: Any, spec: GeneratorSpec) -> Generator:
         auto_size=auto,
         ngram_smoothing=spec.ngram_smoothing,
         topk=spec.topk,
+        draft_nodes=draft_nodes,
     )
     return Generator(target, drafter, tree_size=size, max_depth=spec.max_depth)

@@ -25,6 +25,8 @@ def test_parse_methods_groups_options() -> None:
     assert parse_methods("eagle3:size=auto")[0].tree_size == "auto"
     lookup = parse_methods("pld:size=2,depth=5", tree_size=12)[0]
     assert (lookup.kind, lookup.tree_size, lookup.max_depth) == ("pld", 2, 5)
+    hybrid = parse_methods("dart+pld:size=3,draft=2")[0]
+    assert (hybrid.tree_size, hybrid.draft, hybrid.generator_spec().draft_nodes) == (3, 2, 2)
 
 
 @pytest.mark.parametrize(
@@ -35,6 +37,8 @@ def test_parse_methods_groups_options() -> None:
         ("eagle3:topk=0", "topk must be a positive integer"),
         ("dart:tree=wide", "tree must be one of beam, ddtree, chain"),
         ("dart:colour=red", "bad option 'colour=red'"),
+        ("dart:draft=2", "bad option 'draft=2'"),  # only a hybrid has a DART share to cap
+        ("dart+pld:draft=0", "draft must be a positive integer"),
         ("size=4", "must follow a method name"),
         ("hf-pld:size=4", "takes no options"),
         ("ar,ar", "same method twice"),

@@ -641,6 +641,51 @@ def test_hybrid_merges_lookup_spans_and_stays_lossless(target: Target) -> None:
     target.reset()
 
 
+def test_hybrid_caps_the_drafters_share_but_not_the_spans(target: Target) -> None:
+    """``draft_nodes``: the lookup's spans may use the whole budget, the DART tree at most its cap (without a match
+    too); lossless either way."""
+    from dartspec.drafters.base import DraftBudget
+    from dartspec.drafters.hybrid import HybridDrafter
+
+    model = model_for(target, depth=5)
+    prompt = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6]
+    plain = Generator(target).generate(prompt, max_new_tokens=40)
+    capped = HybridDrafter(DartDrafter(model, target, "beam"), draft_nodes=2)
+    assert Generator(target, capped, tree_size=5, max_depth=5).generate(prompt, max_new_tokens=40).token_ids == (
+        plain.token_ids
+    )
+    budgets: list[DraftBudget] = []
+    propose = capped.drafter.propose
+    capped.drafter.propose = lambda tokens, budget: budgets.append(budget) or propose(tokens, budget)
+    for tokens, spans in (([*prompt, 7], [8, 9, 5, 6, 7]), ([*prompt, 11], None)):  # a match, and none
+        target.reset()
+        capped.begin(prompt)
+        capped.observe(prompt, target.prefill(prompt, features=True).features)
+        tree = capped.propose(tokens, DraftBudget(max_nodes=8, max_depth=5))
+        if spans:  # the span fills 6 of the 8 nodes; DART gets 2 of the 3 nodes left (root shared)
+            assert tree.tokens[1:6].tolist() == spans and budgets[-1].max_nodes == 2 and tree.size <= 7
+        else:
+            assert budgets[-1].max_nodes == 2 and tree.size <= 2
+    with pytest.raises(ValueError, match="draft_nodes"):
+        HybridDrafter(DartDrafter(model, target, "beam"), draft_nodes=0)
+
+
+def test_build_generator_gives_dart_with_lookup_its_default_cap_only_at_the_default_size(
+    tmp_path: Path, target: Target
+) -> None:
+    from dartspec.methods import GeneratorSpec, build_generator
+
+    model_for(target).save(tmp_path)
+    default = build_generator(target, GeneratorSpec(drafter="dart+pld", path=str(tmp_path)))
+    assert (default.tree_size, default.drafter.draft_nodes) == (4, 2)
+    sized = build_generator(target, GeneratorSpec(drafter="dart+pld", path=str(tmp_path), tree_size=6))
+    assert (sized.tree_size, sized.drafter.draft_nodes) == (6, None)  # an explicit size: no cap unless asked
+    both = build_generator(target, GeneratorSpec(drafter="dart+pld", path=str(tmp_path), tree_size=6, draft_nodes=3))
+    assert (both.tree_size, both.drafter.draft_nodes) == (6, 3)
+    dart = build_generator(target, GeneratorSpec(drafter="dart", path=str(tmp_path)))
+    assert dart.tree_size == 2
+
+
 def test_hybrid_builds_three_lookup_spans_and_one_under_the_auto_sizer(tmp_path: Path, target: Target) -> None:
     """The registry's ``dart+pld``: three continuations at a fixed budget (chosen on development answers); with
     ``--tree-size auto`` one, since the sizer's cost model cuts only the DART tree."""

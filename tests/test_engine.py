@@ -205,19 +205,26 @@ def test_default_tree_size_follows_device_and_drafter(target: Target) -> None:
     assert default_tree_size(torch.device("cuda"), True) == 32 and default_tree_size("cuda") == 16
 
 
-def test_auto_drafter_is_prompt_lookup_on_a_cpu_and_plain_decoding_on_a_gpu(
+def test_auto_drafter_on_a_cpu_is_dart_with_lookup_where_a_drafter_ships_and_plain_decoding_on_a_gpu(
     target: Target,
 ) -> None:
     from dartspec.drafters import default_drafter, make_drafter
+    from dartspec.engine import default_budget
     from dartspec.methods import GeneratorSpec, build_generator
 
+    # No DART drafter ships for the tiny target: prompt lookup at its CPU size.
     gen = build_generator(target, GeneratorSpec(drafter="auto"))
-    assert gen.drafter.name == "pld" and gen.tree_size == 4  # lookup's CPU default size
+    assert gen.drafter.name == "pld" and gen.tree_size == 4
     assert make_drafter("auto", target).name == "pld"
-    assert default_drafter("cpu") == "pld" and default_drafter("cpu", "smollm2-135m") == "pld"
+    assert default_drafter("cpu") == "pld" and default_drafter("cpu", "no-such-model") == "pld"
+    assert default_drafter("cpu", "smollm2-135m") == "dart+pld"  # its drafter ships in the package
     # On a GPU plain decoding (on CUDA graphs), also where a DART drafter ships for the model: measured faster there.
     assert default_drafter(torch.device("cuda"), "smollm2-135m") == "none"
     assert default_drafter("cuda", target.name) == default_drafter("cuda") == "none"
+    # dart+pld's default budget: lookup's size with DART's tree at its own on a CPU; the network's size on a GPU.
+    assert default_budget("cpu", True, lookup=True) == (4, 2) and default_budget("cpu", True) == (2, None)
+    assert default_budget("cpu") == (4, None) and default_budget("cpu", False, lookup=True) == (4, None)
+    assert default_budget(torch.device("cuda"), True, lookup=True) == (32, None)
 
 
 def test_a_sequence_stepped_by_hand_equals_the_stream(target: Target) -> None:

@@ -55,6 +55,7 @@ class MethodSpec:
     path: str | None = None
     smooth: float = 0.0  # interpolated n-gram weight (0 = DART's longest-context rule)
     topk: int = 4  # eagle3: nodes expanded per level, children per node
+    draft: int | None = None  # dart+pld: the DART tree's share of the nodes (None: the default budget's)
     runtime: str | None = None  # None: the main target's; else lean / hf (see dartspec.targets)
     quant: str | None = None  # None: the main target's; else none / fp16 / int8
     graphs: bool | None = None  # None: the main target's; else CUDA graphs on / off (the lean runtime on a GPU)
@@ -74,6 +75,7 @@ class MethodSpec:
             online_ngram=self.online,
             ngram_smoothing=self.smooth,
             topk=self.topk,
+            draft_nodes=self.draft,
         )
 
     @property
@@ -125,7 +127,7 @@ def _spec(group: list[str], tree_size: int | str | None) -> MethodSpec:
             kw["tree"] = value
         elif key == "size" and value == "auto":
             kw["tree_size"] = "auto"
-        elif key in ("size", "depth", "topk"):
+        elif key in ("size", "depth", "topk", "draft"):
             if not value.isdigit() or int(value) < 1:
                 raise DartspecError(f"{label}: {key} must be a positive integer")
             kw[{"size": "tree_size", "depth": "max_depth"}.get(key, key)] = int(value)

@@ -24,16 +24,17 @@ def drafter_names() -> list[str]:
 def default_drafter(device, model: str | None = None) -> str:
     """What ``--drafter auto`` (the command line's default) means for the target ``model`` on ``device``.
 
-    On a CPU, prompt lookup: the fastest drafter there and about as fast as plain decoding at worst
-    (BENCHMARKS.md, exact-a16 runtime: median 0.96-1.15x on MT-Bench over nine runs, worst prompt 0.88-0.98x;
-    1.05-1.22x on HumanEval), costs no model, bit-identical output; ``dart+pld`` at 3 nodes ties with it there
-    (1.03x against 1.04x on development prompts). On a GPU, plain decoding: there the lean forward's steps run as
-    CUDA graphs by default, which made plain decoding 2.8-3.8x as fast (the fourth window, one H100, float32), and
-    against that DART with lookup spans measured 0.80-0.88x on MT-Bench (1.39-1.52x on HumanEval, 4-5 prompts a
-    set, 0 mismatches): its drafter forward and tree search still run eagerly, ~38% of a step. ``model`` is kept
-    for the day a drafter pays on a GPU for the model it ships for."""
-    del model  # no model's drafter is the GPU default today (see above)
-    return "pld" if str(getattr(device, "type", device)) == "cpu" else "none"
+    On a CPU, DART with prompt lookup's spans (``dart+pld``, with its default budget: 4 nodes, DART's tree at most
+    2, :func:`dartspec.engine.default_budget`) where a DART drafter ships for the model, else prompt lookup (no
+    model, bit-identical output). On development prompts (ShareGPT 14100+, 2 x 40, interleaved, one 2-core Zen 3)
+    the hybrid ran at a median 1.21x / 1.19x plain decoding, prompt lookup alone 1.16x / 1.06x (BENCHMARKS.md has
+    MT-Bench and HumanEval). On a GPU, plain decoding: there the lean forward's steps run as CUDA graphs by
+    default, which made plain decoding 2.8-3.8x as fast (the fourth window, one H100, float32), and against that
+    DART with lookup spans measured 0.80-0.88x on MT-Bench (1.39-1.52x on HumanEval, 4-5 prompts a set, 0
+    mismatches): its drafter forward and tree search then still ran eagerly, ~38% of a step."""
+    if str(getattr(device, "type", device)) != "cpu":
+        return "none"
+    return "dart+pld" if model is not None and shipped_checkpoint("dart", model) is not None else "pld"
 
 
 def make_drafter(
@@ -47,6 +48,7 @@ def make_drafter(
     auto_size: bool = False,
     ngram_smoothing: float = 0.0,
     topk: int = 4,
+    draft_nodes: int | None = None,
 ) -> Drafter:
     """A drafter for ``target`` by name (``auto`` is :func:`default_drafter` for the target's device), built by
     its registry line's ``build`` from these options (:class:`DrafterOptions`; each drafter's ``build`` documents
@@ -67,6 +69,7 @@ def make_drafter(
         auto_size=auto_size,
         ngram_smoothing=ngram_smoothing,
         topk=topk,
+        draft_nodes=draft_nodes,
     )
     return build(target, options)
 

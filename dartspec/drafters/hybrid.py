@@ -7,6 +7,11 @@ come first, and the DART tree fills the nodes they leave; without a match the DA
 SmolLM2's development answers (ShareGPT 14000+, 40 answers; ``docs/bench/hybrid-replay-2026-11-26/``) this took DART's
 tau at 16 nodes from 2.72 to 3.32 and at 4 nodes from 2.15 to 2.30; letting DART's tree go first, or spans reach
 deeper than DART's rows, gained nothing at 16 nodes and at most 3% at 32.
+
+Where verifying a node is not nearly free (a CPU), the two sources want different budgets: a span is often right
+for several tokens (prompt lookup's best size there is 4 nodes), DART's guesses past its first rarely pay (its best
+size there is 2). ``draft_nodes`` caps the DART tree's own nodes inside the budget: the CPU default is 4 nodes with
+DART's tree at 2 (:func:`dartspec.methods.build_generator`).
 """
 
 from __future__ import annotations
@@ -31,9 +36,16 @@ class HybridDrafter(DrafterBase):
     name = "dart+pld"
     needs_features = True
 
-    def __init__(self, drafter: Drafter, lookup: PromptLookupDrafter | None = None):
+    def __init__(
+        self, drafter: Drafter, lookup: PromptLookupDrafter | None = None, draft_nodes: int | None = None
+    ) -> None:
+        """``draft_nodes``: at most this many nodes (root included) of the budget go to ``drafter``'s tree; None:
+        all that the lookup's spans leave."""
+        if draft_nodes is not None and draft_nodes < 1:
+            raise ValueError(f"draft_nodes must be >= 1 (got {draft_nodes})")
         self.drafter = drafter
         self.lookup = lookup or PromptLookupDrafter(max_matches=LOOKUP_MATCHES)
+        self.draft_nodes = draft_nodes
         self.needs_features = drafter.needs_features
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
@@ -44,7 +56,9 @@ class HybridDrafter(DrafterBase):
         self.drafter.observe(token_ids, features)
 
     def propose(self, tokens: Sequence[int], budget: DraftBudget) -> Tree:
-        tree = hybrid_tree(self.lookup, tokens, budget, lambda room: self.drafter.propose(tokens, room))
+        tree = hybrid_tree(
+            self.lookup, tokens, budget, lambda room: self.drafter.propose(tokens, room), self.draft_nodes
+        )
         self.last_tree_seconds = self.drafter.last_tree_seconds
         return tree
 
@@ -56,18 +70,24 @@ class HybridDrafter(DrafterBase):
 
 
 def hybrid_tree(
-    lookup: PromptLookupDrafter, tokens: Sequence[int], budget: DraftBudget, draft: Callable[[DraftBudget], Tree]
+    lookup: PromptLookupDrafter,
+    tokens: Sequence[int],
+    budget: DraftBudget,
+    draft: Callable[[DraftBudget], Tree],
+    draft_nodes: int | None = None,
 ) -> Tree:
     """``lookup``'s continuations of ``tokens`` first, then the tree ``draft`` makes in the nodes they leave (all of
-    them without a match). Where the spans fill the budget, ``draft`` gets one node (the root: a network drafter then
-    runs nothing, and its committed features wait for its next step, which absorbs them in one forward)."""
+    them without a match), at most ``draft_nodes`` of them. Where the spans fill the budget, ``draft`` gets one node
+    (the root: a network drafter then runs nothing, and its committed features wait for its next step, which absorbs
+    them in one forward)."""
     root = tokens[-1]
+    cap = budget.max_nodes if draft_nodes is None else min(draft_nodes, budget.max_nodes)
     spans = lookup.continuations(tokens, budget.max_depth) if budget.max_depth > 0 else []
     if not spans:
-        return draft(budget)
+        return draft(DraftBudget(max_nodes=cap, max_depth=budget.max_depth))
     copied = Tree.from_paths(root, spans, max_nodes=budget.max_nodes)
     room = budget.max_nodes - copied.size + 1  # the drafter's tree shares the root
-    tree = draft(DraftBudget(max_nodes=max(room, 1), max_depth=budget.max_depth))
+    tree = draft(DraftBudget(max_nodes=max(min(room, cap), 1), max_depth=budget.max_depth))
     if tree.size == 1:
         return copied
     guesses = [tree.tokens[path[1:]].tolist() for path in tree.paths()]
@@ -77,8 +97,9 @@ def hybrid_tree(
 def build(target: FeatureSource, options: DrafterOptions) -> HybridDrafter:
     """The registry's builder of ``dart+pld``: lookup spans plus a DART tree in the nodes they leave. With
     ``--tree-size auto`` (``options.auto_size``) the budget is the sizer's ceiling and its cost model cuts only the
-    DART tree, so the lookup proposes one continuation (at most ``max_depth`` nodes), not three."""
+    DART tree, so the lookup proposes one continuation (at most ``max_depth`` nodes), not three.
+    ``options.draft_nodes`` caps the DART tree's share of the budget."""
     from dartspec.drafters import dart
 
     matches = 1 if options.auto_size else LOOKUP_MATCHES
-    return HybridDrafter(dart.build(target, options), PromptLookupDrafter(max_matches=matches))
+    return HybridDrafter(dart.build(target, options), PromptLookupDrafter(max_matches=matches), options.draft_nodes)

@@ -23,6 +23,7 @@ class DrafterOptions:
     auto_size: bool = False
     ngram_smoothing: float = 0.0
     topk: int = 4
+    draft_nodes: int | None = None  # dart+pld: the network tree's share of the budget (None: what spans leave)
 
 
 def shipped_checkpoint(kind: str, model_name: str) -> Path | None:
