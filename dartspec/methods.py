@@ -12,6 +12,7 @@ from typing import Any
 
 from dartspec.drafters import default_drafter, make_drafter
 from dartspec.engine import Generator, default_budget
+from dartspec.errors import DartspecError
 from dartspec.formats import drafter_kind
 from dartspec.tree_size import AUTO_MAX_SIZE
 
@@ -43,6 +44,10 @@ def build_generator(target: Any, spec: GeneratorSpec) -> Generator:
     kind = drafter_kind(name)
     feature = kind is not None and kind.feature
     draft_nodes = spec.draft_nodes
+    if draft_nodes is not None and not (kind is not None and kind.lookup):
+        raise DartspecError(
+            f"the DART share of the tree (--draft-nodes, draft=N) applies to dart+pld only; the drafter here is {name}"
+        )
     if auto:
         size = AUTO_MAX_SIZE if feature else 16
     elif spec.tree_size is not None:

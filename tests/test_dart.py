@@ -684,6 +684,8 @@ def test_build_generator_gives_dart_with_lookup_its_default_cap_only_at_the_defa
     assert (both.tree_size, both.drafter.draft_nodes) == (6, 3)
     dart = build_generator(target, GeneratorSpec(drafter="dart", path=str(tmp_path)))
     assert dart.tree_size == 2
+    with pytest.raises(DartspecError, match="applies to dart\\+pld only; the drafter here is pld"):
+        build_generator(target, GeneratorSpec(drafter="auto", draft_nodes=2))  # no DART drafter ships: pld
 
 
 def test_hybrid_builds_three_lookup_spans_and_one_under_the_auto_sizer(tmp_path: Path, target: Target) -> None:
