@@ -296,7 +296,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     s = result.stats
     sys.stdout.write("\n")
     _log(
-        f"[{s.new_tokens} tokens, {s.tokens_per_s:.1f} tok/s, tau {s.tau:.2f}, drafter {gen.drafter.name}, "
+        f"[{s.new_tokens} tokens, {s.tokens_per_s:.1f} tok/s, tau {s.tau:.2f}, drafter {s.drafter}, "
         f"{s.target_forwards} target forwards, finish: {result.finish_reason}]"
     )
     return 0

@@ -33,6 +33,7 @@ class GenerationStats:
     in which a draft token at that depth was accepted.
     """
 
+    drafter: str = ""  # the drafter this generation ran ("none" where it decoded plainly)
     prompt_tokens: int = 0
     new_tokens: int = 0
     target_forwards: int = 0
@@ -72,6 +73,7 @@ class GenerationStats:
 
     def as_dict(self) -> dict[str, Any]:
         return {
+            "drafter": self.drafter,
             "prompt_tokens": self.prompt_tokens,
             "new_tokens": self.new_tokens,
             "tau": round(self.tau, 4),
@@ -271,16 +273,23 @@ class Generator:
         *,
         tree_size: int | None = None,
         max_depth: int = 8,
+        max_draft_temperature: float | None = None,
     ):
-        """``tree_size`` None: :func:`default_tree_size` for the target's device and the drafter."""
+        """``tree_size`` None: :func:`default_tree_size` for the target's device and the drafter.
+        ``max_draft_temperature``: a sequence sampled at a higher temperature decodes plainly (no drafter, one node
+        a step), since a flatter distribution accepts fewer drafts than their verification costs where rows are
+        not free (a CPU: :func:`dartspec.drafters.default_max_draft_temperature`); None: every sequence drafts."""
         drafter = drafter if drafter is not None else NoDrafter()
         tree_size = default_tree_size(target.device, drafter.needs_features) if tree_size is None else tree_size
         if tree_size < 1 or max_depth < 0:
             raise DartspecError(f"tree size must be >= 1 and depth >= 0 (got {tree_size}, {max_depth})")
+        if max_draft_temperature is not None and not max_draft_temperature >= 0:
+            raise DartspecError(f"max_draft_temperature must be >= 0 or None (got {max_draft_temperature})")
         self.target = target
         self.drafter: Drafter = drafter
         self.tree_size = tree_size
         self.max_depth = max_depth
+        self.max_draft_temperature = max_draft_temperature
 
     def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
         """Token ids for a prompt: a string (chat template applied if ``chat``), messages, or ids."""
@@ -358,7 +367,10 @@ class Generator:
                 f"{target.max_context} tokens"
             )
         verifier = Verifier(params)
-        stats = GenerationStats(prompt_tokens=len(prompt_ids))
+        plain = self.max_draft_temperature is not None and params.temperature > self.max_draft_temperature
+        if plain:
+            drafter = NoDrafter()
+        stats = GenerationStats(drafter=drafter.name, prompt_tokens=len(prompt_ids))
         started = time.perf_counter()
         if own_state:
             cache, drafter = target.new_cache(), drafter.fork()
@@ -377,7 +389,7 @@ class Generator:
             verifier=verifier,
             drafter=drafter,
             cache=cache,
-            tree_size=self.tree_size,
+            tree_size=1 if plain else self.tree_size,
             max_depth=self.max_depth,
             text=_TextStream(target, stop),
             stats=stats,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dartspec.drafters import default_drafter, make_drafter
+from dartspec.drafters import default_drafter, default_max_draft_temperature, make_drafter
 from dartspec.engine import Generator, default_budget
 from dartspec.errors import DartspecError
 from dartspec.formats import drafter_kind
@@ -67,4 +67,6 @@ def build_generator(target: Any, spec: GeneratorSpec) -> Generator:
         topk=spec.topk,
         draft_nodes=draft_nodes,
     )
-    return Generator(target, drafter, tree_size=size, max_depth=spec.max_depth)
+    # Only the default drafter steps aside for sampled requests: a drafter named on purpose always drafts.
+    hot = default_max_draft_temperature(target.device) if spec.drafter == "auto" else None
+    return Generator(target, drafter, tree_size=size, max_depth=spec.max_depth, max_draft_temperature=hot)

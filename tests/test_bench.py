@@ -25,6 +25,8 @@ def test_parse_methods_groups_options() -> None:
     assert parse_methods("eagle3:size=auto")[0].tree_size == "auto"
     lookup = parse_methods("pld:size=2,depth=5", tree_size=12)[0]
     assert (lookup.kind, lookup.tree_size, lookup.max_depth) == ("pld", 2, 5)
+    auto = parse_methods("ar,auto")[1]  # what `generate` runs by default
+    assert (auto.kind, auto.generator_spec().drafter) == ("auto", "auto")
     hybrid = parse_methods("dart+pld:size=3,draft=2")[0]
     assert (hybrid.tree_size, hybrid.draft, hybrid.generator_spec().draft_nodes) == (3, 2, 2)
 

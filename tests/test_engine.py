@@ -227,6 +227,38 @@ def test_auto_drafter_on_a_cpu_is_dart_with_lookup_where_a_drafter_ships_and_pla
     assert default_budget(torch.device("cuda"), True, lookup=True) == (32, None)
 
 
+def test_sampling_above_the_max_draft_temperature_decodes_plainly(target: Target) -> None:
+    """A hot sequence runs without its drafter (one node a step, no drafts offered), a cool one drafts; both give
+    plain sampling's tokens for their seed, alone and stepped together in one forward."""
+    from dartspec.methods import GeneratorSpec, build_generator
+
+    prompt = [3, 4, 5, 3, 4, 5, 3, 4, 5, 3, 4]
+    gen = Generator(target, PromptLookupDrafter(min_ngram=1), tree_size=4, max_draft_temperature=0.5)
+    plain = Generator(target)
+    for temperature, drafts in ((1.0, False), (0.3, True), (0.0, True)):
+        out = gen.generate(prompt, max_new_tokens=24, temperature=temperature, seed=7)
+        ref = plain.generate(prompt, max_new_tokens=24, temperature=temperature, seed=7)
+        assert out.token_ids == ref.token_ids
+        assert out.stats.drafter == ("pld" if drafts else "none") == out.stats.as_dict()["drafter"]
+        assert (out.stats.tree_nodes > out.stats.target_forwards - 1) == drafts  # drafted nodes beyond the roots
+    hot = gen.start(prompt, max_new_tokens=16, temperature=1.0, seed=1, own_state=True)
+    cool = gen.start(prompt, max_new_tokens=16, temperature=0.2, seed=2, own_state=True)
+    assert (hot.tree_size, hot.drafter.name, cool.tree_size, cool.drafter.name) == (1, "none", 4, "pld")
+    live = [hot, cool]
+    while live:
+        live = [s for s in live if gen.emit(s).result is None]
+        if live:
+            gen.advance_many(live)
+    for seq, temperature, seed in ((hot, 1.0, 1), (cool, 0.2, 2)):
+        ref = plain.generate(prompt, max_new_tokens=16, temperature=temperature, seed=seed)
+        assert seq.result is not None and seq.result.token_ids == ref.token_ids
+    # The command line's default drafter steps aside above 0.5 on a CPU; a drafter named on purpose never does.
+    assert build_generator(target, GeneratorSpec(drafter="auto")).max_draft_temperature == 0.5
+    assert build_generator(target, GeneratorSpec(drafter="pld")).max_draft_temperature is None
+    with pytest.raises(DartspecError, match="max_draft_temperature"):
+        Generator(target, max_draft_temperature=-1.0)
+
+
 def test_a_sequence_stepped_by_hand_equals_the_stream(target: Target) -> None:
     """start / emit / advance (the per-sequence steps the stream is made of) give the same tokens and events."""
     gen = Generator(target, PromptLookupDrafter(min_ngram=1))

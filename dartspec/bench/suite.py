@@ -25,13 +25,15 @@ if TYPE_CHECKING:
 
 #: Rows run by other decoders (peers): transformers generate, plain and with prompt lookup, and llama.cpp.
 _PEERS = ("hf-ar", "hf-pld", "llamacpp-ar")
-#: Method names ``--methods`` understands (``ar`` is the drafter ``none``, plain decoding, then every other drafter,
-#: then the peers); options follow a colon (``dart:tree=ddtree,size=8``).
-METHODS = ("ar", *(d for d in DRAFTER_NAMES if d != "none"), *_PEERS)
+#: Method names ``--methods`` understands (``ar`` is the drafter ``none``, plain decoding, ``auto`` what ``generate``
+#: runs by default on the device, then every other drafter, then the peers); options follow a colon
+#: (``dart:tree=ddtree,size=8``).
+METHODS = ("ar", "auto", *(d for d in DRAFTER_NAMES if d != "none"), *_PEERS)
 #: Every method of dartspec's own engine may run on another runtime / weight format than the main target.
 _RUNTIME_OPTIONS = {"runtime", "quant", "graphs"}
 #: Options each method takes after its colon (a drafter's come from its registry line).
 _OPTIONS = {
+    "auto": _RUNTIME_OPTIONS,
     **{("ar" if d.name == "none" else d.name): {*d.options, *_RUNTIME_OPTIONS} for d in DRAFTERS},
     "llamacpp-ar": {"gguf"},
 }

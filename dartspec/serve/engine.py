@@ -246,7 +246,7 @@ class ServeEngine:
         request.send(event)
         if event.result is None:
             return True
-        self.metrics.record(event.result, drafter="none" if request.job.plain else self.drafter_name)
+        self.metrics.record(event.result, drafter=event.result.stats.drafter)
         request.send(None)
         self._leave(request)
         return False
