@@ -449,6 +449,7 @@ class Generator:
         budget = DraftBudget(
             max_nodes=max(1, min(nodes, self.target.max_context - seq.cache.length)),
             max_depth=max(0, min(seq.max_depth, seq.limit - len(seq.new) - 1)),
+            batch_cut=seq.tree_size - nodes,
         )
         tree = drafter.propose(seq.committed, budget)
         seq.clock.lap("draft", drafter.last_tree_seconds)

@@ -15,10 +15,12 @@ import numpy as np
 
 @dataclass(frozen=True)
 class DraftBudget:
-    """Limits for one proposal: total tree nodes (root included) and depth below the root."""
+    """Limits for one proposal: total tree nodes (root included) and depth below the root. ``batch_cut``: how many
+    nodes of the sequence's own tree size a batched step's share took away (0 when it runs alone)."""
 
     max_nodes: int
     max_depth: int
+    batch_cut: int = 0
 
 
 @dataclass(frozen=True, eq=False)

@@ -666,6 +666,12 @@ def test_hybrid_caps_the_drafters_share_but_not_the_spans(target: Target) -> Non
             assert tree.tokens[1:6].tolist() == spans and budgets[-1].max_nodes == 2 and tree.size <= 7
         else:
             assert budgets[-1].max_nodes == 2 and tree.size <= 2
+    # In a batched step the nodes the batch took come out of DART's share first: here all of it.
+    target.reset()
+    capped.begin(prompt)
+    capped.observe(prompt, target.prefill(prompt, features=True).features)
+    tree = capped.propose([*prompt, 11], DraftBudget(max_nodes=2, max_depth=5, batch_cut=2))
+    assert budgets[-1].max_nodes == 1 and tree.size == 1
     with pytest.raises(ValueError, match="draft_nodes"):
         HybridDrafter(DartDrafter(model, target, "beam"), draft_nodes=0)
 

@@ -259,6 +259,24 @@ def test_sampling_above_the_max_draft_temperature_decodes_plainly(target: Target
         Generator(target, max_draft_temperature=-1.0)
 
 
+def test_a_batched_step_tells_each_drafter_what_its_share_cut(target: Target) -> None:
+    budgets: list[DraftBudget] = []
+
+    class Recording(DrafterBase):
+        name = "recording"
+
+        def propose(self, tokens: Sequence[int], budget: DraftBudget) -> Tree:
+            budgets.append(budget)
+            return Tree.root_only(tokens[-1])
+
+    gen = Generator(target, Recording(), tree_size=4)
+    a, b = (gen.start([3, 4, 5], max_new_tokens=8, own_state=True) for _ in range(2))
+    gen.advance_many([a, b], step_rows=4)
+    assert [(x.max_nodes, x.batch_cut) for x in budgets] == [(2, 2), (2, 2)]
+    gen.advance(a)  # alone: its whole tree size
+    assert (budgets[-1].max_nodes, budgets[-1].batch_cut) == (4, 0)
+
+
 def test_a_sequence_stepped_by_hand_equals_the_stream(target: Target) -> None:
     """start / emit / advance (the per-sequence steps the stream is made of) give the same tokens and events."""
     gen = Generator(target, PromptLookupDrafter(min_ngram=1))

@@ -11,7 +11,10 @@ deeper than DART's rows, gained nothing at 16 nodes and at most 3% at 32.
 Where verifying a node is not nearly free (a CPU), the two sources want different budgets: a span is often right
 for several tokens (prompt lookup's best size there is 4 nodes), DART's guesses past its first rarely pay (its best
 size there is 2). ``draft_nodes`` caps the DART tree's own nodes inside the budget: the CPU default is 4 nodes with
-DART's tree at 2 (:func:`dartspec.methods.build_generator`).
+DART's tree at 2 (:func:`dartspec.methods.build_generator`). When a batched step shares its rows among sequences,
+what the batch takes from a sequence's tree comes out of DART's share first: each sequence's drafter runs on its
+own, and a span's node is the better bet (the CPU engine, 2 sequences a step of 4 rows, 1 thread: 1.03x plain
+decoding instead of 0.99x; prompt lookup alone 1.05x).
 """
 
 from __future__ import annotations
@@ -77,11 +80,13 @@ def hybrid_tree(
     draft_nodes: int | None = None,
 ) -> Tree:
     """``lookup``'s continuations of ``tokens`` first, then the tree ``draft`` makes in the nodes they leave (all of
-    them without a match), at most ``draft_nodes`` of them. Where the spans fill the budget, ``draft`` gets one node
-    (the root: a network drafter then runs nothing, and its committed features wait for its next step, which absorbs
-    them in one forward)."""
+    them without a match), at most ``draft_nodes`` of them, less what a batched step cut (``budget.batch_cut``).
+    Where the spans fill the budget, ``draft`` gets one node (the root: a network drafter then runs nothing, and its
+    committed features wait for its next step, which absorbs them in one forward)."""
     root = tokens[-1]
-    cap = budget.max_nodes if draft_nodes is None else min(draft_nodes, budget.max_nodes)
+    cap = budget.max_nodes
+    if draft_nodes is not None:
+        cap = max(1, min(draft_nodes - budget.batch_cut, budget.max_nodes))
     spans = lookup.continuations(tokens, budget.max_depth) if budget.max_depth > 0 else []
     if not spans:
         return draft(DraftBudget(max_nodes=cap, max_depth=budget.max_depth))
