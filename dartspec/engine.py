@@ -242,12 +242,12 @@ def default_tree_size(device: Any, feature_drafter: bool = False) -> int:
 
 
 def default_budget(device: Any, feature_drafter: bool = False, lookup: bool = False) -> tuple[int, int | None]:
-    """The default tree size and the network drafter's share of it (None: no cap). A drafter that merges prompt
-    lookup's spans with a network's tree (``lookup``, e.g. ``dart+pld``) gets the larger of the two defaults, its
-    network tree capped at its own: on a CPU 4 nodes, DART's tree at most 2 (spans are often right for several
-    tokens, DART's guesses past the first rarely pay there; development prompts, ShareGPT 14100+, 2 x 40: median
-    1.21x / 1.19x plain decoding against 1.15x / 1.18x for both at 2 nodes and 1.16x / 1.06x for prompt lookup
-    alone). On a GPU the network's default (32) is the larger: no cap."""
+    """The default tree size and the network drafter's share of it (None: no cap). A drafter that merges prompt lookup's
+    spans with a network's tree (``lookup``, e.g. ``dart+pld``) gets the larger of the two defaults, its network
+    tree capped at its own: on a CPU 4 nodes, DART's tree at most 2 (spans are often right for several tokens,
+    DART's guesses past the first rarely pay there; 80 development prompts: median 1.29x plain decoding against
+    1.21x for one shared budget of 2 and 1.20x for prompt lookup alone, BENCHMARKS.md). On a GPU the network's
+    default (32) is the larger: no cap."""
     size = default_tree_size(device, feature_drafter)
     if not (lookup and feature_drafter):
         return size, None

@@ -24,14 +24,14 @@ def drafter_names() -> list[str]:
 def default_drafter(device, model: str | None = None) -> str:
     """What ``--drafter auto`` (the command line's default) means for the target ``model`` on ``device``.
 
-    On a CPU, DART with prompt lookup's spans (``dart+pld``, with its default budget: 4 nodes, DART's tree at most
-    2, :func:`dartspec.engine.default_budget`) where a DART drafter ships for the model, else prompt lookup (no
-    model, bit-identical output). On development prompts (ShareGPT 14100+, 2 x 40, interleaved, one 2-core Zen 3)
-    the hybrid ran at a median 1.21x / 1.19x plain decoding, prompt lookup alone 1.16x / 1.06x (BENCHMARKS.md has
-    MT-Bench and HumanEval). On a GPU, plain decoding: there the lean forward's steps run as CUDA graphs by
-    default, which made plain decoding 2.8-3.8x as fast (the fourth window, one H100, float32), and against that
-    DART with lookup spans measured 0.80-0.88x on MT-Bench (1.39-1.52x on HumanEval, 4-5 prompts a set, 0
-    mismatches): its drafter forward and tree search then still ran eagerly, ~38% of a step."""
+    On a CPU, DART with prompt lookup's spans (``dart+pld``, with its default budget: 4 nodes, DART's tree at most 2,
+    :func:`dartspec.engine.default_budget`) where a DART drafter ships for the model, else prompt lookup (no model,
+    bit-identical output). One 2-core Zen 3, 128 new tokens, interleaved (BENCHMARKS.md): the hybrid ran at a median
+    1.29x plain decoding on 80 development prompts (ShareGPT 14000+), 1.12x on MT-Bench and 1.24x on HumanEval,
+    prompt lookup alone 1.20x, 1.04x and 1.14x. On a GPU, plain decoding: there the lean forward's steps run as CUDA
+    graphs by default, which made plain decoding 2.8-3.8x as fast (the fourth window, one H100, float32), and
+    against that DART with lookup spans measured 0.80-0.88x on MT-Bench (1.39-1.52x on HumanEval, 4-5 prompts a set,
+    0 mismatches): its drafter forward and tree search then still ran eagerly, ~38% of a step."""
     if str(getattr(device, "type", device)) != "cpu":
         return "none"
     return "dart+pld" if model is not None and shipped_checkpoint("dart", model) is not None else "pld"
