@@ -92,6 +92,10 @@ def test_prompt_lookup_greedy_equals_plain(arch_fixture: str, request: pytest.Fi
         assert spec.token_ids == plain.token_ids
         accepted += spec.stats.draft_tokens_accepted
     assert accepted > 0
+    # A one-node budget (a full batch's share) leaves no room beside the root: no search of the context at all.
+    lookup = PromptLookupDrafter(min_ngram=1)
+    lookup.continuations = lambda tokens, length: pytest.fail("searched the context with no room to draft")
+    assert lookup.propose([3, 4, 3, 4, 3], DraftBudget(max_nodes=1, max_depth=5)).size == 1
 
 
 def test_long_acceptances_happen_and_stats_add_up(target: Target) -> None:

@@ -53,7 +53,8 @@ class PromptLookupDrafter(DrafterBase):
         return []
 
     def propose(self, tokens: Sequence[int], budget: DraftBudget) -> Tree:
-        paths = self.continuations(tokens, budget.max_depth) if budget.max_depth > 0 else []
+        # No room beside the root (a full batch's share): skip the search, a scan of the whole context.
+        paths = self.continuations(tokens, budget.max_depth) if budget.max_depth > 0 and budget.max_nodes > 1 else []
         return Tree.from_paths(tokens[-1], paths, max_nodes=budget.max_nodes)
 
 
