@@ -295,9 +295,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         result = event.result or result
     assert result is not None
     s = result.stats
+    hot = s.extra.get("plain_above_temperature")
+    why_plain = f" (sampled above temperature {hot}: drafts do not pay here)" if hot is not None else ""
     sys.stdout.write("\n")
     _log(
-        f"[{s.new_tokens} tokens, {s.tokens_per_s:.1f} tok/s, tau {s.tau:.2f}, drafter {s.drafter}, "
+        f"[{s.new_tokens} tokens, {s.tokens_per_s:.1f} tok/s, tau {s.tau:.2f}, drafter {s.drafter}{why_plain}, "
         f"{s.target_forwards} target forwards, finish: {result.finish_reason}]"
     )
     return 0

@@ -371,6 +371,8 @@ class Generator:
         if plain:
             drafter = NoDrafter()
         stats = GenerationStats(drafter=drafter.name, prompt_tokens=len(prompt_ids))
+        if plain:  # say why a generator with a drafter did not draft (--json, the CLI's stats line)
+            stats.extra["plain_above_temperature"] = self.max_draft_temperature
         started = time.perf_counter()
         if own_state:
             cache, drafter = target.new_cache(), drafter.fork()

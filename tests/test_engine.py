@@ -245,6 +245,7 @@ def test_sampling_above_the_max_draft_temperature_decodes_plainly(target: Target
         assert out.token_ids == ref.token_ids
         assert out.stats.drafter == ("pld" if drafts else "none") == out.stats.as_dict()["drafter"]
         assert (out.stats.tree_nodes > out.stats.target_forwards - 1) == drafts  # drafted nodes beyond the roots
+        assert out.stats.as_dict().get("plain_above_temperature") == (None if drafts else 0.5)  # and why not
     hot = gen.start(prompt, max_new_tokens=16, temperature=1.0, seed=1, own_state=True)
     cool = gen.start(prompt, max_new_tokens=16, temperature=0.2, seed=2, own_state=True)
     assert (hot.tree_size, hot.drafter.name, cool.tree_size, cool.drafter.name) == (1, "none", 4, "pld")
