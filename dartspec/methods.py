@@ -42,9 +42,9 @@ def build_generator(target: Any, spec: GeneratorSpec) -> Generator:
     name = default_drafter(target.device, target.name) if spec.drafter == "auto" else spec.drafter
     auto = spec.tree_size == "auto"
     kind = drafter_kind(name)
-    feature = kind is not None and kind.feature
+    feature, lookup = (kind.feature, kind.lookup) if kind is not None else (False, False)
     draft_nodes = spec.draft_nodes
-    if draft_nodes is not None and not (kind is not None and kind.lookup):
+    if draft_nodes is not None and not lookup:
         raise DartspecError(
             f"the DART share of the tree (--draft-nodes, draft=N) applies to dart+pld only; the drafter here is {name}"
         )
@@ -53,7 +53,7 @@ def build_generator(target: Any, spec: GeneratorSpec) -> Generator:
     elif spec.tree_size is not None:
         size = int(spec.tree_size)
     else:
-        size, default_cap = default_budget(target.device, feature, kind is not None and kind.lookup)
+        size, default_cap = default_budget(target.device, feature, lookup)
         draft_nodes = default_cap if draft_nodes is None else draft_nodes
     drafter = make_drafter(
         name,

@@ -87,7 +87,7 @@ def hybrid_tree(
     cap = budget.max_nodes
     if draft_nodes is not None:
         cap = max(1, min(draft_nodes - budget.batch_cut, budget.max_nodes))
-    spans = lookup.continuations(tokens, budget.max_depth) if budget.max_depth > 0 and budget.max_nodes > 1 else []
+    spans = lookup.spans(tokens, budget)
     if not spans:
         return draft(DraftBudget(max_nodes=cap, max_depth=budget.max_depth))
     copied = Tree.from_paths(root, spans, max_nodes=budget.max_nodes)

@@ -52,10 +52,13 @@ class PromptLookupDrafter(DrafterBase):
                 return found
         return []
 
+    def spans(self, tokens: Sequence[int], budget: DraftBudget) -> list[list[int]]:
+        """:meth:`continuations` as deep as ``budget`` allows; none without room beside the root (a full batch's
+        share), where the search, a scan of the whole context, is skipped."""
+        return self.continuations(tokens, budget.max_depth) if budget.max_depth > 0 and budget.max_nodes > 1 else []
+
     def propose(self, tokens: Sequence[int], budget: DraftBudget) -> Tree:
-        # No room beside the root (a full batch's share): skip the search, a scan of the whole context.
-        paths = self.continuations(tokens, budget.max_depth) if budget.max_depth > 0 and budget.max_nodes > 1 else []
-        return Tree.from_paths(tokens[-1], paths, max_nodes=budget.max_nodes)
+        return Tree.from_paths(tokens[-1], self.spans(tokens, budget), max_nodes=budget.max_nodes)
 
 
 def build(target: object, options: object) -> PromptLookupDrafter:
