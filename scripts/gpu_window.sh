@@ -250,13 +250,15 @@ data | train | profile | bench)
         # Plain decoding (the default lean forward with CUDA graphs, the GPU default since the fourth window, and
         # without them), prompt lookup, DART with lookup spans (32 nodes, the GPU size; also without graphs: the
         # drafter's step and commits on graphs should keep its tau and cut its step), DART alone (32 and 16) and
-        # EAGLE-3 on this GPU (float32, the generation default: bf16 tips near-ties), the shipped drafters, the
+        # EAGLE-3 (32 and 16: the shipped one has at least DART's training since the twenty-eighth session, so the
+        # DART / EAGLE-3 ratio is at a matched budget) on this GPU (float32, the generation default: bf16 tips
+        # near-ties), the shipped drafters, the
         # prompts' files from the package cache as prepare copied them (no registry here). GRAPH_METHODS (default
         # none) runs further methods in calls of their own, a failure there not taking the other rows with it (8
         # files come back: leave LATENCY=0 then). `bench [LIMIT]` (default 20 prompts a set); BENCH_METHODS and
         # GRAPH_METHODS override the methods.
         [ -d .window/bench/packages ] && mkdir -p "$DARTSPEC_CACHE" && cp -r .window/bench/packages "$DARTSPEC_CACHE/"
-        methods=${BENCH_METHODS:-ar,ar:graphs=0,pld,dart+pld,dart+pld:graphs=0,dart+pld:size=16,dart,dart:size=16,eagle3}
+        methods=${BENCH_METHODS:-ar,ar:graphs=0,pld,dart+pld,dart+pld:graphs=0,dart+pld:size=16,dart,dart:size=16,eagle3,eagle3:size=16}
         graph_methods=${GRAPH_METHODS:-}
         # This window's last DART run that exported a drafter, if any, runs beside the shipped one (with the shipped
         # n-gram table): its timed tau on the GPU before it is collected and promoted.
