@@ -20,27 +20,31 @@ def target():
 
 
 @pytest.mark.parametrize(
-    ("tree", "size", "online", "lookup"),
+    ("tree", "size", "online", "lookup", "draft_nodes"),
     [
-        ("beam", 8, False, False),
-        ("beam", 3, False, False),
-        ("chain", 6, False, False),
-        ("ddtree", 8, False, False),
-        ("beam", 8, True, False),
-        ("beam", 8, False, True),
-        ("beam", 3, False, True),
+        ("beam", 8, False, False, None),
+        ("beam", 3, False, False, None),
+        ("chain", 6, False, False, None),
+        ("ddtree", 8, False, False, None),
+        ("beam", 8, True, False, None),
+        ("beam", 8, False, True, None),
+        ("beam", 3, False, True, None),
+        ("beam", 8, False, True, 3),  # the CPU default's kind of split: DART's tree capped inside the budget
     ],
 )
-def test_replay_takes_the_engines_steps(target, tree: str, size: int, online: bool, lookup: bool) -> None:
+def test_replay_takes_the_engines_steps(
+    target, tree: str, size: int, online: bool, lookup: bool, draft_nodes: int | None
+) -> None:
     """Forwards, new tokens, accepted drafts and tree nodes of the replay equal the engine's greedy decode of the same
     prompts with the same drafter, tree builder and budget (up to the answer's end and the token limit); with
-    ``lookup``, of ``dart+pld``'s (prompt-lookup spans first, the DART tree in the nodes they leave)."""
+    ``lookup``, of ``dart+pld``'s (prompt-lookup spans first, the DART tree in the nodes they leave, at most
+    ``draft_nodes`` of them)."""
     model = model_for(target, depth=4, vocab=VOCAB)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.1)
     drafter = DartDrafter(model, target, tree, online_ngram=online)  # online: n-grams of the prompt and output
-    hybrid = HybridDrafter(drafter)
+    hybrid = HybridDrafter(drafter, draft_nodes=draft_nodes)
     gen = Generator(target, hybrid if lookup else drafter, tree_size=size, max_depth=8)
     replayed = LookupReplay(hybrid) if lookup else drafter
     spans: list[bool] = []  # per lookup (engine and replay): whether the context had a match

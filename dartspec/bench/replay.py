@@ -202,10 +202,11 @@ def replay_methods(text: str) -> list[Any]:
 
 class LookupReplay:
     """``dart+pld`` replayed: a DART drafter's trees with prompt-lookup spans merged in as the hybrid drafter merges
-    them (:func:`dartspec.drafters.hybrid.hybrid_tree`); spans are a function of the committed tokens alone."""
+    them (:func:`dartspec.drafters.hybrid.hybrid_tree`, with its cap on DART's share); spans are a function of the
+    committed tokens alone."""
 
     def __init__(self, hybrid: Any) -> None:
-        self.dart, self.lookup = hybrid.drafter, hybrid.lookup
+        self.dart, self.lookup, self.draft_nodes = hybrid.drafter, hybrid.lookup, hybrid.draft_nodes
         self.model, self.d2t = self.dart.model, self.dart.d2t
         self.online = getattr(self.dart, "online", None)
 
@@ -217,7 +218,7 @@ class LookupReplay:
         def dart(room: DraftBudget) -> Any:
             return self.dart.tree_builder(root, logp, d2t, tokens, room)
 
-        return hybrid_tree(self.lookup, tokens, budget, dart)
+        return hybrid_tree(self.lookup, tokens, budget, dart, self.draft_nodes)
 
 
 def run_replay_bench(
