@@ -16,7 +16,7 @@ from typing import Any
 from dartspec.drafters.base import DraftBudget, Drafter, NoDrafter
 from dartspec.errors import ContextLengthError, DartspecError
 from dartspec.kv_cache import TreeKVCache
-from dartspec.runtime import TargetOutput, TargetRuntime, sync
+from dartspec.runtime import TargetOutput, TargetRuntime, on_cpu, sync
 from dartspec.tree import Tree
 from dartspec.verify import SamplingParams, Verifier
 
@@ -236,7 +236,7 @@ def default_tree_size(device: Any, feature_drafter: bool = False) -> int:
     drafters (DART, EAGLE-3: at today's acceptance deeper drafts do not pay for their verification; DART on the
     exact-a16 runtime, MT-Bench: 1.04x plain at 2 nodes, 1.03x at 3, 1.00x at 4) and 4 for prompt lookup
     (drafting is free)."""
-    if str(getattr(device, "type", device)) != "cpu":
+    if not on_cpu(device):
         return 32 if feature_drafter else 16
     return 2 if feature_drafter else 4
 
@@ -367,12 +367,12 @@ class Generator:
                 f"{target.max_context} tokens"
             )
         verifier = Verifier(params)
+        stats = GenerationStats(prompt_tokens=len(prompt_ids))
         plain = self.max_draft_temperature is not None and params.temperature > self.max_draft_temperature
-        if plain:
-            drafter = NoDrafter()
-        stats = GenerationStats(drafter=drafter.name, prompt_tokens=len(prompt_ids))
         if plain:  # say why a generator with a drafter did not draft (--json, the CLI's stats line)
+            drafter = NoDrafter()
             stats.extra["plain_above_temperature"] = self.max_draft_temperature
+        stats.drafter = drafter.name
         started = time.perf_counter()
         if own_state:
             cache, drafter = target.new_cache(), drafter.fork()

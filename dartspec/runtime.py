@@ -209,6 +209,12 @@ def attention_kernels(device: torch.device) -> AbstractContextManager[Any]:
     return sdpa_kernel(list(GPU_ATTENTION)) if device.type == "cuda" else nullcontext()
 
 
+def on_cpu(device: Any) -> bool:
+    """Whether ``device`` (a ``torch.device`` or its name) is the CPU: the defaults that depend on what a verified
+    row costs (tree sizes, budgets, batch rows, the drafters) ask this one question."""
+    return str(getattr(device, "type", device)) == "cpu"
+
+
 def sync(device: torch.device) -> None:
     """Wait for queued GPU work so wall-clock timings are honest."""
     if device.type == "cuda":

@@ -11,6 +11,7 @@ from dartspec.drafters.options import DrafterOptions, checkpoint_folder, shipped
 from dartspec.drafters.pld import PromptLookupDrafter
 from dartspec.errors import DartspecError
 from dartspec.formats import DRAFTER_NAMES, DRAFTERS, drafter_kind
+from dartspec.runtime import on_cpu
 
 #: The drafters that run a network over the target's features each step (``--tree-size auto`` applies to them).
 FEATURE_DRAFTERS = tuple(d.name for d in DRAFTERS if d.feature)
@@ -32,7 +33,7 @@ def default_drafter(device, model: str | None = None) -> str:
     graphs by default, which made plain decoding 2.8-3.8x as fast (the fourth window, one H100, float32), and
     against that DART with lookup spans measured 0.80-0.88x on MT-Bench (1.39-1.52x on HumanEval, 4-5 prompts a set,
     0 mismatches): its drafter forward and tree search then still ran eagerly, ~38% of a step."""
-    if str(getattr(device, "type", device)) != "cpu":
+    if not on_cpu(device):
         return "none"
     return "dart+pld" if model is not None and shipped_checkpoint("dart", model) is not None else "pld"
 
@@ -45,7 +46,7 @@ def default_max_draft_temperature(device) -> float | None:
     Zen 3) ``dart+pld`` ran at a median 1.13x plain decoding at temperature 0.3, 1.04x at 0.5, 0.90-0.99x at 0.7 and
     0.83x at 1.0 (prompt lookup 1.10x, 1.05x, 0.98-1.00x, 0.98x): drafts pay up to 0.5. On a GPU the default is plain
     decoding already."""
-    return 0.5 if str(getattr(device, "type", device)) == "cpu" else None
+    return 0.5 if on_cpu(device) else None
 
 
 def make_drafter(

@@ -25,6 +25,7 @@ from typing import Any
 from dartspec.engine import GenerationResult, Generator, SequenceState, StepEvent
 from dartspec.errors import DartspecError
 from dartspec.prefix_cache import positions_read
+from dartspec.runtime import on_cpu
 from dartspec.serve.metrics import Metrics
 
 
@@ -32,7 +33,7 @@ def default_step_rows(device: Any) -> int:
     """Rows of one batched step by default: on a CPU 4 (a verification of 4 rows costs 1.27x one row on SmolLM2
     and 8 rows 2x, BENCHMARKS.md: trees pay while the batch is small, plain decoding once it is larger); on a GPU
     64 (its verify cost is flat far beyond that)."""
-    return 4 if str(getattr(device, "type", device)) == "cpu" else 64
+    return 4 if on_cpu(device) else 64
 
 
 class QueueFull(Exception):
