@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dartspec import exact
+from dartspec import exact, kquants
 from dartspec.errors import ContextLengthError, DartspecError
 from dartspec.kv_cache import TreeKVCache, TreeKVLayer
 from dartspec.prefix_cache import PrefixCache
@@ -99,6 +99,17 @@ def _packed_cache(model: nn.Module, quant: str) -> PackedCache | None:
     return PackedCache.for_model(getattr(model.config, "_name_or_path", None), quant, panel, model.parameters())
 
 
+def _file_groups(model: nn.Module) -> dict[int, exact.ExactWeight]:
+    """The integer groups of ``model``'s weights that its GGUF file alone shows (:mod:`dartspec.kquants`), by the
+    address of each weight's data; none for a model not converted from a GGUF file still on this machine."""
+    gguf_path = kquants.source_gguf(getattr(model.config, "_name_or_path", None))
+    if gguf_path is None:
+        return {}
+    params = dict(model.named_parameters())
+    found = kquants.file_groups(gguf_path, {n: p for n, p in params.items() if p.dim() == 2})
+    return {params[name].data_ptr(): groups for name, groups in found.items()}
+
+
 class LeanTarget(CausalRuntime):
     """A Llama / Qwen2 / Qwen3 target with a lean forward and a weight format (:mod:`dartspec.quant`)."""
 
@@ -154,6 +165,9 @@ class LeanTarget(CausalRuntime):
         self.scaling = float(attn0.scaling)
         cache = _packed_cache(model, quant)
         saved = cache.load() if cache is not None else None
+        # Weights whose integer groups only the GGUF file shows (Q4_K blocks, dartspec.kquants), by the address of
+        # the parameter's data (a projection that is a parameter itself, not a fused copy)
+        self._file_groups = _file_groups(model) if saved is None and quant in EXACT_FORMATS else {}
         self._head = self._linear("head", head.weight.detach(), head.bias, saved)
         self.layers = [self._convert(i, layer, saved) for i, layer in enumerate(decoder.layers)]
         self._stack: exact.BlockStack | None = None  # every layer's fused block in one call (_block_stack)
@@ -250,8 +264,12 @@ class LeanTarget(CausalRuntime):
     def _linear(
         self, name: str, weight: torch.Tensor, bias: torch.Tensor | None, saved: SavedWeights | None
     ) -> PackedLinear:
-        """One projection in the runtime's format, taken from the packed-weight cache when there is one."""
+        """One projection in the runtime's format, taken from the packed-weight cache when there is one, else from
+        the integer groups read from the model's GGUF file where it has them (``weight`` a parameter itself)."""
         packed = saved.get(name, tuple(weight.shape)) if saved is not None else None
+        groups = self._file_groups.get(weight.data_ptr())
+        if packed is None and groups is not None and (groups.out_features, groups.in_features) == tuple(weight.shape):
+            packed = exact.to_panels(groups) if self.quant == "exact-a16" else groups
         return PackedLinear(weight, bias, self.quant, packed=packed, fallback=self.fallback)
 
     def _linears(self) -> dict[str, PackedLinear]:

@@ -75,6 +75,8 @@ def convert_gguf(
             "dartspec_manifest": MANIFEST_FORMAT,
             "source": {
                 "file": gguf_path.name,
+                # where the file was: the lean runtime reads the groups that only the file shows (dartspec.kquants)
+                "path": str(gguf_path.resolve()),
                 "size": gguf_path.stat().st_size,
                 "sha256": sha256(gguf_path),
             },

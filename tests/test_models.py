@@ -196,6 +196,7 @@ def test_gguf_conversion_produces_loadable_folder_with_chat_template(converted: 
     source_sha = hashlib.sha256(tiny_gguf.read_bytes()).hexdigest()
     assert manifest["source"] == {
         "file": tiny_gguf.name,
+        "path": str(tiny_gguf.resolve()),
         "size": tiny_gguf.stat().st_size,
         "sha256": source_sha,
     }

@@ -1,0 +1,100 @@
+"""A GGUF's K-quant blocks as the exact formats' integer groups, read from the file itself.
+
+A Q4_K_M file mixes block types. Q4_1 / Q5_0 / Q8_0 blocks are found in the dequantized weights alone
+(:func:`dartspec.exact.pack`: a group's extremes give its scale), but a Q4_K sub-block of 32 weights is
+``d * sc * q - dmin * m`` with 6-bit ``sc`` and ``m`` per sub-block and fp16 ``d`` and ``dmin`` per 256 weights, and
+its 4-bit values need not reach 0 or 15: its scale cannot be read off the weights. From the file it is exactly a
+4-bit group ``w = D q + M`` with ``D = d * sc`` and ``M = -dmin * m``, both exact in fp32 (11 + 6 significant bits),
+the numbers gguf's own dequantization (and so the converted model) multiplies: 24 bytes a group in fp32 scales
+instead of 64 as fp16 weights. Each group found here is checked against the loaded weight, bit for bit, before use.
+
+Qwen2.5-Coder-0.5B's Q4_K_M file holds twelve Q4_K down projections (the other twelve are Q6_K, 16-weight
+sub-blocks with a scale each: no group of 32 with one scale, so they stay fp16 panels).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dartspec.exact import GROUP, ExactWeight, unpack
+
+#: Weights a K-quant super-block covers (``QK_K`` in ggml).
+SUPER_BLOCK = 256
+
+
+def q4_k_groups(blocks: np.ndarray, out_features: int, in_features: int) -> ExactWeight:
+    """The 4-bit groups (rows layout, fp32 scales and offsets) of a Q4_K tensor's raw bytes ``(out, in / 256 *
+    144)``: per super-block fp16 ``d`` and ``dmin``, 12 bytes of packed 6-bit scales and minimums, 128 bytes of
+    nibbles (sub-blocks 2i and 2i + 1 are the low and high nibbles of bytes 32i .. 32i + 31)."""
+    from gguf.quants import Q4_K
+
+    if in_features % SUPER_BLOCK:
+        raise ValueError(f"a Q4_K row holds whole super-blocks of {SUPER_BLOCK} (got {in_features})")
+    raw = np.ascontiguousarray(blocks, dtype=np.uint8).reshape(-1, 2 + 2 + Q4_K.K_SCALE_SIZE + SUPER_BLOCK // 2)
+    d = raw[:, :2].copy().view(np.float16).astype(np.float32)  # (n, 1)
+    dmin = raw[:, 2:4].copy().view(np.float16).astype(np.float32)
+    sc, m = Q4_K.get_scale_min(raw[:, 4 : 4 + Q4_K.K_SCALE_SIZE])  # (n, 8) each
+    qs = raw[:, 4 + Q4_K.K_SCALE_SIZE :].reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+    q = (qs & 0x0F).reshape(out_features, in_features // GROUP, GROUP)
+    groups = in_features // GROUP
+    scale = (d * sc.astype(np.float32)).reshape(out_features, groups)
+    offset = -(dmin * m.astype(np.float32)).reshape(out_features, groups)
+    nibbles = q[..., :16] | (q[..., 16:] << 4)
+    return ExactWeight(
+        4,
+        torch.from_numpy(np.ascontiguousarray(nibbles)),
+        torch.from_numpy(np.ascontiguousarray(scale)),
+        torch.from_numpy(np.ascontiguousarray(offset)),
+        out_features,
+        in_features,
+    )
+
+
+def source_gguf(folder: str | Path | None) -> Path | None:
+    """The GGUF file a converted model folder was made from, where it is still on this machine (its manifest names
+    it; the file sits in the folder's sibling ``gguf/<name>/`` for known models, or at the recorded path), else None."""
+    from dartspec.model_cache import MANIFEST_NAME
+
+    if not folder:
+        return None
+    folder = Path(folder)
+    try:
+        source = json.loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))["source"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    candidates = [Path(p) for p in (source.get("path"),) if p]
+    candidates.append(folder.parent.parent / "gguf" / folder.name / str(source.get("file", "")))
+    for path in candidates:
+        if path.is_file() and path.stat().st_size == source.get("size"):
+            return path
+    return None
+
+
+def file_groups(gguf_path: Path, weights: Mapping[str, torch.Tensor]) -> dict[str, ExactWeight]:
+    """The integer groups of those ``weights`` (Hugging Face parameter names -> loaded fp32 tensors) that are Q4_K
+    tensors of ``gguf_path`` and that the groups reproduce bit for bit; the other weights are left out."""
+    import gguf
+
+    reader = gguf.GGUFReader(gguf_path)
+    arch_name = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    arch = next((a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch_name), None)
+    if arch is None:
+        return {}
+    blocks = int(reader.fields[f"{arch_name}.block_count"].parts[-1][0])
+    names = gguf.get_tensor_name_map(arch, blocks)
+    tensors = {t.name: t for t in reader.tensors if t.tensor_type == gguf.GGMLQuantizationType.Q4_K}
+    found: dict[str, ExactWeight] = {}
+    for name, weight in weights.items():
+        tensor = tensors.get(names.get_name(name, try_suffixes=(".weight", ".bias")) or "")
+        if tensor is None or weight.dim() != 2:
+            continue
+        out, k = weight.shape
+        groups = q4_k_groups(np.asarray(tensor.data), out, k)
+        if torch.equal(unpack(groups), weight.detach().to(device="cpu", dtype=torch.float32)):
+            found[name] = groups
+    return found

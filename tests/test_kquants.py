@@ -1,0 +1,116 @@
+"""A GGUF's Q4_K blocks as 4-bit integer groups (dartspec.kquants), checked against gguf's own dequantization."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_tokenizer
+from test_lean import _gguf_like, _random_tree, _step_by_step
+
+from dartspec import exact, kquants
+from dartspec.lean import LeanTarget
+from dartspec.model_cache import MANIFEST_NAME
+from dartspec.targets import describe, wrap_model
+
+gguf = pytest.importorskip("gguf")
+
+
+def random_q4_k(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
+    """Raw Q4_K bytes ``(rows, cols / 256 * 144)``: fp16 d and dmin of plausible size, random 6-bit scales and
+    minimums, random nibbles."""
+    blocks = rows * cols // kquants.SUPER_BLOCK
+    d = (rng.random((blocks, 1)) * 1e-3 + 1e-4).astype(np.float16).view(np.uint8)
+    dmin = (rng.random((blocks, 1)) * 1e-3).astype(np.float16).view(np.uint8)
+    rest = rng.integers(0, 256, (blocks, 12 + 128), dtype=np.uint8)
+    return np.concatenate([d, dmin, rest], axis=1).reshape(rows, -1)
+
+
+def dequantized(raw: np.ndarray, kind: gguf.GGMLQuantizationType) -> torch.Tensor:
+    return torch.from_numpy(gguf.quants.dequantize(raw, kind).astype(np.float32))
+
+
+def test_q4_k_groups_are_ggufs_own_numbers() -> None:
+    """Every weight of the groups, ``D q + M`` in fp32, equals gguf's dequantization bit for bit."""
+    raw = random_q4_k(np.random.default_rng(0), 6, 512)
+    groups = kquants.q4_k_groups(raw, 6, 512)
+    assert groups.kind == 4 and groups.scale.dtype == torch.float32 and groups.data.shape == (6, 16, 16)
+    assert torch.equal(exact.unpack(groups), dequantized(raw, gguf.GGMLQuantizationType.Q4_K))
+    with pytest.raises(ValueError, match="super-blocks"):
+        kquants.q4_k_groups(raw, 12, 256 + 32)
+
+
+def _tiny_qwen2() -> torch.nn.Module:
+    """Two Qwen2 layers whose MLP is 256 wide: a down projection of whole Q4_K super-blocks."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    cfg = tf.Qwen2Config(
+        vocab_size=512, hidden_size=32, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, eos_token_id=1, tie_word_embeddings=True,
+    )  # fmt: skip
+    return _gguf_like(tf.Qwen2ForCausalLM(cfg).float().eval())
+
+
+@pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
+def test_lean_takes_q4_k_groups_from_the_source_gguf(tmp_path, monkeypatch) -> None:
+    """A converted model whose GGUF holds Q4_K down projections: the lean runtime reads their groups from the file
+    (named by its manifest) and runs them as exact-a16 groups instead of fp16 panels; a tensor whose groups do not
+    reproduce the loaded weight (here: one weight changed after conversion) stays fp16. The result is the same model:
+    logits as the unquantized forward's, every tree row equal to that token decoded alone, bit for bit."""
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setenv("DARTSPEC_CACHE", str(tmp_path / "cache"))
+    model = _tiny_qwen2()
+    rng = np.random.default_rng(1)
+    path = tmp_path / "model.gguf"
+    writer = gguf.GGUFWriter(str(path), "qwen2")
+    writer.add_block_count(2)
+    with torch.no_grad():
+        for i, layer in enumerate(model.model.layers):
+            raw = random_q4_k(rng, 32, 256)
+            layer.mlp.down_proj.weight.copy_(dequantized(raw, gguf.GGMLQuantizationType.Q4_K))
+            writer.add_tensor(f"blk.{i}.ffn_down.weight", raw, raw_dtype=gguf.GGMLQuantizationType.Q4_K)
+        model.model.layers[1].mlp.down_proj.weight[3, 5] += 1e-3  # no longer the file's numbers
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    folder = tmp_path / "converted"
+    model.save_pretrained(folder)
+    source = {"file": path.name, "path": str(path), "size": path.stat().st_size}
+    (folder / MANIFEST_NAME).write_text(json.dumps({"source": source}))
+    assert kquants.source_gguf(folder) == path
+
+    loaded = AutoModelForCausalLM.from_pretrained(folder)
+    target = wrap_model(loaded, tiny_tokenizer())
+    assert describe(target) == "lean/exact-a16+fp16"
+    down = [layer.down for layer in target.layers]
+    assert [(lin.fmt, lin.packed.kind) for lin in down] == [("exact-a16", 4), ("fp16", 16)]
+    assert down[0].packed.scale.dtype == torch.float32  # D = d * sc: no fp16 number in general
+    ids = list(range(3, 40))
+    ref = LeanTarget(loaded, tiny_tokenizer(), quant="none")
+    torch.testing.assert_close(target.score_sequence(ids).logits, ref.score_sequence(ids).logits, rtol=5e-3, atol=5e-3)
+    prompt, tree = ids[:12], _random_tree(np.random.default_rng(2), 7, 9)
+    target.prefill(prompt)
+    got = target.verify(tree).logits
+    for node in range(tree.size):
+        path_ids = [int(tree.tokens[i]) for i in tree.path_to(node)]
+        assert torch.equal(got[node], _step_by_step(target, prompt, path_ids))
+    # The packed-weight cache keeps what the file gave: a second load reads neither the GGUF nor packs again.
+    monkeypatch.setattr(kquants, "file_groups", lambda *a: pytest.fail("read the GGUF although the cache has it"))
+    again = wrap_model(AutoModelForCausalLM.from_pretrained(folder), tiny_tokenizer())
+    assert [lin.packed.kind for lin in (layer.down for layer in again.layers)] == [4, 16]
+    assert torch.equal(again.score_sequence(ids).logits, target.score_sequence(ids).logits)
+
+
+def test_source_gguf_is_none_without_the_file(tmp_path) -> None:
+    folder = tmp_path / "converted"
+    folder.mkdir()
+    assert kquants.source_gguf(folder) is None  # no manifest
+    (folder / MANIFEST_NAME).write_text(json.dumps({"source": {"file": "x.gguf", "path": str(tmp_path / "x.gguf")}}))
+    assert kquants.source_gguf(folder) is None  # the file is gone
+    (tmp_path / "x.gguf").write_bytes(b"GGUF")
+    assert kquants.source_gguf(folder) is None  # another file than the one converted (its size differs)
