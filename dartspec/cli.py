@@ -144,8 +144,8 @@ def add_target_args(p: argparse.ArgumentParser, runtime: str = "auto", gpu_dtype
         choices=QUANT_CHOICES,
         help="weight format of the lean runtime on CPU: exact-a16 (auto: the GGUF's integer weights, activations "
         "rounded to 16-bit integers, answers kept), exact (the same weights, fp32 arithmetic), fp16 (auto for weights "
-        "that are no such groups: models not from a GGUF, Q4_K / Q6_K blocks), int8 (changes answers: see README), "
-        "none (as loaded)",
+        "that are no such groups: models not from a GGUF, block types such as Q2_K / Q3_K), int8 (changes answers: "
+        "see README), none (as loaded)",
     )
     p.add_argument(
         "--cuda-graphs",

@@ -48,8 +48,10 @@ _HEADERS = tuple(Path(__file__).with_name(name) for name in ("rows.h", "qdot.h",
 
 @dataclass(frozen=True)
 class ExactWeight:
-    """A weight matrix as integer groups: ``kind`` 4 (``d * q + m``, nibbles) or 8 (``d * q``, int8); or kind 16, fp16
-    weights in panels (:func:`half_panels`, no scales), for the weights beside them that are no groups.
+    """A weight matrix as integer groups: ``kind`` 4 (``d * q + m``, nibbles) or 8 (``d * q``, int8); kind 6, int8
+    groups whose halves of 16 have a scale each (a GGUF's Q6_K blocks, :mod:`dartspec.kquants`; scale (O, G, 2), the
+    integer-dot kernel only); or kind 16, fp16 weights in panels (:func:`half_panels`, no scales), for the weights
+    beside them that are no groups.
 
     ``panel`` 0: one row per output (``qgemm.c``): data uint8 (O, G, 16) / int8 (O, G, 32), scale and offset
     (O, G). ``panel`` P > 0: the integer-dot kernel's panels of P outputs (``qdot.c``, :func:`to_panels`).
@@ -165,6 +167,9 @@ def unpack(packed: ExactWeight) -> torch.Tensor:
         q = torch.cat([packed.data & 15, packed.data >> 4], dim=-1).float()
         assert packed.offset is not None
         w = q * packed.scale[..., None] + packed.offset[..., None]
+    elif packed.kind == 6:
+        halves = packed.data.float().reshape(*packed.data.shape[:-1], 2, GROUP // 2)
+        w = halves * packed.scale[..., None]
     else:
         w = packed.data.float() * packed.scale[..., None]
     return w.reshape(packed.out_features, packed.in_features)
@@ -172,6 +177,8 @@ def unpack(packed: ExactWeight) -> torch.Tensor:
 
 def linear(x: torch.Tensor, packed: ExactWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W^T + bias`` for ``x`` of shape ``(rows, in)`` in float32 on CPU (``packed`` in rows)."""
+    if packed.kind not in (4, 8):
+        raise ValueError(f"the exact format's kernel takes 4- and 8-bit groups, not kind {packed.kind}")
     return _gemm(_library().dartspec_qgemm, (packed.kind,), x, packed, bias)
 
 
@@ -218,6 +225,9 @@ def to_panels(packed: ExactWeight, panel: int | None = None) -> ExactWeight:
     else:
         data = panels(packed.data).reshape(blocks, groups, panel, 16, 2).permute(0, 1, 3, 2, 4)
         offset = None
+    if packed.kind == 6:  # a scale per half group: (P, G, 2, panel), fp32 (Q6_K's d * sc are no fp16 numbers)
+        scale = panels(packed.scale).permute(0, 1, 3, 2).contiguous()
+        return ExactWeight(6, data.reshape(blocks, groups, -1).contiguous(), scale, None, out, k, panel)
     scale = panels(packed.scale).contiguous()
     # A decode step is bound by reading weights: where every scale and offset is a half-precision number (a GGUF's
     # Q4_1 and Q8_0 blocks store them so), keep them in fp16 (a 4-bit group 20 bytes instead of 24, the same numbers).
@@ -234,8 +244,8 @@ def _half(packed: ExactWeight) -> int:
 def half_panels(weight: torch.Tensor, panel: int | None = None) -> ExactWeight:
     """``weight`` rounded to fp16 in panels of ``panel`` outputs (kind 16: ``qdot.c`` widens them and runs fp32 FMAs
     on unrounded inputs, every row on its own): the ``fp16`` format on dartspec's kernels, and the weights of an
-    exact-a16 model that are no integer groups (a GGUF's Q4_K / Q6_K blocks beside Q5_0 / Q8_0 ones), in the same
-    fused blocks."""
+    exact-a16 model that are no integer groups (a model not from a GGUF file, other block types), in the same fused
+    blocks."""
     panel = panel or kernel_panel()
     w = weight.detach().to(device="cpu", dtype=torch.float32)
     out, k = w.shape
@@ -267,15 +277,16 @@ def from_tensors(tensors: dict[str, torch.Tensor]) -> ExactWeight:
             raise ValueError("inconsistent packed weight")
         return ExactWeight(kind, data, scale, offset, out, k, panel)
     per_group = GROUP // 2 if kind == 4 else GROUP
+    scales = 2 if kind == 6 else 1
     if (
-        kind not in (4, 8)
+        kind not in (4, 6, 8)
         or k % GROUP
         or data.numel() != rows * k // GROUP * per_group
         or data.dtype != (torch.uint8 if kind == 4 else torch.int8)
-        or scale.numel() != rows * k // GROUP
-        or scale.dtype not in ((torch.float32, torch.float16) if panel else (torch.float32,))
+        or scale.numel() != rows * k // GROUP * scales
+        or scale.dtype not in ((torch.float32, torch.float16) if panel and kind != 6 else (torch.float32,))
         or (offset is not None and offset.dtype != scale.dtype)
-        or (offset is None) != (kind == 8)
+        or (offset is None) != (kind != 4)
     ):
         raise ValueError("inconsistent packed weight")
     return ExactWeight(kind, data, scale, offset, out, k, panel)

@@ -1,15 +1,18 @@
 """A GGUF's K-quant blocks as the exact formats' integer groups, read from the file itself.
 
 A Q4_K_M file mixes block types. Q4_1 / Q5_0 / Q8_0 blocks are found in the dequantized weights alone
-(:func:`dartspec.exact.pack`: a group's extremes give its scale), but a Q4_K sub-block of 32 weights is
-``d * sc * q - dmin * m`` with 6-bit ``sc`` and ``m`` per sub-block and fp16 ``d`` and ``dmin`` per 256 weights, and
-its 4-bit values need not reach 0 or 15: its scale cannot be read off the weights. From the file it is exactly a
-4-bit group ``w = D q + M`` with ``D = d * sc`` and ``M = -dmin * m``, both exact in fp32 (11 + 6 significant bits),
-the numbers gguf's own dequantization (and so the converted model) multiplies: 24 bytes a group in fp32 scales
-instead of 64 as fp16 weights. Each group found here is checked against the loaded weight, bit for bit, before use.
+(:func:`dartspec.exact.pack`: a group's extremes give its scale), but K-quant blocks are not:
 
-Qwen2.5-Coder-0.5B's Q4_K_M file holds twelve Q4_K down projections (the other twelve are Q6_K, 16-weight
-sub-blocks with a scale each: no group of 32 with one scale, so they stay fp16 panels).
+- a Q4_K sub-block of 32 weights is ``d * sc * q - dmin * m`` with 6-bit ``sc`` and ``m`` per sub-block and fp16 ``d``
+  and ``dmin`` per 256 weights, and its 4-bit values need not reach 0 or 15, so its scale cannot be read off the
+  weights. From the file it is exactly a 4-bit group ``w = D q + M`` with ``D = d * sc`` and ``M = -dmin * m``, both
+  exact in fp32 (11 + 6 significant bits): 24 bytes a group with fp32 scales, against 64 as fp16 weights;
+- a Q6_K sub-block of 16 weights is ``d * sc * (q - 32)`` with an int8 ``sc`` per 16 weights: an int8 group of 32
+  whose two halves have a scale each (kind 6 of the integer-dot kernel, 40 bytes a group).
+
+Each weight's groups are the numbers gguf's own dequantization (and so the converted model) multiplies, and they
+are checked against the loaded weight, bit for bit, before use. Qwen2.5-Coder-0.5B's Q4_K_M file holds twelve Q4_K
+and twelve Q6_K down projections (everything else is Q5_0 / Q8_0).
 """
 
 from __future__ import annotations
@@ -55,6 +58,35 @@ def q4_k_groups(blocks: np.ndarray, out_features: int, in_features: int) -> Exac
     )
 
 
+def q6_k_groups(blocks: np.ndarray, out_features: int, in_features: int) -> ExactWeight:
+    """The kind-6 groups (rows layout: int8 ``q - 32`` and an fp32 scale per 16 weights) of a Q6_K tensor's raw bytes
+    ``(out, in / 256 * 210)``: per super-block 128 bytes of low nibbles, 64 of 2-bit high parts, 16 int8 scales and
+    an fp16 ``d``; a weight is ``d * scale * (q - 32)`` with a 6-bit ``q``."""
+    if in_features % SUPER_BLOCK:
+        raise ValueError(f"a Q6_K row holds whole super-blocks of {SUPER_BLOCK} (got {in_features})")
+    half = SUPER_BLOCK // 2
+    raw = np.ascontiguousarray(blocks, dtype=np.uint8).reshape(-1, half + half // 2 + SUPER_BLOCK // 16 + 2)
+    n = raw.shape[0]
+    # 64 bytes of low nibbles serve 128 weights (low then high nibble), 32 bytes of high parts serve 128 (4 shifts).
+    low = (raw[:, :half].reshape(n, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & 0x0F
+    high = (
+        raw[:, half : half + half // 2].reshape(n, 2, 1, 32)
+        >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
+    ) & 0x03
+    q = (low.reshape(n, SUPER_BLOCK) | (high.reshape(n, SUPER_BLOCK) << 4)).astype(np.int8) - np.int8(32)
+    sc = raw[:, half + half // 2 : -2].copy().view(np.int8).astype(np.float32)  # (n, 16)
+    d = raw[:, -2:].copy().view(np.float16).astype(np.float32)  # (n, 1)
+    groups = in_features // GROUP
+    return ExactWeight(
+        6,
+        torch.from_numpy(np.ascontiguousarray(q.reshape(out_features, groups, GROUP))),
+        torch.from_numpy(np.ascontiguousarray((d * sc).reshape(out_features, groups, 2))),
+        None,
+        out_features,
+        in_features,
+    )
+
+
 def source_gguf(folder: str | Path | None) -> Path | None:
     """The GGUF file a converted model folder was made from, where it is still on this machine (its manifest names
     it; the file sits in the folder's sibling ``gguf/<name>/`` for known models, or at the recorded path), else None."""
@@ -76,8 +108,8 @@ def source_gguf(folder: str | Path | None) -> Path | None:
 
 
 def file_groups(gguf_path: Path, weights: Mapping[str, torch.Tensor]) -> dict[str, ExactWeight]:
-    """The integer groups of those ``weights`` (Hugging Face parameter names -> loaded fp32 tensors) that are Q4_K
-    tensors of ``gguf_path`` and that the groups reproduce bit for bit; the other weights are left out."""
+    """The integer groups of those ``weights`` (Hugging Face parameter names -> loaded fp32 tensors) that are Q4_K or
+    Q6_K tensors of ``gguf_path`` and that the groups reproduce bit for bit; the other weights are left out."""
     import gguf
 
     reader = gguf.GGUFReader(gguf_path)
@@ -87,14 +119,15 @@ def file_groups(gguf_path: Path, weights: Mapping[str, torch.Tensor]) -> dict[st
         return {}
     blocks = int(reader.fields[f"{arch_name}.block_count"].parts[-1][0])
     names = gguf.get_tensor_name_map(arch, blocks)
-    tensors = {t.name: t for t in reader.tensors if t.tensor_type == gguf.GGMLQuantizationType.Q4_K}
+    readers = {gguf.GGMLQuantizationType.Q4_K: q4_k_groups, gguf.GGMLQuantizationType.Q6_K: q6_k_groups}
+    tensors = {t.name: t for t in reader.tensors if t.tensor_type in readers}
     found: dict[str, ExactWeight] = {}
     for name, weight in weights.items():
         tensor = tensors.get(names.get_name(name, try_suffixes=(".weight", ".bias")) or "")
-        if tensor is None or weight.dim() != 2:
+        if tensor is None or weight.dim() != 2 or weight.shape[1] % SUPER_BLOCK:
             continue
         out, k = weight.shape
-        groups = q4_k_groups(np.asarray(tensor.data), out, k)
+        groups = readers[tensor.tensor_type](np.asarray(tensor.data), out, k)
         if torch.equal(unpack(groups), weight.detach().to(device="cpu", dtype=torch.float32)):
             found[name] = groups
     return found

@@ -127,9 +127,9 @@ class LeanTarget(CausalRuntime):
         """Build the lean weights from a loaded transformers ``*ForCausalLM`` (kept for reference uses such as
         the ``hf-ar`` benchmark row; its decoder layers are not run). ``cuda_graphs``: run one-sequence decode and
         verify steps as CUDA graphs (:mod:`dartspec.cuda_graphs`; a GPU only). ``fallback``: ``fp16`` with
-        ``quant="exact-a16"``: the weights that are no integer groups it keeps (GGUF blocks of other types, e.g. a
-        Q4_K_M file's Q4_K / Q6_K tensors beside its Q5_0 / Q8_0 ones) are fp16 panels in the same fused blocks;
-        None: such a weight is an error."""
+        ``quant="exact-a16"``: the weights that are no integer groups it keeps (a model not from a GGUF file, other
+        block types) are fp16 panels in the same fused blocks; None: such a weight is an error. A Q4_K_M file's Q4_K /
+        Q6_K tensors are integer groups read from the file (:mod:`dartspec.kquants`) when it is still there."""
         if fallback not in (None, "fp16") or (fallback is not None and quant != "exact-a16"):
             raise ValueError(f"fallback {fallback!r} is for fp16 weights beside exact-a16 ones (quant {quant!r})")
         config = model.config.get_text_config()
@@ -268,6 +268,8 @@ class LeanTarget(CausalRuntime):
         the integer groups read from the model's GGUF file where it has them (``weight`` a parameter itself)."""
         packed = saved.get(name, tuple(weight.shape)) if saved is not None else None
         groups = self._file_groups.get(weight.data_ptr())
+        if groups is not None and groups.kind == 6 and self.quant != "exact-a16":
+            groups = None  # Q6_K's groups run on the integer-dot kernel only
         if packed is None and groups is not None and (groups.out_features, groups.in_features) == tuple(weight.shape):
             packed = exact.to_panels(groups) if self.quant == "exact-a16" else groups
         return PackedLinear(weight, bias, self.quant, packed=packed, fallback=self.fallback)

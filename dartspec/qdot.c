@@ -16,7 +16,9 @@
  * Weights are stored in panels of PANEL outputs (16 with AVX-512, 8 with AVX2; dartspec_qdot_panel() says
  * which): for panel p and group g, chunk c holds 2 * PANEL bytes, byte 2 * o + e for output o and input
  * pair element e. 4-bit groups: 8 chunks, the low nibble is q[2c + e], the high nibble q[16 + 2c + e]
- * (q in 0..15); 8-bit groups: 16 chunks of int8 q[2c + e]. Scales d and offsets m are (P, G, PANEL), fp32 or,
+ * (q in 0..15); 8-bit groups: 16 chunks of int8 q[2c + e]; kind 6, 8-bit groups whose two halves of 16 inputs
+ * have a scale each (a GGUF's Q6_K sub-blocks, q in -32..31; scales (P, G, 2, PANEL), fp32). Scales d and offsets m
+ * of the other kinds are (P, G, PANEL), fp32 or,
  * where every value is a half-precision number (a GGUF's Q4_1 / Q8_0 blocks store them so), fp16: a decode step is
  * bound by reading the weights, and fp16 scales make a 4-bit group 20 bytes instead of 24, the same numbers.
  */
@@ -200,6 +202,23 @@ static inline __attribute__((always_inline)) void panel_rows(int kind, int half,
         if (next) /* the next panel's weights, one group a step: DRAM latency hides behind this panel's work */
             for (long b = 0; b < group_bytes; b += 64) __builtin_prefetch(next + g * group_bytes + b, 0, 0);
         ivec s0[RMAX], s1[RMAX];
+        if (kind == 6) { /* each half of the group (chunks 0-7: inputs 0-15; 8-15: 16-31) summed and scaled alone */
+            const uint8_t *wg = w + g * 16 * CHUNK;
+            for (int h = 0; h < 2; h++) {
+                for (long r = 0; r < N; r++) s0[r] = s1[r] = IZERO();
+                for (int c = 8 * h; c < 8 * h + 8; c += 2) {
+                    ivec v0 = WIDEN_I8(wg + c * CHUNK), v1 = WIDEN_I8(wg + (c + 1) * CHUNK);
+                    for (long r = 0; r < N; r++) {
+                        const int32_t *xr = xq + (r * G + g) * (GROUP / 2);
+                        DOT2(s0[r], s1[r], v0, BCAST(xr + c), v1, BCAST(xr + c + 1));
+                    }
+                }
+                fvec dv = FLOAD((const float *)d + (g * 2 + h) * PANEL);
+                for (long r = 0; r < N; r++)
+                    acc[r] = FMADD(TOFLOAT(IADD(s0[r], s1[r])), FMUL(dv, FSET(dx[r * G + g])), acc[r]);
+            }
+            continue;
+        }
         for (long r = 0; r < N; r++) s0[r] = s1[r] = IZERO();
         if (kind == 4) {
             const uint8_t *wg = w + g * 8 * CHUNK;
@@ -310,7 +329,7 @@ void qdot_run(const qdot_linear *L, const qdot_rows *rows, long M, float *y, int
 #pragma omp parallel for schedule(static)
     for (long p = 0; p < P; p++) {
         const uint8_t *wp = (const uint8_t *)L->w + p * panel_bytes;
-        const char *dp = (const char *)L->d + p * G * PANEL * scale_bytes;
+        const char *dp = (const char *)L->d + p * G * PANEL * scale_bytes * (kind == 6 ? 2 : 1);
         const char *mp = L->m ? (const char *)L->m + p * G * PANEL * scale_bytes : NULL;
         for (long r0 = 0; r0 < M; r0 += RMAX) {
             long R = M - r0 < RMAX ? M - r0 : RMAX;
@@ -323,6 +342,8 @@ void qdot_run(const qdot_linear *L, const qdot_rows *rows, long M, float *y, int
                 switch (R) { ROWS(panel_rows(4, 1, N, xr, dx, sx, G, wp, dp, mp, next, out)) }
             } else if (kind == 4) {
                 switch (R) { ROWS(panel_rows(4, 0, N, xr, dx, sx, G, wp, dp, mp, next, out)) }
+            } else if (kind == 6) {
+                switch (R) { ROWS(panel_rows(6, 0, N, xr, dx, sx, G, wp, dp, mp, next, out)) }
             } else if (half) {
                 switch (R) { ROWS(panel_rows(8, 1, N, xr, dx, sx, G, wp, dp, mp, next, out)) }
             } else {

@@ -6,11 +6,11 @@
 /* One linear layer in panels (dartspec/exact.py ExactWeight with panel > 0). Field order is the ctypes
  * Structure in exact.py. */
 typedef struct {
-    int kind; /* 4: d * q + m nibbles, 8: d * q int8, 16: fp16 weights (no groups; d and m NULL) */
+    int kind; /* 4: d * q + m nibbles, 8: d * q int8, 6: int8 with a d per 16 (Q6_K), 16: fp16 (no groups; d, m NULL) */
     int half; /* d and m in fp16 (else fp32) */
     long K, O;
     const void *w;
-    const void *d, *m;  /* m NULL for kind 8 */
+    const void *d, *m;  /* m NULL for kinds 8 and 6 */
     const float *bias;  /* NULL when none */
 } qdot_linear;
 

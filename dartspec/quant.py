@@ -22,8 +22,9 @@ speed of plain decoding and of small-tree verification. The formats:
   models whose every weight is such a group (a clear error otherwise).
 - ``exact-a16``: the same integer weights, activations rounded to 16-bit integers per group of 32, integer
   dot products (:mod:`dartspec.exact`). The fastest format at every row count, within the fidelity gate. With
-  ``fallback="fp16"`` (``--quant auto``) a weight that is no such groups (a GGUF's Q4_K / Q6_K blocks) is kept as
-  fp16 panels that the same C kernels and fused blocks run (fp32 arithmetic, every row on its own).
+  ``fallback="fp16"`` (``--quant auto``) a weight that is no such groups (a model not from a GGUF file, block
+  types other than Q4_1 / Q5_0 / Q8_0 / Q4_K / Q6_K) is kept as fp16 panels that the same C kernels and fused
+  blocks run (fp32 arithmetic, every row on its own).
 
 Why these kernels: measured on the 2-core CPUs this project runs on (README "CPU runtime"), fbgemm's fp16
 and int8 GEMMs stream weights at 20-30 GB/s for 1-8 rows, while the alternatives in torch 2.13
@@ -72,8 +73,8 @@ def not_integer_groups(fmt: str) -> DartspecError:
     """The error for an exact format asked to hold a weight that is no integer groups of the kinds it keeps."""
     return DartspecError(
         f"--quant {fmt}: this model's weights are not integer groups of the kinds dartspec keeps (it does not come "
-        "from a GGUF file, or its blocks are of types such as Q4_K / Q6_K): use --quant auto (exact where it can, "
-        "fp16 elsewhere) or --quant fp16"
+        "from a GGUF file still on this machine, or its blocks are of types such as Q2_K / Q3_K): use --quant auto "
+        "(exact where it can, fp16 elsewhere) or --quant fp16"
     )
 
 

@@ -1,4 +1,4 @@
-"""A GGUF's Q4_K blocks as 4-bit integer groups (dartspec.kquants), checked against gguf's own dequantization."""
+"""A GGUF's Q4_K / Q6_K blocks as integer groups (dartspec.kquants), checked against gguf's own dequantization."""
 
 from __future__ import annotations
 
@@ -28,6 +28,15 @@ def random_q4_k(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
     return np.concatenate([d, dmin, rest], axis=1).reshape(rows, -1)
 
 
+def random_q6_k(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
+    """Raw Q6_K bytes ``(rows, cols / 256 * 210)``: random 6-bit values and int8 scales, a small fp16 d."""
+    blocks = rows * cols // kquants.SUPER_BLOCK
+    quants = rng.integers(0, 256, (blocks, 192), dtype=np.uint8)
+    scales = rng.integers(-128, 128, (blocks, 16)).astype(np.int8).view(np.uint8)
+    d = (rng.random((blocks, 1)) * 1e-4 + 1e-6).astype(np.float16).view(np.uint8)
+    return np.concatenate([quants, scales, d], axis=1).reshape(rows, -1)
+
+
 def dequantized(raw: np.ndarray, kind: gguf.GGMLQuantizationType) -> torch.Tensor:
     return torch.from_numpy(gguf.quants.dequantize(raw, kind).astype(np.float32))
 
@@ -43,23 +52,24 @@ def test_q4_k_groups_are_ggufs_own_numbers() -> None:
 
 
 def _tiny_qwen2() -> torch.nn.Module:
-    """Two Qwen2 layers whose MLP is 256 wide: a down projection of whole Q4_K super-blocks."""
+    """Three Qwen2 layers whose MLP is 256 wide: down projections of whole K-quant super-blocks."""
     import transformers as tf
 
     torch.manual_seed(0)
     cfg = tf.Qwen2Config(
-        vocab_size=512, hidden_size=32, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=512, hidden_size=32, intermediate_size=256, num_hidden_layers=3, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=128, eos_token_id=1, tie_word_embeddings=True,
     )  # fmt: skip
     return _gguf_like(tf.Qwen2ForCausalLM(cfg).float().eval())
 
 
 @pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
-def test_lean_takes_q4_k_groups_from_the_source_gguf(tmp_path, monkeypatch) -> None:
-    """A converted model whose GGUF holds Q4_K down projections: the lean runtime reads their groups from the file
-    (named by its manifest) and runs them as exact-a16 groups instead of fp16 panels; a tensor whose groups do not
-    reproduce the loaded weight (here: one weight changed after conversion) stays fp16. The result is the same model:
-    logits as the unquantized forward's, every tree row equal to that token decoded alone, bit for bit."""
+def test_lean_takes_k_quant_groups_from_the_source_gguf(tmp_path, monkeypatch) -> None:
+    """A converted model whose GGUF holds Q4_K and Q6_K down projections: the lean runtime reads their groups from the
+    file (named by its manifest) and runs them as exact-a16 groups (kinds 4 and 6) instead of fp16 panels; a tensor
+    whose groups do not reproduce the loaded weight (here: one weight changed after conversion) stays fp16. The result
+    is the same model: logits as the unquantized forward's, every tree row equal to that token decoded alone, bit for
+    bit."""
     from transformers import AutoModelForCausalLM
 
     monkeypatch.setenv("DARTSPEC_CACHE", str(tmp_path / "cache"))
@@ -67,13 +77,14 @@ def test_lean_takes_q4_k_groups_from_the_source_gguf(tmp_path, monkeypatch) -> N
     rng = np.random.default_rng(1)
     path = tmp_path / "model.gguf"
     writer = gguf.GGUFWriter(str(path), "qwen2")
-    writer.add_block_count(2)
+    writer.add_block_count(3)
+    Q4_K, Q6_K = gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q6_K
     with torch.no_grad():
-        for i, layer in enumerate(model.model.layers):
-            raw = random_q4_k(rng, 32, 256)
-            layer.mlp.down_proj.weight.copy_(dequantized(raw, gguf.GGMLQuantizationType.Q4_K))
-            writer.add_tensor(f"blk.{i}.ffn_down.weight", raw, raw_dtype=gguf.GGMLQuantizationType.Q4_K)
-        model.model.layers[1].mlp.down_proj.weight[3, 5] += 1e-3  # no longer the file's numbers
+        for i, (layer, kind) in enumerate(zip(model.model.layers, (Q4_K, Q6_K, Q4_K), strict=True)):
+            raw = (random_q4_k if kind == Q4_K else random_q6_k)(rng, 32, 256)
+            layer.mlp.down_proj.weight.copy_(dequantized(raw, kind))
+            writer.add_tensor(f"blk.{i}.ffn_down.weight", raw, raw_dtype=kind)
+        model.model.layers[2].mlp.down_proj.weight[3, 5] += 1e-3  # no longer the file's numbers
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -88,7 +99,7 @@ def test_lean_takes_q4_k_groups_from_the_source_gguf(tmp_path, monkeypatch) -> N
     target = wrap_model(loaded, tiny_tokenizer())
     assert describe(target) == "lean/exact-a16+fp16"
     down = [layer.down for layer in target.layers]
-    assert [(lin.fmt, lin.packed.kind) for lin in down] == [("exact-a16", 4), ("fp16", 16)]
+    assert [(lin.fmt, lin.packed.kind) for lin in down] == [("exact-a16", 4), ("exact-a16", 6), ("fp16", 16)]
     assert down[0].packed.scale.dtype == torch.float32  # D = d * sc: no fp16 number in general
     ids = list(range(3, 40))
     ref = LeanTarget(loaded, tiny_tokenizer(), quant="none")
@@ -102,7 +113,7 @@ def test_lean_takes_q4_k_groups_from_the_source_gguf(tmp_path, monkeypatch) -> N
     # The packed-weight cache keeps what the file gave: a second load reads neither the GGUF nor packs again.
     monkeypatch.setattr(kquants, "file_groups", lambda *a: pytest.fail("read the GGUF although the cache has it"))
     again = wrap_model(AutoModelForCausalLM.from_pretrained(folder), tiny_tokenizer())
-    assert [lin.packed.kind for lin in (layer.down for layer in again.layers)] == [4, 16]
+    assert [lin.packed.kind for lin in (layer.down for layer in again.layers)] == [4, 6, 16]
     assert torch.equal(again.score_sequence(ids).logits, target.score_sequence(ids).logits)
 
 

@@ -293,6 +293,35 @@ def test_integer_dot_kernel_equals_its_reference_and_computes_each_row_alone(kin
 
 
 @pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
+def test_integer_dot_kernel_on_q6_k_groups_equals_its_reference() -> None:
+    """Kind 6 (a GGUF's Q6_K blocks: int8 groups whose halves of 16 have a scale each): gguf's own dequantization
+    against inputs rounded to 16 bits per group of 32, each row computed alone."""
+    gguf = pytest.importorskip("gguf")
+    from test_kquants import random_q6_k
+
+    from dartspec import kquants
+
+    out, k = 37, 512  # 37: a last panel that is only partly filled
+    raw = random_q6_k(np.random.default_rng(6), out, k)
+    weight = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q6_K).astype(np.float32))
+    rows = kquants.q6_k_groups(raw, out, k)
+    assert rows.kind == 6 and torch.equal(exact.unpack(rows), weight)
+    packed = exact.to_panels(rows)
+    assert packed.kind == 6 and packed.scale.dtype == torch.float32 and packed.offset is None
+    assert exact.unpack(exact.from_tensors(exact.to_tensors(rows))).equal(weight)  # the packed-weight cache's form
+    gen = torch.Generator().manual_seed(6)
+    x, bias = torch.randn(11, k, generator=gen) * 3, torch.randn(out, generator=gen)
+    x[:, 7] = 40.0
+    y = exact.linear_a16(x, packed, bias)
+    ref = exact.quantize_activations(x).double() @ weight.double().T + bias
+    torch.testing.assert_close(y.double(), ref, rtol=0, atol=1e-4)
+    for r in (0, 5, 10):
+        assert torch.equal(exact.linear_a16(x[r : r + 1], packed, bias)[0], y[r])
+    with pytest.raises(ValueError, match="kind 6"):
+        exact.linear(x, rows)  # the exact format's fp32 kernel has no such groups
+
+
+@pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
 def test_fp16_scales_compute_what_fp32_scales_do_through_the_fused_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     """A GGUF's group scales are half-precision numbers, so exact-a16 keeps them in fp16 (fewer bytes a step); a model
     whose scales are not (other GGUF block types) keeps fp32 ones. Both layouts give the same logits, bit for bit."""
@@ -478,8 +507,9 @@ def test_pack_finds_q5_0_groups_and_gives_up_on_other_numbers_at_once(monkeypatc
 
 @pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
 def test_auto_keeps_exact_weights_where_it_can_and_fp16_for_the_others(tmp_path, monkeypatch) -> None:
-    """A Q4_K_M GGUF is mostly Q5_0 / Q8_0 (integer groups exact-a16 keeps) with Q4_K / Q6_K down projections (not):
-    ``--quant auto`` takes exact-a16 for the first and fp16 panels for the others, weight by weight, in the same fused
+    """Some weights are integer groups exact-a16 keeps, others not (here: random numbers; in a GGUF, block types whose
+    groups neither the weights nor the file show): ``--quant auto`` takes exact-a16 for the first and fp16 panels for
+    the others, weight by weight, in the same fused
     blocks, which compute every row on its own: a tree row equals that token decoded alone bit for bit (fbgemm's fp16
     GEMM does not), and a batch of sequences equals each alone. ``--quant exact-a16`` itself refuses such a model;
     the packed-weight cache holds both kinds."""
