@@ -22,12 +22,13 @@ numbers (a GGUF's Q4_1 / Q8_0 blocks store them so; SmolLM2: 96 MB a step instea
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import hashlib
 import os
 import platform
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -173,6 +174,35 @@ def unpack(packed: ExactWeight) -> torch.Tensor:
     else:
         w = packed.data.float() * packed.scale[..., None]
     return w.reshape(packed.out_features, packed.in_features)
+
+
+def map_rows(packed: ExactWeight, rows: Callable[[torch.Tensor], torch.Tensor]) -> ExactWeight:
+    """``packed`` (rows layout) with its outputs reordered by ``rows``, a function of a tensor's first dimension
+    (e.g. :func:`dartspec.rotary.interleave_rows`), applied alike to data, scales and offsets."""
+    offset = None if packed.offset is None else rows(packed.offset)
+    return dataclasses.replace(packed, data=rows(packed.data), scale=rows(packed.scale), offset=offset)
+
+
+def concat(parts: Sequence[ExactWeight]) -> ExactWeight | None:
+    """Weights (rows layout) stacked along outputs, as one fused projection; None unless they are groups of one kind
+    with the same inputs and scales of one type."""
+    first = parts[0]
+    same = all(
+        p.kind == first.kind
+        and p.in_features == first.in_features
+        and not p.panel
+        and p.scale.dtype == first.scale.dtype
+        and (p.offset is None) == (first.offset is None)
+        for p in parts
+    )
+    if not same or first.kind == 16:
+        return None
+    if len(parts) == 1:
+        return first
+    offset = None if first.offset is None else torch.cat([p.offset for p in parts])  # type: ignore[misc]
+    out = sum(p.out_features for p in parts)
+    data, scale = torch.cat([p.data for p in parts]), torch.cat([p.scale for p in parts])
+    return ExactWeight(first.kind, data, scale, offset, out, first.in_features)
 
 
 def linear(x: torch.Tensor, packed: ExactWeight, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -11,8 +11,10 @@ A Q4_K_M file mixes block types. Q4_1 / Q5_0 / Q8_0 blocks are found in the dequ
   whose two halves have a scale each (kind 6 of the integer-dot kernel, 40 bytes a group).
 
 Each weight's groups are the numbers gguf's own dequantization (and so the converted model) multiplies, and they
-are checked against the loaded weight, bit for bit, before use. Qwen2.5-Coder-0.5B's Q4_K_M file holds twelve Q4_K
-and twelve Q6_K down projections (everything else is Q5_0 / Q8_0).
+are checked against the loaded weight, bit for bit, before use (in its row order: transformers reorders a Llama
+file's query and key rows). Qwen2.5-Coder-0.5B's Q4_K_M file holds twelve Q4_K and twelve Q6_K down projections
+(everything else is Q5_0 / Q8_0); in a Q4_K_M file of a model whose widths are multiples of 256 nearly every weight
+is Q4_K or Q6_K. The lean runtime fuses projections (q/k/v, gate/up) whose parts are groups of one kind.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dartspec.exact import GROUP, ExactWeight, unpack
+from dartspec.exact import GROUP, ExactWeight, map_rows, unpack
 
 #: Weights a K-quant super-block covers (``QK_K`` in ggml).
 SUPER_BLOCK = 256
@@ -109,7 +111,8 @@ def source_gguf(folder: str | Path | None) -> Path | None:
 
 def file_groups(gguf_path: Path, weights: Mapping[str, torch.Tensor]) -> dict[str, ExactWeight]:
     """The integer groups of those ``weights`` (Hugging Face parameter names -> loaded fp32 tensors) that are Q4_K or
-    Q6_K tensors of ``gguf_path`` and that the groups reproduce bit for bit; the other weights are left out."""
+    Q6_K tensors of ``gguf_path`` and that the groups reproduce bit for bit (in the weight's row order); the other
+    weights are left out."""
     import gguf
 
     reader = gguf.GGUFReader(gguf_path)
@@ -127,7 +130,24 @@ def file_groups(gguf_path: Path, weights: Mapping[str, torch.Tensor]) -> dict[st
         if tensor is None or weight.dim() != 2 or weight.shape[1] % SUPER_BLOCK:
             continue
         out, k = weight.shape
+        if tuple(int(n) for n in tensor.shape) != (k, out):  # a GGUF lists a tensor's dimensions innermost first
+            continue
         groups = readers[tensor.tensor_type](np.asarray(tensor.data), out, k)
-        if torch.equal(unpack(groups), weight.detach().to(device="cpu", dtype=torch.float32)):
-            found[name] = groups
+        rows, expected = unpack(groups), weight.detach().to(device="cpu", dtype=torch.float32)
+        if not torch.equal(rows, expected):
+            order = _row_order(rows, expected)
+            if order is None:
+                continue
+            groups = map_rows(groups, lambda t, order=order: t[order])
+        found[name] = groups
     return found
+
+
+def _row_order(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+    """The order of ``rows`` that makes them ``weight`` (transformers reorders a Llama GGUF's query and key rows, whose
+    file layout is rotary's other convention), or None where none does."""
+    if rows.shape != weight.shape:
+        return None
+    where = {row.tobytes(): i for i, row in enumerate(rows.numpy())}
+    order = [where.get(row.tobytes()) for row in weight.numpy()]
+    return None if None in order else torch.tensor(order)

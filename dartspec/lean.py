@@ -99,15 +99,16 @@ def _packed_cache(model: nn.Module, quant: str) -> PackedCache | None:
     return PackedCache.for_model(getattr(model.config, "_name_or_path", None), quant, panel, model.parameters())
 
 
-def _file_groups(model: nn.Module) -> dict[int, exact.ExactWeight]:
+def _file_groups(model: nn.Module, quant: str) -> dict[int, exact.ExactWeight]:
     """The integer groups of ``model``'s weights that its GGUF file alone shows (:mod:`dartspec.kquants`), by the
-    address of each weight's data; none for a model not converted from a GGUF file still on this machine."""
+    ``id`` of each weight parameter; none for a model not converted from a GGUF file still on this machine. Kind 6
+    (Q6_K) runs on the integer-dot kernel only: not for the ``exact`` format."""
     gguf_path = kquants.source_gguf(getattr(model.config, "_name_or_path", None))
     if gguf_path is None:
         return {}
     params = dict(model.named_parameters())
     found = kquants.file_groups(gguf_path, {n: p for n, p in params.items() if p.dim() == 2})
-    return {params[name].data_ptr(): groups for name, groups in found.items()}
+    return {id(params[n]): g for n, g in found.items() if g.kind != 6 or quant == "exact-a16"}
 
 
 class LeanTarget(CausalRuntime):
@@ -165,10 +166,9 @@ class LeanTarget(CausalRuntime):
         self.scaling = float(attn0.scaling)
         cache = _packed_cache(model, quant)
         saved = cache.load() if cache is not None else None
-        # Weights whose integer groups only the GGUF file shows (Q4_K blocks, dartspec.kquants), by the address of
-        # the parameter's data (a projection that is a parameter itself, not a fused copy)
-        self._file_groups = _file_groups(model) if saved is None and quant in EXACT_FORMATS else {}
-        self._head = self._linear("head", head.weight.detach(), head.bias, saved)
+        # Weights whose integer groups only the GGUF file shows (Q4_K / Q6_K blocks, dartspec.kquants)
+        self._file_groups = _file_groups(model, quant) if saved is None and quant in EXACT_FORMATS else {}
+        self._head = self._linear("head", head.weight.detach(), head.bias, saved, self._groups_of(head.weight))
         self.layers = [self._convert(i, layer, saved) for i, layer in enumerate(decoder.layers)]
         self._stack: exact.BlockStack | None = None  # every layer's fused block in one call (_block_stack)
         if fallback is not None and all(lin.fmt == fallback for lin in self._linears().values()):
@@ -262,17 +262,31 @@ class LeanTarget(CausalRuntime):
         )
 
     def _linear(
-        self, name: str, weight: torch.Tensor, bias: torch.Tensor | None, saved: SavedWeights | None
+        self,
+        name: str,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        saved: SavedWeights | None,
+        groups: exact.ExactWeight | None = None,
     ) -> PackedLinear:
         """One projection in the runtime's format, taken from the packed-weight cache when there is one, else from
-        the integer groups read from the model's GGUF file where it has them (``weight`` a parameter itself)."""
+        ``groups`` (read from the model's GGUF file, :meth:`_groups_of`) where given."""
         packed = saved.get(name, tuple(weight.shape)) if saved is not None else None
-        groups = self._file_groups.get(weight.data_ptr())
-        if groups is not None and groups.kind == 6 and self.quant != "exact-a16":
-            groups = None  # Q6_K's groups run on the integer-dot kernel only
-        if packed is None and groups is not None and (groups.out_features, groups.in_features) == tuple(weight.shape):
+        if packed is None and groups is not None:
             packed = exact.to_panels(groups) if self.quant == "exact-a16" else groups
         return PackedLinear(weight, bias, self.quant, packed=packed, fallback=self.fallback)
+
+    def _groups_of(
+        self, *parts: nn.Parameter, rows: Sequence[Callable[[torch.Tensor], torch.Tensor] | None] = ()
+    ) -> exact.ExactWeight | None:
+        """The file's integer groups of the projection made of ``parts`` stacked along outputs (each part's rows
+        reordered by ``rows[i]`` where given, as the weights are: rotary's row order), or None unless every part has
+        groups of one kind."""
+        found = [self._file_groups.get(id(p)) for p in parts]
+        if any(g is None for g in found):
+            return None
+        order = [*rows, *[None] * (len(parts) - len(rows))]
+        return exact.concat([g if f is None else exact.map_rows(g, f) for g, f in zip(found, order, strict=True)])
 
     def _linears(self) -> dict[str, PackedLinear]:
         out = {"head": self._head}
@@ -313,15 +327,39 @@ class LeanTarget(CausalRuntime):
         return _Layer(
             ln1=layer.input_layernorm.weight.detach(),
             ln2=layer.post_attention_layernorm.weight.detach(),
-            qkv=self._linear(f"layers.{i}.qkv", torch.cat([q_w, k_w, a.v_proj.weight.detach()]), qkv_b, saved),
-            o=self._linear(f"layers.{i}.o", a.o_proj.weight.detach(), detach(a.o_proj.bias), saved),
+            qkv=self._linear(
+                f"layers.{i}.qkv",
+                torch.cat([q_w, k_w, a.v_proj.weight.detach()]),
+                qkv_b,
+                saved,
+                self._groups_of(
+                    a.q_proj.weight,
+                    a.k_proj.weight,
+                    a.v_proj.weight,
+                    rows=(lambda t: interleave_rows(t, H, D), lambda t: interleave_rows(t, K, D)),
+                ),
+            ),
+            o=self._linear(
+                f"layers.{i}.o",
+                a.o_proj.weight.detach(),
+                detach(a.o_proj.bias),
+                saved,
+                self._groups_of(a.o_proj.weight),
+            ),
             gate_up=self._linear(
                 f"layers.{i}.gate_up",
                 torch.cat([m.gate_proj.weight.detach(), m.up_proj.weight.detach()]),
                 fuse(detach(m.gate_proj.bias), detach(m.up_proj.bias)),
                 saved,
+                self._groups_of(m.gate_proj.weight, m.up_proj.weight),
             ),
-            down=self._linear(f"layers.{i}.down", m.down_proj.weight.detach(), detach(m.down_proj.bias), saved),
+            down=self._linear(
+                f"layers.{i}.down",
+                m.down_proj.weight.detach(),
+                detach(m.down_proj.bias),
+                saved,
+                self._groups_of(m.down_proj.weight),
+            ),
             q_norm=None if q_norm is None else interleave_rows(q_norm.weight.detach(), 1, D),
             k_norm=None if k_norm is None else interleave_rows(k_norm.weight.detach(), 1, D),
         )

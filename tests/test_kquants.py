@@ -18,22 +18,23 @@ from dartspec.targets import describe, wrap_model
 gguf = pytest.importorskip("gguf")
 
 
-def random_q4_k(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
-    """Raw Q4_K bytes ``(rows, cols / 256 * 144)``: fp16 d and dmin of plausible size, random 6-bit scales and
-    minimums, random nibbles."""
+def random_q4_k(rng: np.random.Generator, rows: int, cols: int, scale: float = 1.0) -> np.ndarray:
+    """Raw Q4_K bytes ``(rows, cols / 256 * 144)``: fp16 d and dmin of plausible size (times ``scale``), random 6-bit
+    scales and minimums, random nibbles."""
     blocks = rows * cols // kquants.SUPER_BLOCK
-    d = (rng.random((blocks, 1)) * 1e-3 + 1e-4).astype(np.float16).view(np.uint8)
-    dmin = (rng.random((blocks, 1)) * 1e-3).astype(np.float16).view(np.uint8)
+    d = ((rng.random((blocks, 1)) * 1e-3 + 1e-4) * scale).astype(np.float16).view(np.uint8)
+    dmin = (rng.random((blocks, 1)) * 1e-3 * scale).astype(np.float16).view(np.uint8)
     rest = rng.integers(0, 256, (blocks, 12 + 128), dtype=np.uint8)
     return np.concatenate([d, dmin, rest], axis=1).reshape(rows, -1)
 
 
-def random_q6_k(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
-    """Raw Q6_K bytes ``(rows, cols / 256 * 210)``: random 6-bit values and int8 scales, a small fp16 d."""
+def random_q6_k(rng: np.random.Generator, rows: int, cols: int, scale: float = 1.0) -> np.ndarray:
+    """Raw Q6_K bytes ``(rows, cols / 256 * 210)``: random 6-bit values and int8 scales, a small fp16 d (times
+    ``scale``)."""
     blocks = rows * cols // kquants.SUPER_BLOCK
     quants = rng.integers(0, 256, (blocks, 192), dtype=np.uint8)
     scales = rng.integers(-128, 128, (blocks, 16)).astype(np.int8).view(np.uint8)
-    d = (rng.random((blocks, 1)) * 1e-4 + 1e-6).astype(np.float16).view(np.uint8)
+    d = ((rng.random((blocks, 1)) * 1e-4 + 1e-6) * scale).astype(np.float16).view(np.uint8)
     return np.concatenate([quants, scales, d], axis=1).reshape(rows, -1)
 
 
@@ -125,3 +126,52 @@ def test_source_gguf_is_none_without_the_file(tmp_path) -> None:
     assert kquants.source_gguf(folder) is None  # the file is gone
     (tmp_path / "x.gguf").write_bytes(b"GGUF")
     assert kquants.source_gguf(folder) is None  # another file than the one converted (its size differs)
+
+
+@pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
+def test_a_q4_k_m_style_llama_gguf_runs_as_exact_a16_and_agrees_with_transformers(tmp_path, monkeypatch) -> None:
+    """A Llama GGUF of K-quant blocks as a Q4_K_M file has them (every projection Q4_K, one value projection, the down
+    projections, the embedding and the head Q6_K), converted by transformers as a user's file is: its query and key rows
+    come back reordered (the file keeps rotary's other layout), fused projections take their parts' groups, and only
+    the one fused projection whose parts are of two kinds (Q4_K query and key, Q6_K value) stays fp16. Logits agree
+    with transformers' own fp32 forward of the converted model; a tree row equals that token decoded alone."""
+    from test_models import write_tiny_llama_gguf
+
+    from dartspec.models import resolve_model
+    from dartspec.targets import load_target
+
+    # Weights of about a trained model's size: a random network of large ones is chaotic (a 16-bit rounding of an
+    # activation moves its logits by a tenth of their range), which would test nothing.
+    def q4_k(rng: np.random.Generator, rows: int, cols: int) -> tuple[np.ndarray, object]:
+        return random_q4_k(rng, rows, cols, scale=0.1), gguf.GGMLQuantizationType.Q4_K
+
+    def q6_k(rng: np.random.Generator, rows: int, cols: int) -> tuple[np.ndarray, object]:
+        return random_q6_k(rng, rows, cols, scale=0.2), gguf.GGMLQuantizationType.Q6_K
+
+    blocks = {"token_embd.weight": q6_k, "output.weight": q6_k}
+    for i in range(2):
+        blocks |= {f"blk.{i}.{n}.weight": q4_k for n in ("attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up")}
+        blocks |= {f"blk.{i}.attn_v.weight": q6_k if i == 0 else q4_k, f"blk.{i}.ffn_down.weight": q6_k}
+    path = tmp_path / "tiny-kquants.gguf"
+    write_tiny_llama_gguf(path, hidden=256, inter=512, heads=4, kv_heads=2, blocks=blocks)
+    monkeypatch.setenv("DARTSPEC_CACHE", str(tmp_path / "cache"))
+    folder = resolve_model(str(path), cache=tmp_path / "cache", log=lambda _: None)
+    assert kquants.source_gguf(folder) == path.resolve()
+
+    target = load_target(str(folder))
+    kinds = {name: (lin.fmt, lin.packed.kind) for name, lin in target._linears().items()}
+    assert kinds["head"] == ("exact-a16", 6)
+    assert kinds["layers.0.qkv"] == ("fp16", 16) and kinds["layers.1.qkv"] == ("exact-a16", 4)
+    for i in range(2):
+        assert kinds[f"layers.{i}.o"] == kinds[f"layers.{i}.gate_up"] == ("exact-a16", 4)
+        assert kinds[f"layers.{i}.down"] == ("exact-a16", 6)
+    reference = load_target(str(folder), runtime="hf")
+    ids = list(range(3, 60))
+    got, want = target.score_sequence(ids).logits, reference.score_sequence(ids).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4)  # logits of about 1; fp16 weights: 2e-4 off
+    prompt, tree = ids[:12], _random_tree(np.random.default_rng(3), 7, 9)
+    target.prefill(prompt)
+    rows = target.verify(tree).logits
+    for node in range(tree.size):
+        path_ids = [int(tree.tokens[i]) for i in tree.path_to(node)]
+        assert torch.equal(rows[node], _step_by_step(target, prompt, path_ids))

@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -40,12 +42,21 @@ def offline(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(models, "fetch_package_file", _no_network)
 
 
-def write_tiny_llama_gguf(path: Path) -> None:
-    """Write a 2-layer Llama GGUF with random fp32 weights, a byte-level BPE vocab and a chat template."""
+def write_tiny_llama_gguf(
+    path: Path,
+    *,
+    hidden: int = 16,
+    inter: int = 32,
+    heads: int = 2,
+    kv_heads: int = 1,
+    blocks: dict[str, Callable[[np.random.Generator, int, int], tuple[np.ndarray, Any]]] | None = None,
+) -> None:
+    """Write a 2-layer Llama GGUF with random fp32 weights, a byte-level BPE vocab and a chat template. ``blocks``:
+    tensor name -> a maker of its raw quantized bytes and block type (the tensor is stored so, e.g. as Q4_K)."""
     import gguf
 
     rng = np.random.default_rng(0)
-    hidden, inter, layers, heads, kv_heads = 16, 32, 2, 2, 1
+    layers = 2
     head_dim = hidden // heads
     byte_chars = gguf.bytes_to_unicode()
     tokens = [byte_chars[b] for b in range(256)] + ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -54,6 +65,15 @@ def write_tiny_llama_gguf(path: Path) -> None:
         return (rng.standard_normal(shape) * 0.02).astype(np.float32)
 
     writer = gguf.GGUFWriter(str(path), "llama")
+
+    def add(name: str, rows: int, cols: int) -> None:
+        make = (blocks or {}).get(name)
+        if make is None:
+            writer.add_tensor(name, weight(rows, cols))
+        else:
+            raw, kind = make(rng, rows, cols)
+            writer.add_tensor(name, raw, raw_dtype=kind)
+
     writer.add_context_length(64)
     writer.add_embedding_length(hidden)
     writer.add_block_count(layers)
@@ -73,19 +93,19 @@ def write_tiny_llama_gguf(path: Path) -> None:
     writer.add_eos_token_id(258)
     writer.add_pad_token_id(256)
     writer.add_chat_template(CHAT_TEMPLATE)
-    writer.add_tensor("token_embd.weight", weight(len(tokens), hidden))
+    add("token_embd.weight", len(tokens), hidden)
     for i in range(layers):
         writer.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, np.float32))
-        writer.add_tensor(f"blk.{i}.attn_q.weight", weight(hidden, hidden))
-        writer.add_tensor(f"blk.{i}.attn_k.weight", weight(head_dim * kv_heads, hidden))
-        writer.add_tensor(f"blk.{i}.attn_v.weight", weight(head_dim * kv_heads, hidden))
-        writer.add_tensor(f"blk.{i}.attn_output.weight", weight(hidden, hidden))
+        add(f"blk.{i}.attn_q.weight", hidden, hidden)
+        add(f"blk.{i}.attn_k.weight", head_dim * kv_heads, hidden)
+        add(f"blk.{i}.attn_v.weight", head_dim * kv_heads, hidden)
+        add(f"blk.{i}.attn_output.weight", hidden, hidden)
         writer.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, np.float32))
-        writer.add_tensor(f"blk.{i}.ffn_gate.weight", weight(inter, hidden))
-        writer.add_tensor(f"blk.{i}.ffn_up.weight", weight(inter, hidden))
-        writer.add_tensor(f"blk.{i}.ffn_down.weight", weight(hidden, inter))
+        add(f"blk.{i}.ffn_gate.weight", inter, hidden)
+        add(f"blk.{i}.ffn_up.weight", inter, hidden)
+        add(f"blk.{i}.ffn_down.weight", hidden, inter)
     writer.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
-    writer.add_tensor("output.weight", weight(len(tokens), hidden))
+    add("output.weight", len(tokens), hidden)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
