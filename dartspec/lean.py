@@ -168,7 +168,7 @@ class LeanTarget(CausalRuntime):
         saved = cache.load() if cache is not None else None
         # Weights whose integer groups only the GGUF file shows (Q4_K / Q6_K blocks, dartspec.kquants)
         self._file_groups = _file_groups(model, quant) if saved is None and quant in EXACT_FORMATS else {}
-        self._head = self._linear("head", head.weight.detach(), head.bias, saved, self._groups_of(head.weight))
+        self._head = self._projection("head", saved, head)
         self.layers = [self._convert(i, layer, saved) for i, layer in enumerate(decoder.layers)]
         self._stack: exact.BlockStack | None = None  # every layer's fused block in one call (_block_stack)
         if fallback is not None and all(lin.fmt == fallback for lin in self._linears().values()):
@@ -277,7 +277,7 @@ class LeanTarget(CausalRuntime):
         return PackedLinear(weight, bias, self.quant, packed=packed, fallback=self.fallback)
 
     def _groups_of(
-        self, *parts: nn.Parameter, rows: Sequence[Callable[[torch.Tensor], torch.Tensor] | None] = ()
+        self, *parts: nn.Parameter, rows: Sequence[Callable[[torch.Tensor], torch.Tensor]] = ()
     ) -> exact.ExactWeight | None:
         """The file's integer groups of the projection made of ``parts`` stacked along outputs (each part's rows
         reordered by ``rows[i]`` where given, as the weights are: rotary's row order), or None unless every part has
@@ -313,56 +313,39 @@ class LeanTarget(CausalRuntime):
     def _convert(self, i: int, layer: nn.Module, saved: SavedWeights | None) -> _Layer:
         a, m = layer.self_attn, layer.mlp
         H, K, D = self.heads, self.kv_heads, self.head_dim
-
-        def detach(p: torch.Tensor | None) -> torch.Tensor | None:
-            return None if p is None else p.detach()
-
-        q_w, k_w = interleave_rows(a.q_proj.weight.detach(), H, D), interleave_rows(a.k_proj.weight.detach(), K, D)
-        q_b, k_b = detach(a.q_proj.bias), detach(a.k_proj.bias)
-        if q_b is not None and k_b is not None:
-            q_b, k_b = interleave_rows(q_b, H, D), interleave_rows(k_b, K, D)
-        qkv_b = fuse(q_b, k_b, detach(a.v_proj.bias))
         q_norm = getattr(a, "q_norm", None)
         k_norm = getattr(a, "k_norm", None)
+        # q and k rows in rotary's adjacent-pair layout (module docstring)
+        rotary = (lambda t: interleave_rows(t, H, D), lambda t: interleave_rows(t, K, D))
         return _Layer(
             ln1=layer.input_layernorm.weight.detach(),
             ln2=layer.post_attention_layernorm.weight.detach(),
-            qkv=self._linear(
-                f"layers.{i}.qkv",
-                torch.cat([q_w, k_w, a.v_proj.weight.detach()]),
-                qkv_b,
-                saved,
-                self._groups_of(
-                    a.q_proj.weight,
-                    a.k_proj.weight,
-                    a.v_proj.weight,
-                    rows=(lambda t: interleave_rows(t, H, D), lambda t: interleave_rows(t, K, D)),
-                ),
-            ),
-            o=self._linear(
-                f"layers.{i}.o",
-                a.o_proj.weight.detach(),
-                detach(a.o_proj.bias),
-                saved,
-                self._groups_of(a.o_proj.weight),
-            ),
-            gate_up=self._linear(
-                f"layers.{i}.gate_up",
-                torch.cat([m.gate_proj.weight.detach(), m.up_proj.weight.detach()]),
-                fuse(detach(m.gate_proj.bias), detach(m.up_proj.bias)),
-                saved,
-                self._groups_of(m.gate_proj.weight, m.up_proj.weight),
-            ),
-            down=self._linear(
-                f"layers.{i}.down",
-                m.down_proj.weight.detach(),
-                detach(m.down_proj.bias),
-                saved,
-                self._groups_of(m.down_proj.weight),
-            ),
+            qkv=self._projection(f"layers.{i}.qkv", saved, a.q_proj, a.k_proj, a.v_proj, rows=rotary),
+            o=self._projection(f"layers.{i}.o", saved, a.o_proj),
+            gate_up=self._projection(f"layers.{i}.gate_up", saved, m.gate_proj, m.up_proj),
+            down=self._projection(f"layers.{i}.down", saved, m.down_proj),
             q_norm=None if q_norm is None else interleave_rows(q_norm.weight.detach(), 1, D),
             k_norm=None if k_norm is None else interleave_rows(k_norm.weight.detach(), 1, D),
         )
+
+    def _projection(
+        self,
+        name: str,
+        saved: SavedWeights | None,
+        *parts: nn.Linear,
+        rows: Sequence[Callable[[torch.Tensor], torch.Tensor]] = (),
+    ) -> PackedLinear:
+        """``parts`` stacked along outputs as one projection (the first ``len(rows)`` parts' weight and bias rows
+        reordered by ``rows``), with the integer groups the GGUF file gives them where it does."""
+        order = [*rows, *[None] * (len(parts) - len(rows))]
+
+        def reorder(t: torch.Tensor | None, f: Callable[[torch.Tensor], torch.Tensor] | None) -> torch.Tensor | None:
+            return None if t is None else t.detach() if f is None else f(t.detach())
+
+        weights = [reorder(p.weight, f) for p, f in zip(parts, order, strict=True)]
+        bias = fuse(*(reorder(p.bias, f) for p, f in zip(parts, order, strict=True)))
+        weight = weights[0] if len(weights) == 1 else torch.cat(weights)  # type: ignore[arg-type]
+        return self._linear(name, weight, bias, saved, self._groups_of(*(p.weight for p in parts), rows=rows))
 
     @property
     def device(self) -> torch.device:

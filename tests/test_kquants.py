@@ -38,6 +38,16 @@ def random_q6_k(rng: np.random.Generator, rows: int, cols: int, scale: float = 1
     return np.concatenate([quants, scales, d], axis=1).reshape(rows, -1)
 
 
+def assert_tree_rows_decode_alone(target: LeanTarget, prompt: list[int], seed: int) -> None:
+    """Each row of a random tree's verification equals that path decoded one token at a time, bit for bit."""
+    tree = _random_tree(np.random.default_rng(seed), 7, 9)
+    target.prefill(prompt)
+    rows = target.verify(tree).logits
+    for node in range(tree.size):
+        path = [int(tree.tokens[i]) for i in tree.path_to(node)]
+        assert torch.equal(rows[node], _step_by_step(target, prompt, path))
+
+
 def dequantized(raw: np.ndarray, kind: gguf.GGMLQuantizationType) -> torch.Tensor:
     return torch.from_numpy(gguf.quants.dequantize(raw, kind).astype(np.float32))
 
@@ -105,12 +115,7 @@ def test_lean_takes_k_quant_groups_from_the_source_gguf(tmp_path, monkeypatch) -
     ids = list(range(3, 40))
     ref = LeanTarget(loaded, tiny_tokenizer(), quant="none")
     torch.testing.assert_close(target.score_sequence(ids).logits, ref.score_sequence(ids).logits, rtol=5e-3, atol=5e-3)
-    prompt, tree = ids[:12], _random_tree(np.random.default_rng(2), 7, 9)
-    target.prefill(prompt)
-    got = target.verify(tree).logits
-    for node in range(tree.size):
-        path_ids = [int(tree.tokens[i]) for i in tree.path_to(node)]
-        assert torch.equal(got[node], _step_by_step(target, prompt, path_ids))
+    assert_tree_rows_decode_alone(target, ids[:12], seed=2)
     # The packed-weight cache keeps what the file gave: a second load reads neither the GGUF nor packs again.
     monkeypatch.setattr(kquants, "file_groups", lambda *a: pytest.fail("read the GGUF although the cache has it"))
     again = wrap_model(AutoModelForCausalLM.from_pretrained(folder), tiny_tokenizer())
@@ -169,9 +174,4 @@ def test_a_q4_k_m_style_llama_gguf_runs_as_exact_a16_and_agrees_with_transformer
     ids = list(range(3, 60))
     got, want = target.score_sequence(ids).logits, reference.score_sequence(ids).logits
     torch.testing.assert_close(got, want, rtol=0, atol=1e-4)  # logits of about 1; fp16 weights: 2e-4 off
-    prompt, tree = ids[:12], _random_tree(np.random.default_rng(3), 7, 9)
-    target.prefill(prompt)
-    rows = target.verify(tree).logits
-    for node in range(tree.size):
-        path_ids = [int(tree.tokens[i]) for i in tree.path_to(node)]
-        assert torch.equal(rows[node], _step_by_step(target, prompt, path_ids))
+    assert_tree_rows_decode_alone(target, ids[:12], seed=3)
