@@ -49,10 +49,10 @@ _HEADERS = tuple(Path(__file__).with_name(name) for name in ("rows.h", "qdot.h",
 
 @dataclass(frozen=True)
 class ExactWeight:
-    """A weight matrix as integer groups: ``kind`` 4 (``d * q + m``, nibbles) or 8 (``d * q``, int8); kind 6, int8
-    groups whose halves of 16 have a scale each (a GGUF's Q6_K blocks, :mod:`dartspec.kquants`; scale (O, G, 2), the
-    integer-dot kernel only); or kind 16, fp16 weights in panels (:func:`half_panels`, no scales), for the weights
-    beside them that are no groups.
+    """A weight matrix as integer groups: ``kind`` 4 (``d * q + m``, nibbles) or 8 (``d * q``, int8); kinds 5 (``d * q
+    + m``, uint8: a GGUF's Q5_K blocks) and 6 (int8 groups whose halves of 16 have a scale each: Q6_K blocks, scale
+    (O, G, 2)), read from the file (:mod:`dartspec.kquants`), for the integer-dot kernel only; or kind 16, fp16
+    weights in panels (:func:`half_panels`, no scales), for the weights beside them that are no groups.
 
     ``panel`` 0: one row per output (``qgemm.c``): data uint8 (O, G, 16) / int8 (O, G, 32), scale and offset
     (O, G). ``panel`` P > 0: the integer-dot kernel's panels of P outputs (``qdot.c``, :func:`to_panels`).
@@ -171,6 +171,9 @@ def unpack(packed: ExactWeight) -> torch.Tensor:
     elif packed.kind == 6:
         halves = packed.data.float().reshape(*packed.data.shape[:-1], 2, GROUP // 2)
         w = halves * packed.scale[..., None]
+    elif packed.kind == 5:
+        assert packed.offset is not None
+        w = packed.data.float() * packed.scale[..., None] + packed.offset[..., None]
     else:
         w = packed.data.float() * packed.scale[..., None]
     return w.reshape(packed.out_features, packed.in_features)
@@ -254,10 +257,12 @@ def to_panels(packed: ExactWeight, panel: int | None = None) -> ExactWeight:
         offset = panels(packed.offset).contiguous() if packed.offset is not None else None
     else:
         data = panels(packed.data).reshape(blocks, groups, panel, 16, 2).permute(0, 1, 3, 2, 4)
-        offset = None
-    if packed.kind == 6:  # a scale per half group: (P, G, 2, panel), fp32 (Q6_K's d * sc are no fp16 numbers)
-        scale = panels(packed.scale).permute(0, 1, 3, 2).contiguous()
-        return ExactWeight(6, data.reshape(blocks, groups, -1).contiguous(), scale, None, out, k, panel)
+        offset = panels(packed.offset).contiguous() if packed.offset is not None else None
+    if packed.kind in (5, 6):  # fp32 scales (the K-quants' products d * sc are no fp16 numbers)
+        # kind 6: a scale per half group, (P, G, 2, panel)
+        scale = panels(packed.scale).permute(0, 1, 3, 2) if packed.kind == 6 else panels(packed.scale)
+        data = data.reshape(blocks, groups, -1).contiguous()
+        return ExactWeight(packed.kind, data, scale.contiguous(), offset, out, k, panel)
     scale = panels(packed.scale).contiguous()
     # A decode step is bound by reading weights: where every scale and offset is a half-precision number (a GGUF's
     # Q4_1 and Q8_0 blocks store them so), keep them in fp16 (a 4-bit group 20 bytes instead of 24, the same numbers).
@@ -309,14 +314,14 @@ def from_tensors(tensors: dict[str, torch.Tensor]) -> ExactWeight:
     per_group = GROUP // 2 if kind == 4 else GROUP
     scales = 2 if kind == 6 else 1
     if (
-        kind not in (4, 6, 8)
+        kind not in (4, 5, 6, 8)
         or k % GROUP
         or data.numel() != rows * k // GROUP * per_group
-        or data.dtype != (torch.uint8 if kind == 4 else torch.int8)
+        or data.dtype != (torch.uint8 if kind in (4, 5) else torch.int8)
         or scale.numel() != rows * k // GROUP * scales
-        or scale.dtype not in ((torch.float32, torch.float16) if panel and kind != 6 else (torch.float32,))
+        or scale.dtype not in ((torch.float32, torch.float16) if panel and kind in (4, 8) else (torch.float32,))
         or (offset is not None and offset.dtype != scale.dtype)
-        or (offset is None) != (kind != 4)
+        or (offset is None) != (kind not in (4, 5))
     ):
         raise ValueError("inconsistent packed weight")
     return ExactWeight(kind, data, scale, offset, out, k, panel)

@@ -7,6 +7,8 @@ A Q4_K_M file mixes block types. Q4_1 / Q5_0 / Q8_0 blocks are found in the dequ
   and ``dmin`` per 256 weights, and its 4-bit values need not reach 0 or 15, so its scale cannot be read off the
   weights. From the file it is exactly a 4-bit group ``w = D q + M`` with ``D = d * sc`` and ``M = -dmin * m``, both
   exact in fp32 (11 + 6 significant bits): 24 bytes a group with fp32 scales, against 64 as fp16 weights;
+- a Q5_K sub-block is the same with a 5-bit ``q``: kind 5 of the integer-dot kernel, uint8 ``q`` with a scale and an
+  offset (40 bytes a group; a Q5_K_M file's);
 - a Q6_K sub-block of 16 weights is ``d * sc * (q - 32)`` with an int8 ``sc`` per 16 weights: an int8 group of 32
   whose two halves have a scale each (kind 6 of the integer-dot kernel, 40 bytes a group).
 
@@ -32,61 +34,77 @@ from dartspec.exact import GROUP, ExactWeight, map_rows, unpack
 SUPER_BLOCK = 256
 
 
-def q4_k_groups(blocks: np.ndarray, out_features: int, in_features: int) -> ExactWeight:
-    """The 4-bit groups (rows layout, fp32 scales and offsets) of a Q4_K tensor's raw bytes ``(out, in / 256 *
-    144)``: per super-block fp16 ``d`` and ``dmin``, 12 bytes of packed 6-bit scales and minimums, 128 bytes of
-    nibbles (sub-blocks 2i and 2i + 1 are the low and high nibbles of bytes 32i .. 32i + 31)."""
+def _scales_and_offsets(head: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The scale ``d * sc`` and offset ``-dmin * m`` (fp32, exact) of each sub-block of 32, ``(n, 8)``, from the first
+    16 bytes of Q4_K / Q5_K super-blocks: fp16 ``d`` and ``dmin``, then 12 bytes of packed 6-bit ``sc`` and ``m``."""
     from gguf.quants import Q4_K
 
+    d = head[:, :2].copy().view(np.float16).astype(np.float32)
+    dmin = head[:, 2:4].copy().view(np.float16).astype(np.float32)
+    sc, m = Q4_K.get_scale_min(head[:, 4:16])
+    return d * sc.astype(np.float32), -(dmin * m.astype(np.float32))
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """``(n, 8, 32)`` 4-bit values of super-blocks' 128 bytes: sub-blocks 2i and 2i + 1 are the low and high nibbles
+    of bytes 32i .. 32i + 31."""
+    shifts = np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+    return ((qs.reshape(qs.shape[0], 4, 1, 32) >> shifts) & 0x0F).reshape(qs.shape[0], 8, 32)
+
+
+def _super_blocks(blocks: np.ndarray, in_features: int, block_bytes: int, name: str) -> np.ndarray:
     if in_features % SUPER_BLOCK:
-        raise ValueError(f"a Q4_K row holds whole super-blocks of {SUPER_BLOCK} (got {in_features})")
-    raw = np.ascontiguousarray(blocks, dtype=np.uint8).reshape(-1, 2 + 2 + Q4_K.K_SCALE_SIZE + SUPER_BLOCK // 2)
-    d = raw[:, :2].copy().view(np.float16).astype(np.float32)  # (n, 1)
-    dmin = raw[:, 2:4].copy().view(np.float16).astype(np.float32)
-    sc, m = Q4_K.get_scale_min(raw[:, 4 : 4 + Q4_K.K_SCALE_SIZE])  # (n, 8) each
-    qs = raw[:, 4 + Q4_K.K_SCALE_SIZE :].reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
-    q = (qs & 0x0F).reshape(out_features, in_features // GROUP, GROUP)
-    groups = in_features // GROUP
-    scale = (d * sc.astype(np.float32)).reshape(out_features, groups)
-    offset = -(dmin * m.astype(np.float32)).reshape(out_features, groups)
-    nibbles = q[..., :16] | (q[..., 16:] << 4)
-    return ExactWeight(
-        4,
-        torch.from_numpy(np.ascontiguousarray(nibbles)),
-        torch.from_numpy(np.ascontiguousarray(scale)),
-        torch.from_numpy(np.ascontiguousarray(offset)),
-        out_features,
-        in_features,
-    )
+        raise ValueError(f"a {name} row holds whole super-blocks of {SUPER_BLOCK} (got {in_features})")
+    return np.ascontiguousarray(blocks, dtype=np.uint8).reshape(-1, block_bytes)
+
+
+def _groups(kind: int, q: np.ndarray, scale: np.ndarray, offset: np.ndarray | None, out: int, k: int) -> ExactWeight:
+    """An :class:`ExactWeight` (rows layout) from per-super-block arrays."""
+    groups = k // GROUP
+
+    def rows(a: np.ndarray, *tail: int) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a.reshape(out, groups, *tail)))
+
+    data = rows(q[..., :16] | (q[..., 16:] << 4), 16) if kind == 4 else rows(q, GROUP)
+    tail = (2,) if kind == 6 else ()
+    return ExactWeight(kind, data, rows(scale, *tail), None if offset is None else rows(offset), out, k)
+
+
+def q4_k_groups(blocks: np.ndarray, out_features: int, in_features: int) -> ExactWeight:
+    """The 4-bit groups (rows layout, fp32 scales and offsets) of a Q4_K tensor's raw bytes ``(out, in / 256 *
+    144)``: per super-block the scales' 16 bytes, then 128 bytes of nibbles; a weight is ``d * sc * q - dmin * m``."""
+    raw = _super_blocks(blocks, in_features, 16 + SUPER_BLOCK // 2, "Q4_K")
+    scale, offset = _scales_and_offsets(raw[:, :16])
+    return _groups(4, _nibbles(raw[:, 16:]), scale, offset, out_features, in_features)
+
+
+def q5_k_groups(blocks: np.ndarray, out_features: int, in_features: int) -> ExactWeight:
+    """The kind-5 groups (uint8 ``q`` in 0..31, fp32 scales and offsets) of a Q5_K tensor's raw bytes ``(out, in /
+    256 * 176)``: per super-block the scales' 16 bytes, 32 bytes of fifth bits (bit j of byte i: sub-block j, weight
+    i) and 128 bytes of nibbles as Q4_K's."""
+    raw = _super_blocks(blocks, in_features, 16 + SUPER_BLOCK // 8 + SUPER_BLOCK // 2, "Q5_K")
+    scale, offset = _scales_and_offsets(raw[:, :16])
+    shifts = np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
+    fifth = (raw[:, 16:48].reshape(-1, 1, 32) >> shifts) & 0x01  # (n, 8, 32)
+    q = _nibbles(raw[:, 48:]) | (fifth << 4)
+    return _groups(5, q, scale, offset, out_features, in_features)
 
 
 def q6_k_groups(blocks: np.ndarray, out_features: int, in_features: int) -> ExactWeight:
     """The kind-6 groups (rows layout: int8 ``q - 32`` and an fp32 scale per 16 weights) of a Q6_K tensor's raw bytes
     ``(out, in / 256 * 210)``: per super-block 128 bytes of low nibbles, 64 of 2-bit high parts, 16 int8 scales and
     an fp16 ``d``; a weight is ``d * scale * (q - 32)`` with a 6-bit ``q``."""
-    if in_features % SUPER_BLOCK:
-        raise ValueError(f"a Q6_K row holds whole super-blocks of {SUPER_BLOCK} (got {in_features})")
     half = SUPER_BLOCK // 2
-    raw = np.ascontiguousarray(blocks, dtype=np.uint8).reshape(-1, half + half // 2 + SUPER_BLOCK // 16 + 2)
+    raw = _super_blocks(blocks, in_features, half + half // 2 + SUPER_BLOCK // 16 + 2, "Q6_K")
     n = raw.shape[0]
     # 64 bytes of low nibbles serve 128 weights (low then high nibble), 32 bytes of high parts serve 128 (4 shifts).
     low = (raw[:, :half].reshape(n, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & 0x0F
-    high = (
-        raw[:, half : half + half // 2].reshape(n, 2, 1, 32)
-        >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
-    ) & 0x03
+    shifts = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
+    high = (raw[:, half : half + half // 2].reshape(n, 2, 1, 32) >> shifts) & 0x03
     q = (low.reshape(n, SUPER_BLOCK) | (high.reshape(n, SUPER_BLOCK) << 4)).astype(np.int8) - np.int8(32)
     sc = raw[:, half + half // 2 : -2].copy().view(np.int8).astype(np.float32)  # (n, 16)
     d = raw[:, -2:].copy().view(np.float16).astype(np.float32)  # (n, 1)
-    groups = in_features // GROUP
-    return ExactWeight(
-        6,
-        torch.from_numpy(np.ascontiguousarray(q.reshape(out_features, groups, GROUP))),
-        torch.from_numpy(np.ascontiguousarray((d * sc).reshape(out_features, groups, 2))),
-        None,
-        out_features,
-        in_features,
-    )
+    return _groups(6, q, d * sc, None, out_features, in_features)
 
 
 def source_gguf(folder: str | Path | None) -> Path | None:
@@ -110,9 +128,9 @@ def source_gguf(folder: str | Path | None) -> Path | None:
 
 
 def file_groups(gguf_path: Path, weights: Mapping[str, torch.Tensor]) -> dict[str, ExactWeight]:
-    """The integer groups of those ``weights`` (Hugging Face parameter names -> loaded fp32 tensors) that are Q4_K or
-    Q6_K tensors of ``gguf_path`` and that the groups reproduce bit for bit (in the weight's row order); the other
-    weights are left out."""
+    """The integer groups of those ``weights`` (Hugging Face parameter names -> loaded fp32 tensors) that are Q4_K,
+    Q5_K or Q6_K tensors of ``gguf_path`` and that the groups reproduce bit for bit (in the weight's row order); the
+    other weights are left out."""
     import gguf
 
     reader = gguf.GGUFReader(gguf_path)
@@ -122,7 +140,8 @@ def file_groups(gguf_path: Path, weights: Mapping[str, torch.Tensor]) -> dict[st
         return {}
     blocks = int(reader.fields[f"{arch_name}.block_count"].parts[-1][0])
     names = gguf.get_tensor_name_map(arch, blocks)
-    readers = {gguf.GGMLQuantizationType.Q4_K: q4_k_groups, gguf.GGMLQuantizationType.Q6_K: q6_k_groups}
+    kinds = gguf.GGMLQuantizationType
+    readers = {kinds.Q4_K: q4_k_groups, kinds.Q5_K: q5_k_groups, kinds.Q6_K: q6_k_groups}
     tensors = {t.name: t for t in reader.tensors if t.tensor_type in readers}
     found: dict[str, ExactWeight] = {}
     for name, weight in weights.items():

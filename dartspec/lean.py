@@ -101,14 +101,14 @@ def _packed_cache(model: nn.Module, quant: str) -> PackedCache | None:
 
 def _file_groups(model: nn.Module, quant: str) -> dict[int, exact.ExactWeight]:
     """The integer groups of ``model``'s weights that its GGUF file alone shows (:mod:`dartspec.kquants`), by the
-    ``id`` of each weight parameter; none for a model not converted from a GGUF file still on this machine. Kind 6
-    (Q6_K) runs on the integer-dot kernel only: not for the ``exact`` format."""
+    ``id`` of each weight parameter; none for a model not converted from a GGUF file still on this machine. Kinds 5
+    and 6 (Q5_K, Q6_K) run on the integer-dot kernel only: not for the ``exact`` format."""
     gguf_path = kquants.source_gguf(getattr(model.config, "_name_or_path", None))
     if gguf_path is None:
         return {}
     params = dict(model.named_parameters())
     found = kquants.file_groups(gguf_path, {n: p for n, p in params.items() if p.dim() == 2})
-    return {id(params[n]): g for n, g in found.items() if g.kind != 6 or quant == "exact-a16"}
+    return {id(params[n]): g for n, g in found.items() if g.kind in (4, 8) or quant == "exact-a16"}
 
 
 class LeanTarget(CausalRuntime):

@@ -16,9 +16,10 @@
  * Weights are stored in panels of PANEL outputs (16 with AVX-512, 8 with AVX2; dartspec_qdot_panel() says
  * which): for panel p and group g, chunk c holds 2 * PANEL bytes, byte 2 * o + e for output o and input
  * pair element e. 4-bit groups: 8 chunks, the low nibble is q[2c + e], the high nibble q[16 + 2c + e]
- * (q in 0..15); 8-bit groups: 16 chunks of int8 q[2c + e]; kind 6, 8-bit groups whose two halves of 16 inputs
- * have a scale each (a GGUF's Q6_K sub-blocks, q in -32..31; scales (P, G, 2, PANEL), fp32). Scales d and offsets m
- * of the other kinds are (P, G, PANEL), fp32 or,
+ * (q in 0..15); 8-bit groups: 16 chunks of int8 q[2c + e]; kind 5, the same chunks of uint8 q with an offset m
+ * (a GGUF's Q5_K sub-blocks, d * q + m with q in 0..31); kind 6, 8-bit groups whose two halves of 16 inputs have a
+ * scale each (Q6_K sub-blocks, q in -32..31; scales (P, G, 2, PANEL), fp32). Scales d and offsets m of the other
+ * kinds are (P, G, PANEL), fp32 or,
  * where every value is a half-precision number (a GGUF's Q4_1 / Q8_0 blocks store them so), fp16: a decode step is
  * bound by reading the weights, and fp16 scales make a 4-bit group 20 bytes instead of 24, the same numbers.
  */
@@ -232,7 +233,8 @@ static inline __attribute__((always_inline)) void panel_rows(int kind, int half,
         } else {
             const uint8_t *wg = w + g * 16 * CHUNK;
             for (int c = 0; c < 16; c += 2) {
-                ivec v0 = WIDEN_I8(wg + c * CHUNK), v1 = WIDEN_I8(wg + (c + 1) * CHUNK);
+                ivec v0 = kind == 5 ? WIDEN_U8(wg + c * CHUNK) : WIDEN_I8(wg + c * CHUNK);
+                ivec v1 = kind == 5 ? WIDEN_U8(wg + (c + 1) * CHUNK) : WIDEN_I8(wg + (c + 1) * CHUNK);
                 for (long r = 0; r < N; r++) {
                     const int32_t *xr = xq + (r * G + g) * (GROUP / 2);
                     DOT2(s0[r], s1[r], v0, BCAST(xr + c), v1, BCAST(xr + c + 1));
@@ -244,7 +246,7 @@ static inline __attribute__((always_inline)) void panel_rows(int kind, int half,
         fvec dv = SCALES(d);
         for (long r = 0; r < N; r++)
             acc[r] = FMADD(TOFLOAT(IADD(s0[r], s1[r])), FMUL(dv, FSET(dx[r * G + g])), acc[r]);
-        if (kind == 4) {
+        if (kind == 4 || kind == 5) {
             fvec mv = SCALES(m);
             for (long r = 0; r < N; r++) acc[r] = FMADD(mv, FSET(sx[r * G + g]), acc[r]);
         }
@@ -344,6 +346,8 @@ void qdot_run(const qdot_linear *L, const qdot_rows *rows, long M, float *y, int
                 switch (R) { ROWS(panel_rows(4, 0, N, xr, dx, sx, G, wp, dp, mp, next, out)) }
             } else if (kind == 6) {
                 switch (R) { ROWS(panel_rows(6, 0, N, xr, dx, sx, G, wp, dp, mp, next, out)) }
+            } else if (kind == 5) { /* fp32 scales and offsets (Q5_K's d * sc, dmin * m) */
+                switch (R) { ROWS(panel_rows(5, 0, N, xr, dx, sx, G, wp, dp, mp, next, out)) }
             } else if (half) {
                 switch (R) { ROWS(panel_rows(8, 1, N, xr, dx, sx, G, wp, dp, mp, next, out)) }
             } else {

@@ -6,7 +6,7 @@
 /* One linear layer in panels (dartspec/exact.py ExactWeight with panel > 0). Field order is the ctypes
  * Structure in exact.py. */
 typedef struct {
-    int kind; /* 4: d * q + m nibbles, 8: d * q int8, 6: int8 with a d per 16 (Q6_K), 16: fp16 (no groups; d, m NULL) */
+    int kind; /* 4: d*q+m nibbles, 8: d*q int8, 5: d*q+m uint8, 6: int8 with a d per 16, 16: fp16 (no d, m) */
     int half; /* d and m in fp16 (else fp32) */
     long K, O;
     const void *w;

@@ -23,8 +23,8 @@ speed of plain decoding and of small-tree verification. The formats:
 - ``exact-a16``: the same integer weights, activations rounded to 16-bit integers per group of 32, integer
   dot products (:mod:`dartspec.exact`). The fastest format at every row count, within the fidelity gate. With
   ``fallback="fp16"`` (``--quant auto``) a weight that is no such groups (a model not from a GGUF file, block
-  types other than Q4_1 / Q5_0 / Q8_0 / Q4_K / Q6_K) is kept as fp16 panels that the same C kernels and fused
-  blocks run (fp32 arithmetic, every row on its own).
+  types other than Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q5_K / Q6_K) is kept as fp16 panels that the same C kernels
+  and fused blocks run (fp32 arithmetic, every row on its own).
 
 Why these kernels: measured on the 2-core CPUs this project runs on (README "CPU runtime"), fbgemm's fp16
 and int8 GEMMs stream weights at 20-30 GB/s for 1-8 rows, while the alternatives in torch 2.13

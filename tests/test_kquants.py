@@ -28,6 +28,13 @@ def random_q4_k(rng: np.random.Generator, rows: int, cols: int, scale: float = 1
     return np.concatenate([d, dmin, rest], axis=1).reshape(rows, -1)
 
 
+def random_q5_k(rng: np.random.Generator, rows: int, cols: int, scale: float = 1.0) -> np.ndarray:
+    """Raw Q5_K bytes ``(rows, cols / 256 * 176)``: as :func:`random_q4_k`'s with 32 bytes of fifth bits."""
+    q4 = random_q4_k(rng, rows, cols, scale / 2).reshape(-1, 144)  # 5-bit values: half the step for the same range
+    fifth = rng.integers(0, 256, (q4.shape[0], 32), dtype=np.uint8)
+    return np.concatenate([q4[:, :16], fifth, q4[:, 16:]], axis=1).reshape(rows, -1)
+
+
 def random_q6_k(rng: np.random.Generator, rows: int, cols: int, scale: float = 1.0) -> np.ndarray:
     """Raw Q6_K bytes ``(rows, cols / 256 * 210)``: random 6-bit values and int8 scales, a small fp16 d (times
     ``scale``)."""
@@ -52,14 +59,23 @@ def dequantized(raw: np.ndarray, kind: gguf.GGMLQuantizationType) -> torch.Tenso
     return torch.from_numpy(gguf.quants.dequantize(raw, kind).astype(np.float32))
 
 
-def test_q4_k_groups_are_ggufs_own_numbers() -> None:
-    """Every weight of the groups, ``D q + M`` in fp32, equals gguf's dequantization bit for bit."""
-    raw = random_q4_k(np.random.default_rng(0), 6, 512)
-    groups = kquants.q4_k_groups(raw, 6, 512)
-    assert groups.kind == 4 and groups.scale.dtype == torch.float32 and groups.data.shape == (6, 16, 16)
-    assert torch.equal(exact.unpack(groups), dequantized(raw, gguf.GGMLQuantizationType.Q4_K))
+@pytest.mark.parametrize("block", ["Q4_K", "Q5_K", "Q6_K"])
+def test_k_quant_groups_are_ggufs_own_numbers(block: str) -> None:
+    """Every weight of the groups (``D q + M``, or ``D q`` per half group) in fp32 equals gguf's dequantization, bit for
+    bit, and so does the packed-weight cache's form of them."""
+    make, read, kind, width = {
+        "Q4_K": (random_q4_k, kquants.q4_k_groups, 4, 16),
+        "Q5_K": (random_q5_k, kquants.q5_k_groups, 5, 32),
+        "Q6_K": (random_q6_k, kquants.q6_k_groups, 6, 32),
+    }[block]
+    raw = make(np.random.default_rng(0), 6, 512)
+    groups = read(raw, 6, 512)
+    assert groups.kind == kind and groups.scale.dtype == torch.float32 and groups.data.shape == (6, 16, width)
+    want = dequantized(raw, getattr(gguf.GGMLQuantizationType, block))
+    assert torch.equal(exact.unpack(groups), want)
+    assert torch.equal(exact.unpack(exact.from_tensors(exact.to_tensors(groups))), want)
     with pytest.raises(ValueError, match="super-blocks"):
-        kquants.q4_k_groups(raw, 12, 256 + 32)
+        read(raw, 12, 256 + 32)
 
 
 def _tiny_qwen2() -> torch.nn.Module:
@@ -136,10 +152,11 @@ def test_source_gguf_is_none_without_the_file(tmp_path) -> None:
 @pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
 def test_a_q4_k_m_style_llama_gguf_runs_as_exact_a16_and_agrees_with_transformers(tmp_path, monkeypatch) -> None:
     """A Llama GGUF of K-quant blocks as a Q4_K_M file has them (every projection Q4_K, one value projection, the down
-    projections, the embedding and the head Q6_K), converted by transformers as a user's file is: its query and key rows
-    come back reordered (the file keeps rotary's other layout), fused projections take their parts' groups, and only
-    the one fused projection whose parts are of two kinds (Q4_K query and key, Q6_K value) stays fp16. Logits agree
-    with transformers' own fp32 forward of the converted model; a tree row equals that token decoded alone."""
+    projections, the embedding and the head Q6_K; a few Q5_K, as a Q5_K_M file's), converted by transformers as a
+    user's file is: its query and key rows come back reordered (the file keeps rotary's other layout), fused
+    projections take their parts' groups, and only the one fused projection whose parts are of two kinds (Q4_K query
+    and key, Q6_K value) stays fp16. Logits agree with transformers' own fp32 forward of the converted model; a tree
+    row equals that token decoded alone."""
     from test_models import write_tiny_llama_gguf
 
     from dartspec.models import resolve_model
@@ -150,6 +167,9 @@ def test_a_q4_k_m_style_llama_gguf_runs_as_exact_a16_and_agrees_with_transformer
     def q4_k(rng: np.random.Generator, rows: int, cols: int) -> tuple[np.ndarray, object]:
         return random_q4_k(rng, rows, cols, scale=0.1), gguf.GGMLQuantizationType.Q4_K
 
+    def q5_k(rng: np.random.Generator, rows: int, cols: int) -> tuple[np.ndarray, object]:
+        return random_q5_k(rng, rows, cols, scale=0.1), gguf.GGMLQuantizationType.Q5_K
+
     def q6_k(rng: np.random.Generator, rows: int, cols: int) -> tuple[np.ndarray, object]:
         return random_q6_k(rng, rows, cols, scale=0.2), gguf.GGMLQuantizationType.Q6_K
 
@@ -157,6 +177,7 @@ def test_a_q4_k_m_style_llama_gguf_runs_as_exact_a16_and_agrees_with_transformer
     for i in range(2):
         blocks |= {f"blk.{i}.{n}.weight": q4_k for n in ("attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up")}
         blocks |= {f"blk.{i}.attn_v.weight": q6_k if i == 0 else q4_k, f"blk.{i}.ffn_down.weight": q6_k}
+    blocks |= {"blk.1.ffn_gate.weight": q5_k, "blk.1.ffn_up.weight": q5_k, "blk.0.attn_output.weight": q5_k}
     path = tmp_path / "tiny-kquants.gguf"
     write_tiny_llama_gguf(path, hidden=256, inter=512, heads=4, kv_heads=2, blocks=blocks)
     monkeypatch.setenv("DARTSPEC_CACHE", str(tmp_path / "cache"))
@@ -167,9 +188,9 @@ def test_a_q4_k_m_style_llama_gguf_runs_as_exact_a16_and_agrees_with_transformer
     kinds = {name: (lin.fmt, lin.packed.kind) for name, lin in target._linears().items()}
     assert kinds["head"] == ("exact-a16", 6)
     assert kinds["layers.0.qkv"] == ("fp16", 16) and kinds["layers.1.qkv"] == ("exact-a16", 4)
-    for i in range(2):
-        assert kinds[f"layers.{i}.o"] == kinds[f"layers.{i}.gate_up"] == ("exact-a16", 4)
-        assert kinds[f"layers.{i}.down"] == ("exact-a16", 6)
+    assert kinds["layers.0.o"] == ("exact-a16", 5) and kinds["layers.1.o"] == ("exact-a16", 4)
+    assert kinds["layers.0.gate_up"] == ("exact-a16", 4) and kinds["layers.1.gate_up"] == ("exact-a16", 5)
+    assert kinds["layers.0.down"] == kinds["layers.1.down"] == ("exact-a16", 6)
     reference = load_target(str(folder), runtime="hf")
     ids = list(range(3, 60))
     got, want = target.score_sequence(ids).logits, reference.score_sequence(ids).logits

@@ -293,32 +293,34 @@ def test_integer_dot_kernel_equals_its_reference_and_computes_each_row_alone(kin
 
 
 @pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
-def test_integer_dot_kernel_on_q6_k_groups_equals_its_reference() -> None:
-    """Kind 6 (a GGUF's Q6_K blocks: int8 groups whose halves of 16 have a scale each): gguf's own dequantization
-    against inputs rounded to 16 bits per group of 32, each row computed alone."""
+@pytest.mark.parametrize("block", ["Q5_K", "Q6_K"])
+def test_integer_dot_kernel_on_k_quant_groups_equals_its_reference(block: str) -> None:
+    """Kinds 5 (a GGUF's Q5_K blocks: uint8 ``d * q + m``) and 6 (Q6_K: int8 groups whose halves of 16 have a scale
+    each): gguf's own dequantization against inputs rounded to 16 bits per group of 32, each row computed alone."""
     gguf = pytest.importorskip("gguf")
-    from test_kquants import random_q6_k
+    from test_kquants import random_q5_k, random_q6_k
 
     from dartspec import kquants
 
     out, k = 37, 512  # 37: a last panel that is only partly filled
-    raw = random_q6_k(np.random.default_rng(6), out, k)
-    weight = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q6_K).astype(np.float32))
-    rows = kquants.q6_k_groups(raw, out, k)
-    assert rows.kind == 6 and torch.equal(exact.unpack(rows), weight)
-    packed = exact.to_panels(rows)
-    assert packed.kind == 6 and packed.scale.dtype == torch.float32 and packed.offset is None
-    assert exact.unpack(exact.from_tensors(exact.to_tensors(rows))).equal(weight)  # the packed-weight cache's form
+    make, read = (random_q5_k, kquants.q5_k_groups) if block == "Q5_K" else (random_q6_k, kquants.q6_k_groups)
+    raw = make(np.random.default_rng(6), out, k)
+    weight = torch.from_numpy(gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, block)).astype(np.float32))
+    packed = exact.to_panels(read(raw, out, k))
+    assert packed.scale.dtype == torch.float32 and (packed.offset is None) == (block == "Q6_K")
     gen = torch.Generator().manual_seed(6)
     x, bias = torch.randn(11, k, generator=gen) * 3, torch.randn(out, generator=gen)
     x[:, 7] = 40.0
     y = exact.linear_a16(x, packed, bias)
-    ref = exact.quantize_activations(x).double() @ weight.double().T + bias
+    # d * q against inputs rounded to 16 bits per group; an offset against the exact inputs (as for kind 4)
+    q_only = read(raw, out, k)
+    scaled = exact.unpack(dataclasses.replace(q_only, offset=None if q_only.offset is None else 0 * q_only.offset))
+    ref = exact.quantize_activations(x).double() @ scaled.double().T + x.double() @ (weight - scaled).double().T + bias
     torch.testing.assert_close(y.double(), ref, rtol=0, atol=1e-4)
     for r in (0, 5, 10):
         assert torch.equal(exact.linear_a16(x[r : r + 1], packed, bias)[0], y[r])
-    with pytest.raises(ValueError, match="kind 6"):
-        exact.linear(x, rows)  # the exact format's fp32 kernel has no such groups
+    with pytest.raises(ValueError, match="kind"):
+        exact.linear(x, q_only)  # the exact format's fp32 kernel has no such groups
 
 
 @pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
