@@ -107,7 +107,11 @@ def _file_groups(model: nn.Module, quant: str) -> dict[int, exact.ExactWeight]:
     if gguf_path is None:
         return {}
     params = dict(model.named_parameters())
-    found = kquants.file_groups(gguf_path, {n: p for n, p in params.items() if p.dim() == 2})
+    try:
+        found = kquants.file_groups(gguf_path, {n: p for n, p in params.items() if p.dim() == 2})
+    except (OSError, ValueError, KeyError, IndexError) as exc:  # a damaged file: the weights are loaded already
+        warnings.warn(f"could not read integer groups from {gguf_path} ({exc}): fp16 for those weights", stacklevel=3)
+        return {}
     return {id(params[n]): g for n, g in found.items() if g.kind in (4, 8) or quant == "exact-a16"}
 
 

@@ -196,3 +196,20 @@ def test_a_q4_k_m_style_llama_gguf_runs_as_exact_a16_and_agrees_with_transformer
     got, want = target.score_sequence(ids).logits, reference.score_sequence(ids).logits
     torch.testing.assert_close(got, want, rtol=0, atol=1e-4)  # logits of about 1; fp16 weights: 2e-4 off
     assert_tree_rows_decode_alone(target, ids[:12], seed=3)
+
+
+def test_a_damaged_source_gguf_only_costs_speed(tmp_path) -> None:
+    """Groups are an optional reading of a file the model was converted from: a damaged file is a warning and fp16
+    weights, never a failed load."""
+    from dartspec.lean import _file_groups
+
+    model = _tiny_qwen2()
+    folder = tmp_path / "converted"
+    model.save_pretrained(folder)
+    path = tmp_path / "damaged.gguf"
+    path.write_bytes(b"not a gguf file at all")
+    source = {"file": path.name, "path": str(path), "size": path.stat().st_size}
+    (folder / MANIFEST_NAME).write_text(json.dumps({"source": source}))
+    model.config._name_or_path = str(folder)
+    with pytest.warns(UserWarning, match="could not read integer groups"):
+        assert _file_groups(model, "exact-a16") == {}
