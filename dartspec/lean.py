@@ -133,8 +133,8 @@ class LeanTarget(CausalRuntime):
         the ``hf-ar`` benchmark row; its decoder layers are not run). ``cuda_graphs``: run one-sequence decode and
         verify steps as CUDA graphs (:mod:`dartspec.cuda_graphs`; a GPU only). ``fallback``: ``fp16`` with
         ``quant="exact-a16"``: the weights that are no integer groups it keeps (a model not from a GGUF file, other
-        block types) are fp16 panels in the same fused blocks; None: such a weight is an error. A Q4_K_M file's Q4_K /
-        Q6_K tensors are integer groups read from the file (:mod:`dartspec.kquants`) when it is still there."""
+        block types) are fp16 panels in the same fused blocks; None: such a weight is an error. A GGUF's K-quant
+        tensors (Q4_K, Q5_K, Q6_K) are integer groups read from the file (:mod:`dartspec.kquants`) when it is there."""
         if fallback not in (None, "fp16") or (fallback is not None and quant != "exact-a16"):
             raise ValueError(f"fallback {fallback!r} is for fp16 weights beside exact-a16 ones (quant {quant!r})")
         config = model.config.get_text_config()
@@ -170,7 +170,7 @@ class LeanTarget(CausalRuntime):
         self.scaling = float(attn0.scaling)
         cache = _packed_cache(model, quant)
         saved = cache.load() if cache is not None else None
-        # Weights whose integer groups only the GGUF file shows (Q4_K / Q6_K blocks, dartspec.kquants)
+        # Weights whose integer groups only the GGUF file shows (K-quant blocks, dartspec.kquants)
         self._file_groups = _file_groups(model, quant) if saved is None and quant in EXACT_FORMATS else {}
         self._head = self._projection("head", saved, head)
         self.layers = [self._convert(i, layer, saved) for i, layer in enumerate(decoder.layers)]
@@ -274,23 +274,11 @@ class LeanTarget(CausalRuntime):
         groups: exact.ExactWeight | None = None,
     ) -> PackedLinear:
         """One projection in the runtime's format, taken from the packed-weight cache when there is one, else from
-        ``groups`` (read from the model's GGUF file, :meth:`_groups_of`) where given."""
+        ``groups`` (read from the model's GGUF file) where given."""
         packed = saved.get(name, tuple(weight.shape)) if saved is not None else None
         if packed is None and groups is not None:
             packed = exact.to_panels(groups) if self.quant == "exact-a16" else groups
         return PackedLinear(weight, bias, self.quant, packed=packed, fallback=self.fallback)
-
-    def _groups_of(
-        self, *parts: nn.Parameter, rows: Sequence[Callable[[torch.Tensor], torch.Tensor]] = ()
-    ) -> exact.ExactWeight | None:
-        """The file's integer groups of the projection made of ``parts`` stacked along outputs (each part's rows
-        reordered by ``rows[i]`` where given, as the weights are: rotary's row order), or None unless every part has
-        groups of one kind."""
-        found = [self._file_groups.get(id(p)) for p in parts]
-        if any(g is None for g in found):
-            return None
-        order = [*rows, *[None] * (len(parts) - len(rows))]
-        return exact.concat([g if f is None else exact.map_rows(g, f) for g, f in zip(found, order, strict=True)])
 
     def _linears(self) -> dict[str, PackedLinear]:
         out = {"head": self._head}
@@ -349,7 +337,12 @@ class LeanTarget(CausalRuntime):
         weights = [reorder(p.weight, f) for p, f in zip(parts, order, strict=True)]
         bias = fuse(*(reorder(p.bias, f) for p, f in zip(parts, order, strict=True)))
         weight = weights[0] if len(weights) == 1 else torch.cat(weights)  # type: ignore[arg-type]
-        return self._linear(name, weight, bias, saved, self._groups_of(*(p.weight for p in parts), rows=rows))
+        # The file's groups, reordered as the weights are, where every part has groups (of one kind: exact.concat)
+        found = [self._file_groups.get(id(p.weight)) for p in parts]
+        groups = None
+        if all(g is not None for g in found):
+            groups = exact.concat([g if f is None else exact.map_rows(g, f) for g, f in zip(found, order, strict=True)])
+        return self._linear(name, weight, bias, saved, groups)
 
     @property
     def device(self) -> torch.device:
