@@ -1,6 +1,7 @@
+"""Greedy answers of the lean runtime (K-quant groups) against transformers' fp32 on a user's Q4_K_M file (argv-free: the path below)."""
 from dartspec.bench.suite import encode_prompts, load_prompts
-from dartspec.targets import load_target
 from dartspec.methods import GeneratorSpec, build_generator
+from dartspec.targets import load_target
 
 p = "/tmp/tm/model/qwen2.5-coder-1.5b-q4_k_m.gguf"
 lean, hf = load_target(p), load_target(p, runtime="hf")
