@@ -56,6 +56,11 @@ class ExactWeight:
 
     ``panel`` 0: one row per output (``qgemm.c``): data uint8 (O, G, 16) / int8 (O, G, 32), scale and offset
     (O, G). ``panel`` P > 0: the integer-dot kernel's panels of P outputs (``qdot.c``, :func:`to_panels`).
+
+    ``codes``: for a Q4_K weight (rows layout), the file's own form of its scales and offsets beside their fp32
+    values: uint8 (O, G, 2), each group's 6-bit scale and minimum codes, and fp16 (O, G / 8, 2), each super-block's
+    ``d`` and ``-dmin`` (scale = d * code, offset = -dmin * code, exact in fp32). :func:`to_panels` lays them out for
+    the kernel (scale uint8 (P, G, 2, panel), offset fp16 (P, G / 8, 2, panel)): 18.5 bytes a group instead of 24.
     """
 
     kind: int
@@ -65,6 +70,7 @@ class ExactWeight:
     out_features: int
     in_features: int
     panel: int = 0
+    codes: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -183,7 +189,8 @@ def map_rows(packed: ExactWeight, rows: Callable[[torch.Tensor], torch.Tensor]) 
     """``packed`` (rows layout) with its outputs reordered by ``rows``, a function of a tensor's first dimension
     (e.g. :func:`dartspec.rotary.interleave_rows`), applied alike to data, scales and offsets."""
     offset = None if packed.offset is None else rows(packed.offset)
-    return dataclasses.replace(packed, data=rows(packed.data), scale=rows(packed.scale), offset=offset)
+    codes = None if packed.codes is None else (rows(packed.codes[0]), rows(packed.codes[1]))
+    return dataclasses.replace(packed, data=rows(packed.data), scale=rows(packed.scale), offset=offset, codes=codes)
 
 
 def concat(parts: Sequence[ExactWeight]) -> ExactWeight | None:
@@ -205,7 +212,10 @@ def concat(parts: Sequence[ExactWeight]) -> ExactWeight | None:
     offset = None if first.offset is None else torch.cat([p.offset for p in parts])  # type: ignore[misc]
     out = sum(p.out_features for p in parts)
     data, scale = torch.cat([p.data for p in parts]), torch.cat([p.scale for p in parts])
-    return ExactWeight(first.kind, data, scale, offset, out, first.in_features)
+    codes = None  # the compact form where every part has it; the fp32 scales alone are the same numbers
+    if all(p.codes is not None for p in parts):
+        codes = (torch.cat([p.codes[0] for p in parts]), torch.cat([p.codes[1] for p in parts]))  # type: ignore[index]
+    return ExactWeight(first.kind, data, scale, offset, out, first.in_features, codes=codes)
 
 
 def linear(x: torch.Tensor, packed: ExactWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -258,6 +268,12 @@ def to_panels(packed: ExactWeight, panel: int | None = None) -> ExactWeight:
     else:
         data = panels(packed.data).reshape(blocks, groups, panel, 16, 2).permute(0, 1, 3, 2, 4)
         offset = panels(packed.offset).contiguous() if packed.offset is not None else None
+    if packed.kind == 4 and packed.codes is not None:  # a Q4_K weight in the file's own form (half 2 in qdot.c)
+        codes = torch.cat([packed.codes[0], packed.codes[0].new_zeros((pad, *packed.codes[0].shape[1:]))])
+        blocks_ = torch.cat([packed.codes[1], packed.codes[1].new_zeros((pad, *packed.codes[1].shape[1:]))])
+        scale = codes.reshape(blocks, panel, groups, 2).permute(0, 2, 3, 1).contiguous()  # (P, G, 2, panel)
+        offset = blocks_.reshape(blocks, panel, groups // 8, 2).permute(0, 2, 3, 1).contiguous()  # (P, G/8, 2, panel)
+        return ExactWeight(4, data.reshape(blocks, groups, -1).contiguous(), scale, offset, out, k, panel)
     if packed.kind in (5, 6):  # fp32 scales (the K-quants' products d * sc are no fp16 numbers)
         # kind 6: a scale per half group, (P, G, 2, panel)
         scale = panels(packed.scale).permute(0, 1, 3, 2) if packed.kind == 6 else panels(packed.scale)
@@ -272,8 +288,9 @@ def to_panels(packed: ExactWeight, panel: int | None = None) -> ExactWeight:
 
 
 def _half(packed: ExactWeight) -> int:
-    """1 where ``packed``'s scales (and offsets) are fp16, 0 where fp32 (the C kernels' ``half`` flag)."""
-    return int(packed.scale.dtype == torch.float16)
+    """1 where ``packed``'s scales (and offsets) are fp16, 0 where fp32, 2 where they are a Q4_K weight's codes (the C
+    kernels' ``half`` flag)."""
+    return 2 if packed.scale.dtype == torch.uint8 else int(packed.scale.dtype == torch.float16)
 
 
 def half_panels(weight: torch.Tensor, panel: int | None = None) -> ExactWeight:
@@ -312,6 +329,20 @@ def from_tensors(tensors: dict[str, torch.Tensor]) -> ExactWeight:
             raise ValueError("inconsistent packed weight")
         return ExactWeight(kind, data, scale, offset, out, k, panel)
     per_group = GROUP // 2 if kind == 4 else GROUP
+    if kind == 4 and scale.dtype == torch.uint8:  # a Q4_K weight's codes and super-block numbers (to_panels)
+        groups = rows * k // GROUP
+        if (
+            not panel
+            or k % (8 * GROUP)
+            or data.dtype != torch.uint8
+            or data.numel() != groups * per_group
+            or scale.numel() != groups * 2
+            or offset is None
+            or offset.dtype != torch.float16
+            or offset.numel() != groups // 8 * 2
+        ):
+            raise ValueError("inconsistent packed weight")
+        return ExactWeight(kind, data, scale, offset, out, k, panel)
     scales = 2 if kind == 6 else 1
     if (
         kind not in (4, 5, 6, 8)

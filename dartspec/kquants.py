@@ -6,7 +6,9 @@ A Q4_K_M file mixes block types. Q4_1 / Q5_0 / Q8_0 blocks are found in the dequ
 - a Q4_K sub-block of 32 weights is ``d * sc * q - dmin * m`` with 6-bit ``sc`` and ``m`` per sub-block and fp16 ``d``
   and ``dmin`` per 256 weights, and its 4-bit values need not reach 0 or 15, so its scale cannot be read off the
   weights. From the file it is exactly a 4-bit group ``w = D q + M`` with ``D = d * sc`` and ``M = -dmin * m``, both
-  exact in fp32 (11 + 6 significant bits): 24 bytes a group with fp32 scales, against 64 as fp16 weights;
+  exact in fp32 (11 + 6 significant bits); the panels keep the file's own codes (6-bit ``sc`` and ``m`` per group,
+  fp16 ``d`` and ``-dmin`` per 256 weights) and the kernel forms the products: 18.5 bytes a group, the same numbers
+  as fp32 scales (24 bytes), against 64 as fp16 weights;
 - a Q5_K sub-block is the same with a 5-bit ``q``: kind 5 of the integer-dot kernel, uint8 ``q`` with a scale and an
   offset (40 bytes a group; a Q5_K_M file's);
 - a Q6_K sub-block of 16 weights is ``d * sc * (q - 32)`` with an int8 ``sc`` per 16 weights: an int8 group of 32
@@ -34,15 +36,17 @@ from dartspec.exact import GROUP, ExactWeight, map_rows, unpack
 SUPER_BLOCK = 256
 
 
-def _scales_and_offsets(head: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The scale ``d * sc`` and offset ``-dmin * m`` (fp32, exact) of each sub-block of 32, ``(n, 8)``, from the first
-    16 bytes of Q4_K / Q5_K super-blocks: fp16 ``d`` and ``dmin``, then 12 bytes of packed 6-bit ``sc`` and ``m``."""
+def _scales_and_offsets(head: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """From the first 16 bytes of Q4_K / Q5_K super-blocks (fp16 ``d`` and ``dmin``, then 12 bytes of packed 6-bit
+    ``sc`` and ``m``): each sub-block of 32's scale ``d * sc`` and offset ``-dmin * m`` (fp32, exact), ``(n, 8)``, and
+    the same in the file's form, the codes ``(n, 8, 2)`` uint8 and ``d``, ``-dmin`` ``(n, 2)`` fp16."""
     from gguf.quants import Q4_K
 
-    d = head[:, :2].copy().view(np.float16).astype(np.float32)
-    dmin = head[:, 2:4].copy().view(np.float16).astype(np.float32)
+    d = head[:, :2].copy().view(np.float16)
+    neg_dmin = -head[:, 2:4].copy().view(np.float16)
     sc, m = Q4_K.get_scale_min(head[:, 4:16])
-    return d * sc.astype(np.float32), -(dmin * m.astype(np.float32))
+    scale, offset = d.astype(np.float32) * sc.astype(np.float32), neg_dmin.astype(np.float32) * m.astype(np.float32)
+    return scale, offset, np.stack([sc, m], axis=-1).astype(np.uint8), np.concatenate([d, neg_dmin], axis=1)
 
 
 def _nibbles(qs: np.ndarray) -> np.ndarray:
@@ -58,24 +62,35 @@ def _super_blocks(blocks: np.ndarray, in_features: int, block_bytes: int, name: 
     return np.ascontiguousarray(blocks, dtype=np.uint8).reshape(-1, block_bytes)
 
 
-def _groups(kind: int, q: np.ndarray, scale: np.ndarray, offset: np.ndarray | None, out: int, k: int) -> ExactWeight:
-    """An :class:`ExactWeight` (rows layout) from per-super-block arrays."""
+def _groups(
+    kind: int,
+    q: np.ndarray,
+    scale: np.ndarray,
+    offset: np.ndarray | None,
+    out: int,
+    k: int,
+    codes: tuple[np.ndarray, np.ndarray] | None = None,
+) -> ExactWeight:
+    """An :class:`ExactWeight` (rows layout) from per-super-block arrays; ``codes``: a Q4_K weight's own form of its
+    scales and offsets (:attr:`ExactWeight.codes`)."""
     groups = k // GROUP
 
-    def rows(a: np.ndarray, *tail: int) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(a.reshape(out, groups, *tail)))
+    def rows(a: np.ndarray, n: int, *tail: int) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a.reshape(out, n, *tail)))
 
-    data = rows(q[..., :16] | (q[..., 16:] << 4), 16) if kind == 4 else rows(q, GROUP)
+    data = rows(q[..., :16] | (q[..., 16:] << 4), groups, 16) if kind == 4 else rows(q, groups, GROUP)
     tail = (2,) if kind == 6 else ()
-    return ExactWeight(kind, data, rows(scale, *tail), None if offset is None else rows(offset), out, k)
+    coded = None if codes is None else (rows(codes[0], groups, 2), rows(codes[1], groups // 8, 2))
+    off = None if offset is None else rows(offset, groups)
+    return ExactWeight(kind, data, rows(scale, groups, *tail), off, out, k, codes=coded)
 
 
 def q4_k_groups(blocks: np.ndarray, out_features: int, in_features: int) -> ExactWeight:
     """The 4-bit groups (rows layout, fp32 scales and offsets) of a Q4_K tensor's raw bytes ``(out, in / 256 *
     144)``: per super-block the scales' 16 bytes, then 128 bytes of nibbles; a weight is ``d * sc * q - dmin * m``."""
     raw = _super_blocks(blocks, in_features, 16 + SUPER_BLOCK // 2, "Q4_K")
-    scale, offset = _scales_and_offsets(raw[:, :16])
-    return _groups(4, _nibbles(raw[:, 16:]), scale, offset, out_features, in_features)
+    scale, offset, codes, numbers = _scales_and_offsets(raw[:, :16])
+    return _groups(4, _nibbles(raw[:, 16:]), scale, offset, out_features, in_features, (codes, numbers))
 
 
 def q5_k_groups(blocks: np.ndarray, out_features: int, in_features: int) -> ExactWeight:
@@ -83,7 +98,7 @@ def q5_k_groups(blocks: np.ndarray, out_features: int, in_features: int) -> Exac
     256 * 176)``: per super-block the scales' 16 bytes, 32 bytes of fifth bits (bit j of byte i: sub-block j, weight
     i) and 128 bytes of nibbles as Q4_K's."""
     raw = _super_blocks(blocks, in_features, 16 + SUPER_BLOCK // 8 + SUPER_BLOCK // 2, "Q5_K")
-    scale, offset = _scales_and_offsets(raw[:, :16])
+    scale, offset, _, _ = _scales_and_offsets(raw[:, :16])
     shifts = np.arange(8, dtype=np.uint8).reshape(1, 8, 1)
     fifth = (raw[:, 16:48].reshape(-1, 1, 32) >> shifts) & 0x01  # (n, 8, 32)
     q = _nibbles(raw[:, 48:]) | (fifth << 4)

@@ -21,7 +21,10 @@
  * scale each (Q6_K sub-blocks, q in -32..31; scales (P, G, 2, PANEL), fp32). Scales d and offsets m of the other
  * kinds are (P, G, PANEL), fp32 or,
  * where every value is a half-precision number (a GGUF's Q4_1 / Q8_0 blocks store them so), fp16: a decode step is
- * bound by reading the weights, and fp16 scales make a 4-bit group 20 bytes instead of 24, the same numbers.
+ * bound by reading the weights, and fp16 scales make a 4-bit group 20 bytes instead of 24, the same numbers. A Q4_K
+ * weight's 4-bit groups (`half` 2) keep the file's own codes: d holds (P, G, 2, PANEL) uint8, each group's 6-bit scale
+ * code then its minimum code, m holds (P, G / 8, 2, PANEL) fp16, each super-block of 256 inputs' d and -dmin; the
+ * kernel forms d * sc and -dmin * m, both exact in fp32, so the same numbers as fp32 scales in 18.5 bytes a group.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -55,6 +58,7 @@ typedef __m512 fvec;
 #endif
 #define FLOAD(p) _mm512_loadu_ps(p)
 #define HLOAD(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define U8LOAD(p) _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p))))
 #define FSET(v) _mm512_set1_ps(v)
 #define FMADD(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define FMUL(a, b) _mm512_mul_ps(a, b)
@@ -84,6 +88,7 @@ typedef __m256 fvec;
 #endif
 #define FLOAD(p) _mm256_loadu_ps(p)
 #define HLOAD(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define U8LOAD(p) _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
 #define FSET(v) _mm256_set1_ps(v)
 #define FMADD(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define FMUL(a, b) _mm256_mul_ps(a, b)
@@ -241,17 +246,19 @@ static inline __attribute__((always_inline)) void panel_rows(int kind, int half,
                 }
             }
         }
-        /* the group's scales: fp16 widened in one instruction (F16C), or fp32 */
+        /* the group's scales: fp16 widened in one instruction (F16C), or fp32, or a Q4_K super-block's product */
 #define SCALES(p) (half ? HLOAD((const uint16_t *)(p) + g * PANEL) : FLOAD((const float *)(p) + g * PANEL))
-        fvec dv = SCALES(d);
+#define CODED(c) FMUL(HLOAD((const uint16_t *)m + (g / 8 * 2 + (c)) * PANEL), U8LOAD((const uint8_t *)d + (g * 2 + (c)) * PANEL))
+        fvec dv = half == 2 ? CODED(0) : SCALES(d);
         for (long r = 0; r < N; r++)
             acc[r] = FMADD(TOFLOAT(IADD(s0[r], s1[r])), FMUL(dv, FSET(dx[r * G + g])), acc[r]);
         if (kind == 4 || kind == 5) {
-            fvec mv = SCALES(m);
+            fvec mv = half == 2 ? CODED(1) : SCALES(m);
             for (long r = 0; r < N; r++) acc[r] = FMADD(mv, FSET(sx[r * G + g]), acc[r]);
         }
     }
 #undef SCALES
+#undef CODED
     for (long r = 0; r < N; r++) out[r] = acc[r];
 }
 
@@ -328,11 +335,15 @@ void qdot_run(const qdot_linear *L, const qdot_rows *rows, long M, float *y, int
     long G = L->K / GROUP, O = L->O, P = (O + PANEL - 1) / PANEL;
     long scale_bytes = half ? 2 : 4;
     long panel_bytes = G * GROUP * PANEL / (kind == 4 ? 2 : 1);
+    /* bytes of a panel's scales and offsets: a scale per half group (kind 6); two codes a group and two fp16 numbers
+     * a super-block (half 2) */
+    long d_bytes = half == 2 ? G * 2 * PANEL : G * PANEL * scale_bytes * (kind == 6 ? 2 : 1);
+    long m_bytes = half == 2 ? G / 8 * 2 * PANEL * 2 : G * PANEL * scale_bytes;
 #pragma omp parallel for schedule(static)
     for (long p = 0; p < P; p++) {
         const uint8_t *wp = (const uint8_t *)L->w + p * panel_bytes;
-        const char *dp = (const char *)L->d + p * G * PANEL * scale_bytes * (kind == 6 ? 2 : 1);
-        const char *mp = L->m ? (const char *)L->m + p * G * PANEL * scale_bytes : NULL;
+        const char *dp = (const char *)L->d + p * d_bytes;
+        const char *mp = L->m ? (const char *)L->m + p * m_bytes : NULL;
         for (long r0 = 0; r0 < M; r0 += RMAX) {
             long R = M - r0 < RMAX ? M - r0 : RMAX;
             fvec out[RMAX];
@@ -340,7 +351,9 @@ void qdot_run(const qdot_linear *L, const qdot_rows *rows, long M, float *y, int
             const float *dx = rows->dx + r0 * G, *sx = rows->sx + r0 * G;
             /* Prefetch during the first pass over the panel only (later passes read it from L1/L2). */
             const uint8_t *next = r0 == 0 && p + 2 < P ? wp + 2 * panel_bytes : NULL;
-            if (kind == 4 && half) {
+            if (kind == 4 && half == 2) {
+                switch (R) { ROWS(panel_rows(4, 2, N, xr, dx, sx, G, wp, dp, mp, next, out)) }
+            } else if (kind == 4 && half) {
                 switch (R) { ROWS(panel_rows(4, 1, N, xr, dx, sx, G, wp, dp, mp, next, out)) }
             } else if (kind == 4) {
                 switch (R) { ROWS(panel_rows(4, 0, N, xr, dx, sx, G, wp, dp, mp, next, out)) }

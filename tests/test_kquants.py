@@ -73,6 +73,11 @@ def test_k_quant_groups_are_ggufs_own_numbers(block: str) -> None:
     assert groups.kind == kind and groups.scale.dtype == torch.float32 and groups.data.shape == (6, 16, width)
     want = dequantized(raw, getattr(gguf.GGMLQuantizationType, block))
     assert torch.equal(exact.unpack(groups), want)
+    if groups.codes is not None:  # Q4_K: the file's own form gives the same scales and offsets
+        codes, numbers = (c.float() for c in groups.codes)
+        per_group = numbers.repeat_interleave(8, dim=1)  # a super-block's d, -dmin for each of its 8 groups
+        assert torch.equal(per_group[..., 0] * codes[..., 0], groups.scale)
+        assert torch.equal(per_group[..., 1] * codes[..., 1], groups.offset)
     assert torch.equal(exact.unpack(exact.from_tensors(exact.to_tensors(groups))), want)
     with pytest.raises(ValueError, match="super-blocks"):
         read(raw, 12, 256 + 32)
@@ -127,7 +132,7 @@ def test_lean_takes_k_quant_groups_from_the_source_gguf(tmp_path, monkeypatch) -
     assert describe(target) == "lean/exact-a16+fp16"
     down = [layer.down for layer in target.layers]
     assert [(lin.fmt, lin.packed.kind) for lin in down] == [("exact-a16", 4), ("exact-a16", 6), ("fp16", 16)]
-    assert down[0].packed.scale.dtype == torch.float32  # D = d * sc: no fp16 number in general
+    assert down[0].packed.scale.dtype == torch.uint8  # the file's codes (kernel: d * sc), not fp32 scales
     ids = list(range(3, 40))
     ref = LeanTarget(loaded, tiny_tokenizer(), quant="none")
     torch.testing.assert_close(target.score_sequence(ids).logits, ref.score_sequence(ids).logits, rtol=5e-3, atol=5e-3)

@@ -324,6 +324,27 @@ def test_integer_dot_kernel_on_k_quant_groups_equals_its_reference(block: str) -
 
 
 @pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
+def test_integer_dot_kernel_on_q4_k_codes_computes_what_fp32_scales_do() -> None:
+    """A Q4_K weight in the file's own form (6-bit codes per group, fp16 d and -dmin per 256 inputs; the kernel forms
+    their products) gives what its fp32 scales and offsets give, bit for bit, in fewer bytes; also from the cache."""
+    from test_kquants import random_q4_k
+
+    from dartspec import kquants
+
+    out, k = 37, 512
+    rows = kquants.q4_k_groups(random_q4_k(np.random.default_rng(4), out, k), out, k)
+    compact, wide = exact.to_panels(rows), exact.to_panels(dataclasses.replace(rows, codes=None))
+    assert compact.scale.dtype == torch.uint8 and wide.scale.dtype == torch.float32
+    assert compact.nbytes < 0.8 * wide.nbytes
+    x, bias = torch.randn(11, k, generator=torch.Generator().manual_seed(4)) * 3, torch.randn(out)
+    y = exact.linear_a16(x, compact, bias)
+    assert torch.equal(y, exact.linear_a16(x, wide, bias))
+    assert torch.equal(exact.linear_a16(x, exact.from_tensors(exact.to_tensors(compact)), bias), y)
+    for r in (0, 5, 10):
+        assert torch.equal(exact.linear_a16(x[r : r + 1], compact, bias)[0], y[r])
+
+
+@pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
 def test_fp16_scales_compute_what_fp32_scales_do_through_the_fused_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     """A GGUF's group scales are half-precision numbers, so exact-a16 keeps them in fp16 (fewer bytes a step); a model
     whose scales are not (other GGUF block types) keeps fp32 ones. Both layouts give the same logits, bit for bit."""
