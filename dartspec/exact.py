@@ -57,10 +57,12 @@ class ExactWeight:
     ``panel`` 0: one row per output (``qgemm.c``): data uint8 (O, G, 16) / int8 (O, G, 32), scale and offset
     (O, G). ``panel`` P > 0: the integer-dot kernel's panels of P outputs (``qdot.c``, :func:`to_panels`).
 
-    ``codes``: for a Q4_K weight (rows layout), the file's own form of its scales and offsets beside their fp32
-    values: uint8 (O, G, 2), each group's 6-bit scale and minimum codes, and fp16 (O, G / 8, 2), each super-block's
-    ``d`` and ``-dmin`` (scale = d * code, offset = -dmin * code, exact in fp32). :func:`to_panels` lays them out for
-    the kernel (scale uint8 (P, G, 2, panel), offset fp16 (P, G / 8, 2, panel)): 18.5 bytes a group instead of 24.
+    ``codes``: for a Q4_K or Q6_K weight (rows layout), the file's own form of its scales (and offsets) beside their
+    fp32 values: Q4_K uint8 (O, G, 2), each group's 6-bit scale and minimum codes, and fp16 (O, G / 8, 2), each
+    super-block's ``d`` and ``-dmin`` (scale = d * code, offset = -dmin * code, exact in fp32); Q6_K int8 (O, G, 2),
+    each half group's scale code, and fp16 (O, G / 8, 1), each super-block's ``d``. :func:`to_panels` lays them out
+    for the kernel (scale: the codes (P, G, 2, panel); offset: the super-block numbers (P, G / 8, n, panel)): 18.5
+    bytes a Q4_K group instead of 24, 34.25 a Q6_K group instead of 40.
     """
 
     kind: int
@@ -268,12 +270,12 @@ def to_panels(packed: ExactWeight, panel: int | None = None) -> ExactWeight:
     else:
         data = panels(packed.data).reshape(blocks, groups, panel, 16, 2).permute(0, 1, 3, 2, 4)
         offset = panels(packed.offset).contiguous() if packed.offset is not None else None
-    if packed.kind == 4 and packed.codes is not None:  # a Q4_K weight in the file's own form (half 2 in qdot.c)
-        codes = torch.cat([packed.codes[0], packed.codes[0].new_zeros((pad, *packed.codes[0].shape[1:]))])
-        blocks_ = torch.cat([packed.codes[1], packed.codes[1].new_zeros((pad, *packed.codes[1].shape[1:]))])
+    if packed.codes is not None:  # a K-quant weight in the file's own form (half 2 in qdot.c)
+        codes, numbers = (torch.cat([t, t.new_zeros((pad, *t.shape[1:]))]) for t in packed.codes)
         scale = codes.reshape(blocks, panel, groups, 2).permute(0, 2, 3, 1).contiguous()  # (P, G, 2, panel)
-        offset = blocks_.reshape(blocks, panel, groups // 8, 2).permute(0, 2, 3, 1).contiguous()  # (P, G/8, 2, panel)
-        return ExactWeight(4, data.reshape(blocks, groups, -1).contiguous(), scale, offset, out, k, panel)
+        per_block = numbers.shape[-1]
+        offset = numbers.reshape(blocks, panel, groups // 8, per_block).permute(0, 2, 3, 1).contiguous()
+        return ExactWeight(packed.kind, data.reshape(blocks, groups, -1).contiguous(), scale, offset, out, k, panel)
     if packed.kind in (5, 6):  # fp32 scales (the K-quants' products d * sc are no fp16 numbers)
         # kind 6: a scale per half group, (P, G, 2, panel)
         scale = panels(packed.scale).permute(0, 1, 3, 2) if packed.kind == 6 else panels(packed.scale)
@@ -288,9 +290,9 @@ def to_panels(packed: ExactWeight, panel: int | None = None) -> ExactWeight:
 
 
 def _half(packed: ExactWeight) -> int:
-    """1 where ``packed``'s scales (and offsets) are fp16, 0 where fp32, 2 where they are a Q4_K weight's codes (the C
-    kernels' ``half`` flag)."""
-    return 2 if packed.scale.dtype == torch.uint8 else int(packed.scale.dtype == torch.float16)
+    """1 where ``packed``'s scales (and offsets) are fp16, 0 where fp32, 2 where they are a K-quant weight's codes (the
+    C kernels' ``half`` flag)."""
+    return 2 if packed.scale.dtype in (torch.uint8, torch.int8) else int(packed.scale.dtype == torch.float16)
 
 
 def half_panels(weight: torch.Tensor, panel: int | None = None) -> ExactWeight:
@@ -329,17 +331,18 @@ def from_tensors(tensors: dict[str, torch.Tensor]) -> ExactWeight:
             raise ValueError("inconsistent packed weight")
         return ExactWeight(kind, data, scale, offset, out, k, panel)
     per_group = GROUP // 2 if kind == 4 else GROUP
-    if kind == 4 and scale.dtype == torch.uint8:  # a Q4_K weight's codes and super-block numbers (to_panels)
+    coded = {4: torch.uint8, 6: torch.int8}
+    if scale.dtype == coded.get(kind):  # a K-quant weight's codes and super-block numbers (to_panels)
         groups = rows * k // GROUP
         if (
             not panel
             or k % (8 * GROUP)
-            or data.dtype != torch.uint8
+            or data.dtype != (torch.uint8 if kind == 4 else torch.int8)
             or data.numel() != groups * per_group
             or scale.numel() != groups * 2
             or offset is None
             or offset.dtype != torch.float16
-            or offset.numel() != groups // 8 * 2
+            or offset.numel() != groups // 8 * (2 if kind == 4 else 1)
         ):
             raise ValueError("inconsistent packed weight")
         return ExactWeight(kind, data, scale, offset, out, k, panel)

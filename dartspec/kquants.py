@@ -12,7 +12,8 @@ A Q4_K_M file mixes block types. Q4_1 / Q5_0 / Q8_0 blocks are found in the dequ
 - a Q5_K sub-block is the same with a 5-bit ``q``: kind 5 of the integer-dot kernel, uint8 ``q`` with a scale and an
   offset (40 bytes a group; a Q5_K_M file's);
 - a Q6_K sub-block of 16 weights is ``d * sc * (q - 32)`` with an int8 ``sc`` per 16 weights: an int8 group of 32
-  whose two halves have a scale each (kind 6 of the integer-dot kernel, 40 bytes a group).
+  whose two halves have a scale each (kind 6 of the integer-dot kernel; with the file's int8 codes and a super-block's
+  fp16 ``d`` in the panels, 34.25 bytes a group).
 
 Each weight's groups are the numbers gguf's own dequantization (and so the converted model) multiplies, and they
 are checked against the loaded weight, bit for bit, before use (in its row order: transformers reorders a Llama
@@ -71,8 +72,8 @@ def _groups(
     k: int,
     codes: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> ExactWeight:
-    """An :class:`ExactWeight` (rows layout) from per-super-block arrays; ``codes``: a Q4_K weight's own form of its
-    scales and offsets (:attr:`ExactWeight.codes`)."""
+    """An :class:`ExactWeight` (rows layout) from per-super-block arrays; ``codes``: the file's own form of its scales
+    and offsets (:attr:`ExactWeight.codes`)."""
     groups = k // GROUP
 
     def rows(a: np.ndarray, n: int, *tail: int) -> torch.Tensor:
@@ -80,7 +81,7 @@ def _groups(
 
     data = rows(q[..., :16] | (q[..., 16:] << 4), groups, 16) if kind == 4 else rows(q, groups, GROUP)
     tail = (2,) if kind == 6 else ()
-    coded = None if codes is None else (rows(codes[0], groups, 2), rows(codes[1], groups // 8, 2))
+    coded = None if codes is None else (rows(codes[0], groups, 2), rows(codes[1], groups // 8, -1))
     off = None if offset is None else rows(offset, groups)
     return ExactWeight(kind, data, rows(scale, groups, *tail), off, out, k, codes=coded)
 
@@ -117,9 +118,10 @@ def q6_k_groups(blocks: np.ndarray, out_features: int, in_features: int) -> Exac
     shifts = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
     high = (raw[:, half : half + half // 2].reshape(n, 2, 1, 32) >> shifts) & 0x03
     q = (low.reshape(n, SUPER_BLOCK) | (high.reshape(n, SUPER_BLOCK) << 4)).astype(np.int8) - np.int8(32)
-    sc = raw[:, half + half // 2 : -2].copy().view(np.int8).astype(np.float32)  # (n, 16)
-    d = raw[:, -2:].copy().view(np.float16).astype(np.float32)  # (n, 1)
-    return _groups(6, q, d * sc, None, out_features, in_features)
+    codes = raw[:, half + half // 2 : -2].copy().view(np.int8)  # (n, 16)
+    d = raw[:, -2:].copy().view(np.float16)  # (n, 1)
+    scale = d.astype(np.float32) * codes.astype(np.float32)
+    return _groups(6, q, scale, None, out_features, in_features, (codes, d))
 
 
 def source_gguf(folder: str | Path | None) -> Path | None:

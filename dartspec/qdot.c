@@ -25,6 +25,8 @@
  * weight's 4-bit groups (`half` 2) keep the file's own codes: d holds (P, G, 2, PANEL) uint8, each group's 6-bit scale
  * code then its minimum code, m holds (P, G / 8, 2, PANEL) fp16, each super-block of 256 inputs' d and -dmin; the
  * kernel forms d * sc and -dmin * m, both exact in fp32, so the same numbers as fp32 scales in 18.5 bytes a group.
+ * A Q6_K weight's kind-6 groups likewise (`half` 2): d holds (P, G, 2, PANEL) int8, each half group's scale code, m
+ * (P, G / 8, PANEL) fp16, each super-block's d: 34.25 bytes a group instead of 40.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -59,6 +61,7 @@ typedef __m512 fvec;
 #define FLOAD(p) _mm512_loadu_ps(p)
 #define HLOAD(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 #define U8LOAD(p) _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p))))
+#define I8LOAD(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p))))
 #define FSET(v) _mm512_set1_ps(v)
 #define FMADD(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define FMUL(a, b) _mm512_mul_ps(a, b)
@@ -89,6 +92,7 @@ typedef __m256 fvec;
 #define FLOAD(p) _mm256_loadu_ps(p)
 #define HLOAD(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 #define U8LOAD(p) _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
+#define I8LOAD(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
 #define FSET(v) _mm256_set1_ps(v)
 #define FMADD(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define FMUL(a, b) _mm256_mul_ps(a, b)
@@ -219,7 +223,9 @@ static inline __attribute__((always_inline)) void panel_rows(int kind, int half,
                         DOT2(s0[r], s1[r], v0, BCAST(xr + c), v1, BCAST(xr + c + 1));
                     }
                 }
-                fvec dv = FLOAD((const float *)d + (g * 2 + h) * PANEL);
+                fvec dv = half == 2 ? FMUL(HLOAD((const uint16_t *)m + g / 8 * PANEL),
+                                           I8LOAD((const int8_t *)d + (g * 2 + h) * PANEL))
+                                    : FLOAD((const float *)d + (g * 2 + h) * PANEL);
                 for (long r = 0; r < N; r++)
                     acc[r] = FMADD(TOFLOAT(IADD(s0[r], s1[r])), FMUL(dv, FSET(dx[r * G + g])), acc[r]);
             }
@@ -338,7 +344,7 @@ void qdot_run(const qdot_linear *L, const qdot_rows *rows, long M, float *y, int
     /* bytes of a panel's scales and offsets: a scale per half group (kind 6); two codes a group and two fp16 numbers
      * a super-block (half 2) */
     long d_bytes = half == 2 ? G * 2 * PANEL : G * PANEL * scale_bytes * (kind == 6 ? 2 : 1);
-    long m_bytes = half == 2 ? G / 8 * 2 * PANEL * 2 : G * PANEL * scale_bytes;
+    long m_bytes = half == 2 ? G / 8 * (kind == 6 ? 1 : 2) * PANEL * 2 : G * PANEL * scale_bytes;
 #pragma omp parallel for schedule(static)
     for (long p = 0; p < P; p++) {
         const uint8_t *wp = (const uint8_t *)L->w + p * panel_bytes;
@@ -357,6 +363,8 @@ void qdot_run(const qdot_linear *L, const qdot_rows *rows, long M, float *y, int
                 switch (R) { ROWS(panel_rows(4, 1, N, xr, dx, sx, G, wp, dp, mp, next, out)) }
             } else if (kind == 4) {
                 switch (R) { ROWS(panel_rows(4, 0, N, xr, dx, sx, G, wp, dp, mp, next, out)) }
+            } else if (kind == 6 && half == 2) {
+                switch (R) { ROWS(panel_rows(6, 2, N, xr, dx, sx, G, wp, dp, mp, next, out)) }
             } else if (kind == 6) {
                 switch (R) { ROWS(panel_rows(6, 0, N, xr, dx, sx, G, wp, dp, mp, next, out)) }
             } else if (kind == 5) { /* fp32 scales and offsets (Q5_K's d * sc, dmin * m) */

@@ -7,10 +7,10 @@
  * Structure in exact.py. */
 typedef struct {
     int kind; /* 4: d*q+m nibbles, 8: d*q int8, 5: d*q+m uint8, 6: int8 with a d per 16, 16: fp16 (no d, m) */
-    int half; /* d and m in fp16 (1), fp32 (0), or a Q4_K weight's codes and super-block numbers (2, qdot.c) */
+    int half; /* d and m in fp16 (1), fp32 (0), or a K-quant weight's codes and super-block numbers (2, qdot.c) */
     long K, O;
     const void *w;
-    const void *d, *m;  /* m NULL for kinds 8 and 6 */
+    const void *d, *m;  /* m NULL for kinds 8 and 6 (but 6 with half 2: its super-block numbers) */
     const float *bias;  /* NULL when none */
 } qdot_linear;
 

@@ -73,11 +73,14 @@ def test_k_quant_groups_are_ggufs_own_numbers(block: str) -> None:
     assert groups.kind == kind and groups.scale.dtype == torch.float32 and groups.data.shape == (6, 16, width)
     want = dequantized(raw, getattr(gguf.GGMLQuantizationType, block))
     assert torch.equal(exact.unpack(groups), want)
-    if groups.codes is not None:  # Q4_K: the file's own form gives the same scales and offsets
+    if block != "Q5_K":  # the file's own form (codes, super-block numbers) gives the same scales and offsets
         codes, numbers = (c.float() for c in groups.codes)
-        per_group = numbers.repeat_interleave(8, dim=1)  # a super-block's d, -dmin for each of its 8 groups
-        assert torch.equal(per_group[..., 0] * codes[..., 0], groups.scale)
-        assert torch.equal(per_group[..., 1] * codes[..., 1], groups.offset)
+        per_group = numbers.repeat_interleave(8, dim=1)  # a super-block's d (and -dmin) for each of its 8 groups
+        if block == "Q4_K":
+            assert torch.equal(per_group[..., 0] * codes[..., 0], groups.scale)
+            assert torch.equal(per_group[..., 1] * codes[..., 1], groups.offset)
+        else:
+            assert torch.equal(per_group * codes, groups.scale)  # a code per half group, one d per super-block
     assert torch.equal(exact.unpack(exact.from_tensors(exact.to_tensors(groups))), want)
     with pytest.raises(ValueError, match="super-blocks"):
         read(raw, 12, 256 + 32)

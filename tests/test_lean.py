@@ -307,7 +307,9 @@ def test_integer_dot_kernel_on_k_quant_groups_equals_its_reference(block: str) -
     raw = make(np.random.default_rng(6), out, k)
     weight = torch.from_numpy(gguf.quants.dequantize(raw, getattr(gguf.GGMLQuantizationType, block)).astype(np.float32))
     packed = exact.to_panels(read(raw, out, k))
-    assert packed.scale.dtype == torch.float32 and (packed.offset is None) == (block == "Q6_K")
+    assert (packed.scale.dtype, packed.offset.dtype) == (
+        (torch.float32,) * 2 if block == "Q5_K" else (torch.int8, torch.float16)
+    )
     gen = torch.Generator().manual_seed(6)
     x, bias = torch.randn(11, k, generator=gen) * 3, torch.randn(out, generator=gen)
     x[:, 7] = 40.0
@@ -324,18 +326,21 @@ def test_integer_dot_kernel_on_k_quant_groups_equals_its_reference(block: str) -
 
 
 @pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
-def test_integer_dot_kernel_on_q4_k_codes_computes_what_fp32_scales_do() -> None:
-    """A Q4_K weight in the file's own form (6-bit codes per group, fp16 d and -dmin per 256 inputs; the kernel forms
-    their products) gives what its fp32 scales and offsets give, bit for bit, in fewer bytes; also from the cache."""
-    from test_kquants import random_q4_k
+@pytest.mark.parametrize("block", ["Q4_K", "Q6_K"])
+def test_integer_dot_kernel_on_k_quant_codes_computes_what_fp32_scales_do(block: str) -> None:
+    """A K-quant weight in the file's own form (codes per group or half group, fp16 numbers per 256 inputs; the kernel
+    forms their products) gives what its fp32 scales and offsets give, bit for bit, in fewer bytes; also from the
+    packed-weight cache."""
+    from test_kquants import random_q4_k, random_q6_k
 
     from dartspec import kquants
 
     out, k = 37, 512
-    rows = kquants.q4_k_groups(random_q4_k(np.random.default_rng(4), out, k), out, k)
+    make, read = (random_q4_k, kquants.q4_k_groups) if block == "Q4_K" else (random_q6_k, kquants.q6_k_groups)
+    rows = read(make(np.random.default_rng(4), out, k), out, k)
     compact, wide = exact.to_panels(rows), exact.to_panels(dataclasses.replace(rows, codes=None))
-    assert compact.scale.dtype == torch.uint8 and wide.scale.dtype == torch.float32
-    assert compact.nbytes < 0.8 * wide.nbytes
+    assert compact.scale.dtype in (torch.uint8, torch.int8) and wide.scale.dtype == torch.float32
+    assert compact.nbytes < (0.8 if block == "Q4_K" else 0.9) * wide.nbytes
     x, bias = torch.randn(11, k, generator=torch.Generator().manual_seed(4)) * 3, torch.randn(out)
     y = exact.linear_a16(x, compact, bias)
     assert torch.equal(y, exact.linear_a16(x, wide, bias))
