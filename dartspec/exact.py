@@ -207,7 +207,7 @@ def concat(parts: Sequence[ExactWeight]) -> ExactWeight | None:
         and (p.offset is None) == (first.offset is None)
         for p in parts
     )
-    if not same or first.kind == 16:
+    if not same:
         return None
     if len(parts) == 1:
         return first

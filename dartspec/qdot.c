@@ -254,7 +254,8 @@ static inline __attribute__((always_inline)) void panel_rows(int kind, int half,
         }
         /* the group's scales: fp16 widened in one instruction (F16C), or fp32, or a Q4_K super-block's product */
 #define SCALES(p) (half ? HLOAD((const uint16_t *)(p) + g * PANEL) : FLOAD((const float *)(p) + g * PANEL))
-#define CODED(c) FMUL(HLOAD((const uint16_t *)m + (g / 8 * 2 + (c)) * PANEL), U8LOAD((const uint8_t *)d + (g * 2 + (c)) * PANEL))
+#define CODED(c) \
+    FMUL(HLOAD((const uint16_t *)m + (g / 8 * 2 + (c)) * PANEL), U8LOAD((const uint8_t *)d + (g * 2 + (c)) * PANEL))
         fvec dv = half == 2 ? CODED(0) : SCALES(d);
         for (long r = 0; r < N; r++)
             acc[r] = FMADD(TOFLOAT(IADD(s0[r], s1[r])), FMUL(dv, FSET(dx[r * G + g])), acc[r]);
