@@ -31,15 +31,16 @@ typedef struct {
 void dartspec_block_many(const dartspec_block_weights *b, float *x, const float *attn_in, long q, const float *rot,
                          long nseq, const long *starts, const dartspec_kv *kv, const long *base,
                          const uint8_t *const *mask, int share) {
-    long hidden = b->o.O, inner = b->down.K, width = b->qkv.O, attn_width = b->heads * b->head_dim;
+    long hidden = b->o.O, inner = b->down.K, width = qdot_width(&b->qkv), attn_width = b->heads * b->head_dim;
     long widest = hidden > inner ? hidden : inner;
     widest = widest > attn_width ? widest : attn_width;
     widest = widest > b->qkv.K ? widest : b->qkv.K;
     float *qkv = (float *)malloc(sizeof(float) * q * width);
     float *attn = (float *)malloc(sizeof(float) * q * attn_width);
-    float *gu = (float *)malloc(sizeof(float) * q * b->gate_up.O);
+    float *gu = (float *)malloc(sizeof(float) * q * qdot_width(&b->gate_up));
     qdot_rows rows;
-    int fp16 = b->qkv.kind == 16 || b->o.kind == 16 || b->gate_up.kind == 16 || b->down.kind == 16;
+    int fp16 = qdot_takes_float(&b->qkv) || qdot_takes_float(&b->o) || qdot_takes_float(&b->gate_up) ||
+               qdot_takes_float(&b->down);
     qdot_rows_alloc(&rows, q, widest, fp16);
 
     if (attn_in)

@@ -50,9 +50,10 @@ _HEADERS = tuple(Path(__file__).with_name(name) for name in ("rows.h", "qdot.h",
 @dataclass(frozen=True)
 class ExactWeight:
     """A weight matrix as integer groups: ``kind`` 4 (``d * q + m``, nibbles) or 8 (``d * q``, int8); kinds 5 (``d * q
-    + m``, uint8: a GGUF's Q5_K blocks) and 6 (int8 groups whose halves of 16 have a scale each: Q6_K blocks, scale
-    (O, G, 2)), read from the file (:mod:`dartspec.kquants`), for the integer-dot kernel only; or kind 16, fp16
-    weights in panels (:func:`half_panels`, no scales), for the weights beside them that are no groups.
+    + m``, uint8: a GGUF's Q5_K blocks) and 6 (int8 groups of values -32..31 whose halves of 16 have a scale each: Q6_K
+    blocks, scale (O, G, 2); 6 bits a value in panels), read from the file (:mod:`dartspec.kquants`), for the
+    integer-dot kernel only; or kind 16, fp16 weights in panels (:func:`half_panels`, no scales), for the weights beside
+    them that are no groups.
 
     ``panel`` 0: one row per output (``qgemm.c``): data uint8 (O, G, 16) / int8 (O, G, 32), scale and offset
     (O, G). ``panel`` P > 0: the integer-dot kernel's panels of P outputs (``qdot.c``, :func:`to_panels`).
@@ -62,7 +63,12 @@ class ExactWeight:
     super-block's ``d`` and ``-dmin`` (scale = d * code, offset = -dmin * code, exact in fp32); Q6_K int8 (O, G, 2),
     each half group's scale code, and fp16 (O, G / 8, 1), each super-block's ``d``. :func:`to_panels` lays them out
     for the kernel (scale: the codes (P, G, 2, panel); offset: the super-block numbers (P, G / 8, n, panel)): 18.5
-    bytes a Q4_K group instead of 24, 34.25 a Q6_K group instead of 40.
+    bytes a Q4_K group instead of 24, 26.25 a Q6_K group (with its values in 6 bits) instead of 32.
+
+    ``rest``: a fused projection whose parts are groups of different kinds (:func:`stack`; a Q4_K_M file's Q4_K query
+    and key beside a Q6_K value) is a chain: this weight's own fields hold its first ``out_features -
+    rest.out_features`` outputs, ``rest`` the others; ``out_features`` counts them all. The integer-dot kernel runs
+    each part into its columns.
     """
 
     kind: int
@@ -73,11 +79,28 @@ class ExactWeight:
     in_features: int
     panel: int = 0
     codes: tuple[torch.Tensor, torch.Tensor] | None = None
+    rest: ExactWeight | None = None
 
     @property
     def nbytes(self) -> int:
         extra = self.offset.nbytes if self.offset is not None else 0
-        return self.data.nbytes + self.scale.nbytes + extra
+        return self.data.nbytes + self.scale.nbytes + extra + (self.rest.nbytes if self.rest is not None else 0)
+
+
+def parts(packed: ExactWeight) -> list[ExactWeight]:
+    """The parts of a chain (:attr:`ExactWeight.rest`) as weights of their own; ``[packed]`` for one part."""
+    if packed.rest is None:
+        return [packed]
+    own = dataclasses.replace(packed, out_features=packed.out_features - packed.rest.out_features, rest=None)
+    return [own, *parts(packed.rest)]
+
+
+def chain(weights: Sequence[ExactWeight]) -> ExactWeight:
+    """Weights of one input width stacked along outputs as a chain (:attr:`ExactWeight.rest`), without copying."""
+    *head, last = weights
+    for w in reversed(head):
+        last = dataclasses.replace(w, out_features=w.out_features + last.out_features, rest=last)
+    return last
 
 
 def pack(weight: torch.Tensor) -> ExactWeight | None:
@@ -172,6 +195,8 @@ def quantize8(weight: torch.Tensor) -> ExactWeight:
 
 def unpack(packed: ExactWeight) -> torch.Tensor:
     """The fp32 weights back (tests)."""
+    if packed.rest is not None:
+        return torch.cat([unpack(p) for p in parts(packed)])
     if packed.kind == 4:
         q = torch.cat([packed.data & 15, packed.data >> 4], dim=-1).float()
         assert packed.offset is not None
@@ -190,6 +215,8 @@ def unpack(packed: ExactWeight) -> torch.Tensor:
 def map_rows(packed: ExactWeight, rows: Callable[[torch.Tensor], torch.Tensor]) -> ExactWeight:
     """``packed`` (rows layout) with its outputs reordered by ``rows``, a function of a tensor's first dimension
     (e.g. :func:`dartspec.rotary.interleave_rows`), applied alike to data, scales and offsets."""
+    if packed.rest is not None:
+        raise ValueError("map_rows takes one part, not a chain")
     offset = None if packed.offset is None else rows(packed.offset)
     codes = None if packed.codes is None else (rows(packed.codes[0]), rows(packed.codes[1]))
     return dataclasses.replace(packed, data=rows(packed.data), scale=rows(packed.scale), offset=offset, codes=codes)
@@ -203,6 +230,7 @@ def concat(parts: Sequence[ExactWeight]) -> ExactWeight | None:
         p.kind == first.kind
         and p.in_features == first.in_features
         and not p.panel
+        and p.rest is None
         and p.scale.dtype == first.scale.dtype
         and (p.offset is None) == (first.offset is None)
         for p in parts
@@ -218,6 +246,22 @@ def concat(parts: Sequence[ExactWeight]) -> ExactWeight | None:
     if all(p.codes is not None for p in parts):
         codes = (torch.cat([p.codes[0] for p in parts]), torch.cat([p.codes[1] for p in parts]))  # type: ignore[index]
     return ExactWeight(first.kind, data, scale, offset, out, first.in_features, codes=codes)
+
+
+def stack(weights: Sequence[ExactWeight]) -> ExactWeight | None:
+    """Weights (rows layout) stacked along outputs as one fused projection for the integer-dot kernel: each run of
+    parts of one kind concatenated (:func:`concat`), runs of different kinds chained (:attr:`ExactWeight.rest`); None
+    unless all have the same inputs."""
+    if any(w.in_features != weights[0].in_features or w.rest is not None for w in weights):
+        return None
+    runs: list[ExactWeight] = []
+    for w in weights:
+        joined = concat([runs[-1], w]) if runs else None
+        if joined is not None:
+            runs[-1] = joined
+        else:
+            runs.append(w)
+    return chain(runs)
 
 
 def linear(x: torch.Tensor, packed: ExactWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -253,6 +297,8 @@ def _gemm(
 def to_panels(packed: ExactWeight, panel: int | None = None) -> ExactWeight:
     """Lay ``packed`` (rows) out in panels of ``panel`` outputs (default: the kernel's width on this CPU)."""
     panel = panel or kernel_panel()
+    if packed.rest is not None:
+        return chain([to_panels(p, panel) for p in parts(packed)])
     out, k = packed.out_features, packed.in_features
     groups = k // GROUP
     blocks = -(-out // panel)
@@ -267,6 +313,18 @@ def to_panels(packed: ExactWeight, panel: int | None = None) -> ExactWeight:
         q = q.reshape(blocks, groups, panel, 2, 8, 2)  # halves of the group, chunk c, pair element e
         data = (q[:, :, :, 0] | (q[:, :, :, 1] << 4)).permute(0, 1, 3, 2, 4)  # (P, G, c, panel, e)
         offset = panels(packed.offset).contiguous() if packed.offset is not None else None
+    elif packed.kind == 6:  # 6 bits a weight, as in the file (qdot.c): the low nibbles as kind 4's, then high bits
+        q = panels(packed.data).to(torch.int16) + 32  # (P, G, panel, 32), 0..63
+        if bool(((q < 0) | (q > 63)).any()):
+            raise ValueError("kind-6 groups hold values in -32..31")
+        q = q.to(torch.uint8).reshape(blocks, groups, panel, 2, 8, 2)  # half h, chunk c, pair element e
+        low = (q[:, :, :, 0] & 15) | ((q[:, :, :, 1] & 15) << 4)  # (P, G, panel, c, e)
+        high = (q >> 4).reshape(blocks, groups, panel, 2, 4, 2, 2)  # h, chunk pair j, c's parity, e
+        shifts = torch.tensor([[0, 4], [2, 6]], dtype=torch.uint8).reshape(2, 1, 2, 1)  # bit 2h + 4 * parity
+        bits = (high << shifts).sum(dim=(3, 5), dtype=torch.uint8)  # (P, G, panel, j, e): the bits never overlap
+        chunks = [t.permute(0, 1, 3, 2, 4).reshape(blocks, groups, -1) for t in (low, bits)]
+        data = torch.cat(chunks, dim=-1)
+        offset = None
     else:
         data = panels(packed.data).reshape(blocks, groups, panel, 16, 2).permute(0, 1, 3, 2, 4)
         offset = panels(packed.offset).contiguous() if packed.offset is not None else None
@@ -315,14 +373,33 @@ def kernel_panel() -> int:
 
 
 def to_tensors(packed: ExactWeight) -> dict[str, torch.Tensor]:
-    """``packed`` as named tensors (the on-disk cache of :mod:`dartspec.weight_cache`)."""
-    meta = torch.tensor([packed.kind, packed.out_features, packed.in_features, packed.panel])
-    out = {"meta": meta, "data": packed.data, "scale": packed.scale}
-    return out if packed.offset is None else {**out, "offset": packed.offset}
+    """``packed`` as named tensors (the on-disk cache of :mod:`dartspec.weight_cache`); a chain's part i > 0 has its
+    names suffixed ``@i``."""
+    out = {}
+    for i, p in enumerate(parts(packed)):
+        meta = torch.tensor([p.kind, p.out_features, p.in_features, p.panel])
+        fields = {"meta": meta, "data": p.data, "scale": p.scale, "offset": p.offset}
+        out.update({f"{k}@{i}" if i else k: v for k, v in fields.items() if v is not None})
+    return out
 
 
 def from_tensors(tensors: dict[str, torch.Tensor]) -> ExactWeight:
-    """The inverse of :func:`to_tensors`; ``ValueError`` when the tensors do not form a packed weight."""
+    """The inverse of :func:`to_tensors`; ``ValueError`` (or ``KeyError``) when the tensors do not form a packed
+    weight."""
+    count = 1 + sum(k.startswith("meta@") for k in tensors)
+    found = [_part({k.removesuffix(f"@{i}"): v for k, v in tensors.items() if _part_of(k) == i}) for i in range(count)]
+    if any(p.in_features != found[0].in_features or p.panel != found[0].panel for p in found):
+        raise ValueError("inconsistent packed weight")
+    return chain(found)
+
+
+def _part_of(name: str) -> int:
+    """The chain part a tensor name of :func:`to_tensors` belongs to."""
+    index = name.partition("@")[2]
+    return int(index) if index else 0  # ValueError for another suffix
+
+
+def _part(tensors: dict[str, torch.Tensor]) -> ExactWeight:
     kind, out, k, panel = (int(v) for v in tensors["meta"].tolist())
     data, scale, offset = tensors["data"], tensors["scale"], tensors.get("offset")
     rows = -(-out // panel) * panel if panel else out
@@ -330,14 +407,14 @@ def from_tensors(tensors: dict[str, torch.Tensor]) -> ExactWeight:
         if not panel or data.dtype != torch.float16 or data.numel() != rows * k or scale.numel() or offset is not None:
             raise ValueError("inconsistent packed weight")
         return ExactWeight(kind, data, scale, offset, out, k, panel)
-    per_group = GROUP // 2 if kind == 4 else GROUP
+    per_group = {4: GROUP // 2, 6: GROUP * 3 // 4 if panel else GROUP}.get(kind, GROUP)  # bytes an output's group
     coded = {4: torch.uint8, 6: torch.int8}
     if scale.dtype == coded.get(kind):  # a K-quant weight's codes and super-block numbers (to_panels)
         groups = rows * k // GROUP
         if (
             not panel
             or k % (8 * GROUP)
-            or data.dtype != (torch.uint8 if kind == 4 else torch.int8)
+            or data.dtype != torch.uint8
             or data.numel() != groups * per_group
             or scale.numel() != groups * 2
             or offset is None
@@ -351,7 +428,7 @@ def from_tensors(tensors: dict[str, torch.Tensor]) -> ExactWeight:
         kind not in (4, 5, 6, 8)
         or k % GROUP
         or data.numel() != rows * k // GROUP * per_group
-        or data.dtype != (torch.uint8 if kind in (4, 5) else torch.int8)
+        or data.dtype != (torch.uint8 if kind in (4, 5) or (kind, bool(panel)) == (6, True) else torch.int8)
         or scale.numel() != rows * k // GROUP * scales
         or scale.dtype not in ((torch.float32, torch.float16) if panel and kind in (4, 8) else (torch.float32,))
         or (offset is not None and offset.dtype != scale.dtype)
@@ -364,6 +441,13 @@ def from_tensors(tensors: dict[str, torch.Tensor]) -> ExactWeight:
 def linear_a16(x: torch.Tensor, packed: ExactWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ W^T + bias`` with ``x`` rounded to 16-bit integers per group of 32 (the ``exact-a16`` format;
     ``packed`` in panels)."""
+    if packed.rest is not None:  # a chain: each part into its columns
+        outs, start = [], 0
+        for p in parts(packed):
+            b = None if bias is None else bias[start : start + p.out_features]
+            outs.append(linear_a16(x, p, None if b is None else b.contiguous()))
+            start += p.out_features
+        return torch.cat(outs, dim=1)
     return _gemm(_library().dartspec_qdot, (packed.kind, _half(packed)), x, packed, bias)
 
 
@@ -450,7 +534,7 @@ def attend_many(
 
 
 class _CLinear(ctypes.Structure):
-    """``qdot_linear`` of ``qdot.h``: one linear layer in panels."""
+    """``qdot_linear`` of ``qdot.h``: one linear layer in panels (``rest``: the next part of a chain)."""
 
     _fields_ = [
         ("kind", ctypes.c_int),
@@ -461,6 +545,7 @@ class _CLinear(ctypes.Structure):
         ("d", ctypes.c_void_p),
         ("m", ctypes.c_void_p),
         ("bias", ctypes.c_void_p),
+        ("rest", ctypes.c_void_p),
     ]
 
 
@@ -508,30 +593,37 @@ class Block:
         """``linears``: (packed weight in panels, fp32 bias or None) of qkv, o, gate_up and down, in that order;
         ``ln1`` None for a block always called with ``attn_in``."""
         # The C struct holds raw pointers: keep every tensor it points to alive (and contiguous fp32).
-        self._keep = [t.contiguous().float() if t is not None else None for t in (ln1, ln2, q_norm, k_norm)]
-        parts = []
-        for packed, bias in linears:
-            if packed.panel == 0:
-                raise ValueError("Block needs weights in panels (exact.to_panels)")
-            b = None if bias is None else bias.detach().contiguous().float()
-            self._keep += [packed.data, packed.scale, packed.offset, b]
-            parts.append(
-                _CLinear(
-                    packed.kind,
-                    _half(packed),
-                    packed.in_features,
-                    packed.out_features,
-                    packed.data.data_ptr(),
-                    packed.scale.data_ptr(),
-                    _ptr(packed.offset),
-                    _ptr(b),
-                )
-            )
-        norms = [_ptr(t) for t in self._keep[:4]]
-        self._c = _CBlock(*parts, *norms, heads, kv_heads, head_dim, eps, scale)
+        norms = [t.contiguous().float() if t is not None else None for t in (ln1, ln2, q_norm, k_norm)]
+        self._keep: list[object] = list(norms)
+        linear_structs = [self._linear(packed, bias) for packed, bias in linears]
+        self._c = _CBlock(*linear_structs, *map(_ptr, norms), heads, kv_heads, head_dim, eps, scale)
         self._ref = ctypes.byref(self._c)
         self._run = _library().dartspec_block
         self._run_many = _library().dartspec_block_many
+
+    def _linear(self, packed: ExactWeight, bias: torch.Tensor | None) -> _CLinear:
+        """The C struct of one projection (a chain's later parts in structs it points to, kept alive here)."""
+        if packed.panel == 0:
+            raise ValueError("Block needs weights in panels (exact.to_panels)")
+        b = None if bias is None else bias.detach().contiguous().float()
+        first, *later = parts(packed)
+        rest = None
+        if later:
+            tail = chain(later)
+            rest = self._linear(tail, None if b is None else b[first.out_features :])
+            self._keep.append(rest)
+        self._keep += [first.data, first.scale, first.offset, b]
+        return _CLinear(
+            first.kind,
+            _half(first),
+            first.in_features,
+            first.out_features,
+            first.data.data_ptr(),
+            first.scale.data_ptr(),
+            _ptr(first.offset),
+            _ptr(b),
+            None if rest is None else ctypes.addressof(rest),
+        )
 
     def __call__(
         self,

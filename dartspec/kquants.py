@@ -12,14 +12,15 @@ A Q4_K_M file mixes block types. Q4_1 / Q5_0 / Q8_0 blocks are found in the dequ
 - a Q5_K sub-block is the same with a 5-bit ``q``: kind 5 of the integer-dot kernel, uint8 ``q`` with a scale and an
   offset (40 bytes a group; a Q5_K_M file's);
 - a Q6_K sub-block of 16 weights is ``d * sc * (q - 32)`` with an int8 ``sc`` per 16 weights: an int8 group of 32
-  whose two halves have a scale each (kind 6 of the integer-dot kernel; with the file's int8 codes and a super-block's
-  fp16 ``d`` in the panels, 34.25 bytes a group).
+  whose two halves have a scale each (kind 6 of the integer-dot kernel; in the panels its values in 6 bits as in the
+  file, with the file's int8 codes and a super-block's fp16 ``d``: 26.25 bytes a group).
 
 Each weight's groups are the numbers gguf's own dequantization (and so the converted model) multiplies, and they
 are checked against the loaded weight, bit for bit, before use (in its row order: transformers reorders a Llama
 file's query and key rows). Qwen2.5-Coder-0.5B's Q4_K_M file holds twelve Q4_K and twelve Q6_K down projections
 (everything else is Q5_0 / Q8_0); in a Q4_K_M file of a model whose widths are multiples of 256 nearly every weight
-is Q4_K or Q6_K. The lean runtime fuses projections (q/k/v, gate/up) whose parts are groups of one kind.
+is Q4_K or Q6_K. The lean runtime fuses projections (q/k/v, gate/up) whose parts are groups: of one kind into one
+weight, of different kinds (Q4_K query and key, Q6_K value) into a chain of parts (:func:`dartspec.exact.stack`).
 """
 
 from __future__ import annotations

@@ -337,11 +337,17 @@ class LeanTarget(CausalRuntime):
         weights = [reorder(p.weight, f) for p, f in zip(parts, order, strict=True)]
         bias = fuse(*(reorder(p.bias, f) for p, f in zip(parts, order, strict=True)))
         weight = weights[0] if len(weights) == 1 else torch.cat(weights)  # type: ignore[arg-type]
-        # The file's groups, reordered as the weights are, where every part has groups (of one kind: exact.concat)
+        # The file's groups, reordered as the weights are, where every part has groups: of one kind, concatenated;
+        # for the integer-dot kernel also parts of different kinds, each part its own panels (exact.stack). A part
+        # without file groups may still be groups the weights show (exact.pack: a Q8_0 value beside Q4_K q and k).
         found = [self._file_groups.get(id(p.weight)) for p in parts]
         groups = None
-        if all(g is not None for g in found):
-            groups = exact.concat([g if f is None else exact.map_rows(g, f) for g, f in zip(found, order, strict=True)])
+        if any(g is not None for g in found):
+            if self.quant == "exact-a16" and len(parts) > 1:
+                found = [g if g is not None else exact.pack(p.weight) for g, p in zip(found, parts, strict=True)]
+            if all(g is not None for g in found):
+                mapped = [g if f is None else exact.map_rows(g, f) for g, f in zip(found, order, strict=True)]
+                groups = exact.stack(mapped) if self.quant == "exact-a16" else exact.concat(mapped)
         return self._linear(name, weight, bias, saved, groups)
 
     @property

@@ -17,9 +17,11 @@
  * which): for panel p and group g, chunk c holds 2 * PANEL bytes, byte 2 * o + e for output o and input
  * pair element e. 4-bit groups: 8 chunks, the low nibble is q[2c + e], the high nibble q[16 + 2c + e]
  * (q in 0..15); 8-bit groups: 16 chunks of int8 q[2c + e]; kind 5, the same chunks of uint8 q with an offset m
- * (a GGUF's Q5_K sub-blocks, d * q + m with q in 0..31); kind 6, 8-bit groups whose two halves of 16 inputs have a
- * scale each (Q6_K sub-blocks, q in -32..31; scales (P, G, 2, PANEL), fp32). Scales d and offsets m of the other
- * kinds are (P, G, PANEL), fp32 or,
+ * (a GGUF's Q5_K sub-blocks, d * q + m with q in 0..31); kind 6, 6-bit groups whose two halves of 16 inputs have a
+ * scale each (Q6_K sub-blocks, q - 32 with q in 0..63; scales (P, G, 2, PANEL), fp32), in 6 bits as in the file: the
+ * low 4 bits of q in 4-bit chunks, then 4 chunks of their high 2 bits, byte 2 * o + e of chunk j holding those of
+ * inputs 4j + e, 16 + 4j + e, 4j + 2 + e and 18 + 4j + e at bits 0, 2, 4 and 6 (24 bytes an output's group instead
+ * of 32: a decode step reads less). Scales d and offsets m of the other kinds are (P, G, PANEL), fp32 or,
  * where every value is a half-precision number (a GGUF's Q4_1 / Q8_0 blocks store them so), fp16: a decode step is
  * bound by reading the weights, and fp16 scales make a 4-bit group 20 bytes instead of 24, the same numbers. A Q4_K
  * weight's 4-bit groups (`half` 2) keep the file's own codes: d holds (P, G, 2, PANEL) uint8, each group's 6-bit scale
@@ -51,6 +53,11 @@ typedef __m512 fvec;
 #define WIDEN_I8(p) _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(p)))
 #define LOW4(v) _mm512_and_si512(v, _mm512_set1_epi16(0x0F))
 #define HIGH4(v) _mm512_srli_epi16(v, 4)
+#define SHL16(v, n) _mm512_slli_epi16(v, n)
+#define SHR16(v, n) _mm512_srli_epi16(v, n)
+/* a kind-6 value (0..63): nibble | (t & 0x30), one ternary-logic instruction */
+#define SIX(nib, t) _mm512_ternarylogic_epi32(nib, t, _mm512_set1_epi16(0x30), 0xF8)
+#define ISUB(a, b) _mm512_sub_epi32(a, b)
 #define BCAST(p) _mm512_set1_epi32(*(p))
 #ifdef __AVX512VNNI__
 #define DOT2(s0, s1, w0, x0, w1, x1) (s0 = _mm512_dpwssd_epi32(s0, w0, x0), s1 = _mm512_dpwssd_epi32(s1, w1, x1))
@@ -82,6 +89,10 @@ typedef __m256 fvec;
 #define WIDEN_I8(p) _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p)))
 #define LOW4(v) _mm256_and_si256(v, _mm256_set1_epi16(0x0F))
 #define HIGH4(v) _mm256_srli_epi16(v, 4)
+#define SHL16(v, n) _mm256_slli_epi16(v, n)
+#define SHR16(v, n) _mm256_srli_epi16(v, n)
+#define SIX(nib, t) _mm256_or_si256(nib, _mm256_and_si256(t, _mm256_set1_epi16(0x30)))
+#define ISUB(a, b) _mm256_sub_epi32(a, b)
 #define BCAST(p) _mm256_set1_epi32(*(p))
 #ifdef __AVXVNNI__
 #define DOT2(s0, s1, w0, x0, w1, x1) (s0 = _mm256_dpwssd_avx_epi32(s0, w0, x0), s1 = _mm256_dpwssd_avx_epi32(s1, w1, x1))
@@ -105,9 +116,19 @@ typedef __m256 fvec;
 
 int dartspec_qdot_panel(void) { return PANEL; }
 
-/* One row and its groups: xq (16 int16 pairs read as int32), dx, and the fp32 sum of each group. The int16 values
- * are round-to-nearest-even of x * 32767 / max|x| on every path; only the order of the group sum differs. */
-static void quantize_row(const float *p, long K, int32_t *xq, float *dx, float *sx) {
+#if PANEL == 8
+static inline int32_t hsum_i16(__m256i v) { /* the sum of 16 int16 lanes */
+    __m256i w = _mm256_madd_epi16(v, _mm256_set1_epi16(1));
+    __m128i x = _mm_add_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4E));
+    return _mm_cvtsi128_si32(_mm_add_epi32(x, _mm_shuffle_epi32(x, 0xB1)));
+}
+#endif
+
+/* One row and its groups: xq (16 int16 pairs read as int32), dx, the fp32 sum of each group, and 32 times the sum of
+ * each half group's int16 values (x32: kind 6's q - 32 is the dot with q, minus that). The int16 values are
+ * round-to-nearest-even of x * 32767 / max|x| on every path; only the order of the fp32 group sum differs. */
+static void quantize_row(const float *p, long K, int32_t *xq, float *dx, float *sx, int32_t *x32) {
     for (long g = 0; g < K / GROUP; g++, p += GROUP) {
 #if PANEL == 16
         __m512 a = _mm512_loadu_ps(p), b = _mm512_loadu_ps(p + 16);
@@ -122,6 +143,8 @@ static void quantize_row(const float *p, long K, int32_t *xq, float *dx, float *
         int16_t *q = (int16_t *)(xq + g * (GROUP / 2));
         _mm256_storeu_si256((__m256i *)q, _mm512_cvtepi32_epi16(qa));
         _mm256_storeu_si256((__m256i *)(q + 16), _mm512_cvtepi32_epi16(qb));
+        x32[2 * g] = 32 * _mm512_reduce_add_epi32(qa);
+        x32[2 * g + 1] = 32 * _mm512_reduce_add_epi32(qb);
 #else /* AVX2: the same rounding, 8 lanes at a time (gcc left the scalar loop of fmaxf / nearbyintf unvectorized) */
         __m256 a0 = _mm256_loadu_ps(p), a1 = _mm256_loadu_ps(p + 8), a2 = _mm256_loadu_ps(p + 16),
                a3 = _mm256_loadu_ps(p + 24);
@@ -147,6 +170,8 @@ static void quantize_row(const float *p, long K, int32_t *xq, float *dx, float *
         int16_t *q = (int16_t *)(xq + g * (GROUP / 2));
         _mm256_storeu_si256((__m256i *)q, q01);
         _mm256_storeu_si256((__m256i *)(q + 16), q23);
+        x32[2 * g] = 32 * hsum_i16(q01);
+        x32[2 * g + 1] = 32 * hsum_i16(q23);
 #endif
         dx[g] = d;
         sx[g] = s;
@@ -173,7 +198,7 @@ void qdot_prepare(int in, const float *x, long M, long K, long stride, const flo
             for (long k = 0; k < K; k++) tmp[k] = silu(row[k]) * row[K + k];
             row = tmp;
         }
-        quantize_row(row, K, out->xq + r * G * (GROUP / 2), out->dx + r * G, out->sx + r * G);
+        quantize_row(row, K, out->xq + r * G * (GROUP / 2), out->dx + r * G, out->sx + r * G, out->x32 + r * G * 2);
         if (out->xf) memcpy(out->xf + r * K, row, sizeof(float) * K);
     }
     free(tmp);
@@ -184,6 +209,7 @@ void qdot_rows_alloc(qdot_rows *rows, long M, long K, int keep_float) {
     rows->xq = (int32_t *)malloc(sizeof(int32_t) * M * G * (GROUP / 2));
     rows->dx = (float *)malloc(sizeof(float) * M * G);
     rows->sx = (float *)malloc(sizeof(float) * M * G);
+    rows->x32 = (int32_t *)malloc(sizeof(int32_t) * M * G * 2);
     rows->xf = keep_float ? (float *)malloc(sizeof(float) * M * K) : NULL;
 }
 
@@ -191,6 +217,7 @@ void qdot_rows_free(qdot_rows *rows) {
     free(rows->xq);
     free(rows->dx);
     free(rows->sx);
+    free(rows->x32);
     free(rows->xf);
 }
 
@@ -202,32 +229,41 @@ void qdot_rows_free(qdot_rows *rows) {
  * faster at 4-16 rows on a Zen 3). The
  * integer sums are exact either way, so the result does not depend on the path. */
 static inline __attribute__((always_inline)) void panel_rows(int kind, int half, long N, const int32_t *xq,
-                                                             const float *dx, const float *sx, long G,
+                                                             const float *dx, const float *sx, const int32_t *x32, long G,
                                                              const uint8_t *w, const void *d, const void *m,
                                                              const uint8_t *next, fvec *out) {
     fvec acc[RMAX];
-    long group_bytes = kind == 4 ? 8 * CHUNK : 16 * CHUNK;
+    long group_bytes = kind == 4 ? 8 * CHUNK : kind == 6 ? 12 * CHUNK : 16 * CHUNK;
     for (long r = 0; r < N; r++) acc[r] = FZERO();
     for (long g = 0; g < G; g++) {
         if (next) /* the next panel's weights, one group a step: DRAM latency hides behind this panel's work */
             for (long b = 0; b < group_bytes; b += 64) __builtin_prefetch(next + g * group_bytes + b, 0, 0);
         ivec s0[RMAX], s1[RMAX];
-        if (kind == 6) { /* each half of the group (chunks 0-7: inputs 0-15; 8-15: 16-31) summed and scaled alone */
-            const uint8_t *wg = w + g * 16 * CHUNK;
-            for (int h = 0; h < 2; h++) {
-                for (long r = 0; r < N; r++) s0[r] = s1[r] = IZERO();
-                for (int c = 8 * h; c < 8 * h + 8; c += 2) {
-                    ivec v0 = WIDEN_I8(wg + c * CHUNK), v1 = WIDEN_I8(wg + (c + 1) * CHUNK);
-                    for (long r = 0; r < N; r++) {
-                        const int32_t *xr = xq + (r * G + g) * (GROUP / 2);
-                        DOT2(s0[r], s1[r], v0, BCAST(xr + c), v1, BCAST(xr + c + 1));
-                    }
+        if (kind == 6) { /* the group's halves (inputs 0-15: low nibbles, 16-31: high) summed apart, scaled apart */
+            const uint8_t *wg = w + g * 12 * CHUNK, *bits = wg + 8 * CHUNK;
+            ivec t0[RMAX], t1[RMAX];
+            for (long r = 0; r < N; r++) s0[r] = s1[r] = t0[r] = t1[r] = IZERO();
+            for (int c = 0; c < 8; c += 2) {
+                /* chunk c's values q: a nibble and 2 high bits of the pair's byte b (c even: bits 0 and 2 for the
+                 * halves, c + 1: bits 4 and 6), moved to bits 4-5 (the file's q - 32: x32 after the loop) */
+                ivec b = WIDEN_U8(bits + c / 2 * CHUNK), v0 = WIDEN_U8(wg + c * CHUNK);
+                ivec v1 = WIDEN_U8(wg + (c + 1) * CHUNK);
+                ivec a0 = SIX(LOW4(v0), SHL16(b, 4)), a1 = SIX(LOW4(v1), b);
+                ivec h0 = SIX(HIGH4(v0), SHL16(b, 2)), h1 = SIX(HIGH4(v1), SHR16(b, 2));
+                for (long r = 0; r < N; r++) {
+                    const int32_t *xr = xq + (r * G + g) * (GROUP / 2);
+                    DOT2(s0[r], s1[r], a0, BCAST(xr + c), a1, BCAST(xr + c + 1));
+                    DOT2(t0[r], t1[r], h0, BCAST(xr + 8 + c), h1, BCAST(xr + 9 + c));
                 }
+            }
+            for (int h = 0; h < 2; h++) {
                 fvec dv = half == 2 ? FMUL(HLOAD((const uint16_t *)m + g / 8 * PANEL),
                                            I8LOAD((const int8_t *)d + (g * 2 + h) * PANEL))
                                     : FLOAD((const float *)d + (g * 2 + h) * PANEL);
-                for (long r = 0; r < N; r++)
-                    acc[r] = FMADD(TOFLOAT(IADD(s0[r], s1[r])), FMUL(dv, FSET(dx[r * G + g])), acc[r]);
+                for (long r = 0; r < N; r++) {
+                    ivec sum = ISUB(h ? IADD(t0[r], t1[r]) : IADD(s0[r], s1[r]), BCAST(x32 + (r * G + g) * 2 + h));
+                    acc[r] = FMADD(TOFLOAT(sum), FMUL(dv, FSET(dx[r * G + g])), acc[r]);
+                }
             }
             continue;
         }
@@ -296,14 +332,15 @@ static inline __attribute__((always_inline)) void half_rows(long N, const float 
     for (long r = 0; r < N; r++) out[r] = FADD(even[r], odd[r]);
 }
 
-/* Rows r0 .. r0 + R of panel p's outputs (``out``: one vector of PANEL lanes a row) into y, + bias, or added to y
- * when `accumulate` (a residual connection). */
-static void store_rows(const fvec *out, long R, long r0, long p, long O, const float *bias, float *y, int accumulate) {
+/* Rows r0 .. r0 + R of panel p's outputs (``out``: one vector of PANEL lanes a row) into y (rows ldy apart), + bias,
+ * or added to y when `accumulate` (a residual connection). */
+static void store_rows(const fvec *out, long R, long r0, long p, long O, long ldy, const float *bias, float *y,
+                       int accumulate) {
     long width = O - p * PANEL < PANEL ? O - p * PANEL : PANEL;
     for (long r = 0; r < R; r++) {
         float lanes[PANEL];
         FSTORE(lanes, out[r]);
-        float *yr = y + (r0 + r) * O + p * PANEL;
+        float *yr = y + (r0 + r) * ldy + p * PANEL;
         for (long o = 0; o < width; o++) {
             float v = lanes[o] + (bias ? bias[p * PANEL + o] : 0.0f);
             yr[o] = accumulate ? yr[o] + v : v;
@@ -311,8 +348,8 @@ static void store_rows(const fvec *out, long R, long r0, long p, long O, const f
     }
 }
 
-/* y (M, O) = rows W^T + bias, or y += that when `accumulate`, for fp16 weights (kind 16, half_rows). */
-static void half_run(const qdot_linear *L, const qdot_rows *rows, long M, float *y, int accumulate) {
+/* y (M, O; rows ldy apart) = rows W^T + bias, or y += that when `accumulate`, for fp16 weights (kind 16, half_rows). */
+static void half_run(const qdot_linear *L, const qdot_rows *rows, long M, float *y, long ldy, int accumulate) {
     long K = L->K, O = L->O, P = (O + PANEL - 1) / PANEL;
 #pragma omp parallel for schedule(static)
     for (long p = 0; p < P; p++) {
@@ -327,21 +364,21 @@ static void half_run(const qdot_linear *L, const qdot_rows *rows, long M, float 
             case 3: half_rows(3, x, K, wp, out); break;
             default: half_rows(HROWS, x, K, wp, out); break;
             }
-            store_rows(out, R, r0, p, O, L->bias, y, accumulate);
+            store_rows(out, R, r0, p, O, ldy, L->bias, y, accumulate);
         }
     }
 }
 
-/* y (M, O) = rows W^T + bias, or y += that when `accumulate` (a residual connection). */
-void qdot_run(const qdot_linear *L, const qdot_rows *rows, long M, float *y, int accumulate) {
+/* One part of a linear layer (its own O outputs) into y's columns 0 .. O (rows ldy apart). */
+static void part_run(const qdot_linear *L, const qdot_rows *rows, long M, float *y, long ldy, int accumulate) {
     if (L->kind == 16) {
-        half_run(L, rows, M, y, accumulate);
+        half_run(L, rows, M, y, ldy, accumulate);
         return;
     }
     int kind = L->kind, half = L->half;
     long G = L->K / GROUP, O = L->O, P = (O + PANEL - 1) / PANEL;
     long scale_bytes = half ? 2 : 4;
-    long panel_bytes = G * GROUP * PANEL / (kind == 4 ? 2 : 1);
+    long panel_bytes = G * GROUP * PANEL * (kind == 4 ? 2 : kind == 6 ? 3 : 4) / 4; /* 4, 6 or 8 bits a weight */
     /* bytes of a panel's scales and offsets: a scale per half group (kind 6); two codes a group and two fp16 numbers
      * a super-block (half 2) */
     long d_bytes = half == 2 ? G * 2 * PANEL : G * PANEL * scale_bytes * (kind == 6 ? 2 : 1);
@@ -356,35 +393,47 @@ void qdot_run(const qdot_linear *L, const qdot_rows *rows, long M, float *y, int
             fvec out[RMAX];
             const int32_t *xr = rows->xq + r0 * G * (GROUP / 2);
             const float *dx = rows->dx + r0 * G, *sx = rows->sx + r0 * G;
+            const int32_t *x32 = rows->x32 + r0 * G * 2;
             /* Prefetch during the first pass over the panel only (later passes read it from L1/L2). */
             const uint8_t *next = r0 == 0 && p + 2 < P ? wp + 2 * panel_bytes : NULL;
             if (kind == 4 && half == 2) {
-                switch (R) { ROWS(panel_rows(4, 2, N, xr, dx, sx, G, wp, dp, mp, next, out)) }
+                switch (R) { ROWS(panel_rows(4, 2, N, xr, dx, sx, x32, G, wp, dp, mp, next, out)) }
             } else if (kind == 4 && half) {
-                switch (R) { ROWS(panel_rows(4, 1, N, xr, dx, sx, G, wp, dp, mp, next, out)) }
+                switch (R) { ROWS(panel_rows(4, 1, N, xr, dx, sx, x32, G, wp, dp, mp, next, out)) }
             } else if (kind == 4) {
-                switch (R) { ROWS(panel_rows(4, 0, N, xr, dx, sx, G, wp, dp, mp, next, out)) }
+                switch (R) { ROWS(panel_rows(4, 0, N, xr, dx, sx, x32, G, wp, dp, mp, next, out)) }
             } else if (kind == 6 && half == 2) {
-                switch (R) { ROWS(panel_rows(6, 2, N, xr, dx, sx, G, wp, dp, mp, next, out)) }
+                switch (R) { ROWS(panel_rows(6, 2, N, xr, dx, sx, x32, G, wp, dp, mp, next, out)) }
             } else if (kind == 6) {
-                switch (R) { ROWS(panel_rows(6, 0, N, xr, dx, sx, G, wp, dp, mp, next, out)) }
+                switch (R) { ROWS(panel_rows(6, 0, N, xr, dx, sx, x32, G, wp, dp, mp, next, out)) }
             } else if (kind == 5) { /* fp32 scales and offsets (Q5_K's d * sc, dmin * m) */
-                switch (R) { ROWS(panel_rows(5, 0, N, xr, dx, sx, G, wp, dp, mp, next, out)) }
+                switch (R) { ROWS(panel_rows(5, 0, N, xr, dx, sx, x32, G, wp, dp, mp, next, out)) }
             } else if (half) {
-                switch (R) { ROWS(panel_rows(8, 1, N, xr, dx, sx, G, wp, dp, mp, next, out)) }
+                switch (R) { ROWS(panel_rows(8, 1, N, xr, dx, sx, x32, G, wp, dp, mp, next, out)) }
             } else {
-                switch (R) { ROWS(panel_rows(8, 0, N, xr, dx, sx, G, wp, dp, mp, next, out)) }
+                switch (R) { ROWS(panel_rows(8, 0, N, xr, dx, sx, x32, G, wp, dp, mp, next, out)) }
             }
-            store_rows(out, R, r0, p, O, L->bias, y, accumulate);
+            store_rows(out, R, r0, p, O, ldy, L->bias, y, accumulate);
         }
     }
+}
+
+long qdot_width(const qdot_linear *L) { return L->O + (L->rest ? qdot_width(L->rest) : 0); }
+
+int qdot_takes_float(const qdot_linear *L) { return L->kind == 16 || (L->rest && qdot_takes_float(L->rest)); }
+
+/* y (M, qdot_width(L)) = rows W^T + bias, or y += that when `accumulate` (a residual connection): each part into its
+ * own columns. */
+void qdot_run(const qdot_linear *L, const qdot_rows *rows, long M, float *y, int accumulate) {
+    long width = qdot_width(L);
+    for (long col = 0; L; col += L->O, L = L->rest) part_run(L, rows, M, y + col, width, accumulate);
 }
 
 /* x (M, K) fp32 contiguous, y (M, O) fp32, w in panels as above (P = ceil(O / PANEL)), d and m fp16 when `half`
  * (else fp32), bias (O) or NULL. */
 void dartspec_qdot(int kind, int half, const float *x, long M, long K, const void *w, const void *d, const void *m,
                    const float *bias, float *y, long O) {
-    qdot_linear L = {kind, half, K, O, w, d, m, bias};
+    qdot_linear L = {kind, half, K, O, w, d, m, bias, NULL};
     qdot_rows rows;
     qdot_rows_alloc(&rows, M, K, kind == 16);
     qdot_prepare(QDOT_PLAIN, x, M, K, K, NULL, 0.0f, &rows);

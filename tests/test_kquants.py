@@ -162,9 +162,9 @@ def test_a_q4_k_m_style_llama_gguf_runs_as_exact_a16_and_agrees_with_transformer
     """A Llama GGUF of K-quant blocks as a Q4_K_M file has them (every projection Q4_K, one value projection, the down
     projections, the embedding and the head Q6_K; a few Q5_K, as a Q5_K_M file's), converted by transformers as a
     user's file is: its query and key rows come back reordered (the file keeps rotary's other layout), fused
-    projections take their parts' groups, and only the one fused projection whose parts are of two kinds (Q4_K query
-    and key, Q6_K value) stays fp16. Logits agree with transformers' own fp32 forward of the converted model; a tree
-    row equals that token decoded alone."""
+    projections take their parts' groups, the one whose parts are of two kinds (Q4_K query and key, Q6_K value) as a
+    chain of both. Logits agree with transformers' own fp32 forward of the converted model, and are the same bit for
+    bit from the packed-weight cache; a tree row equals that token decoded alone."""
     from test_models import write_tiny_llama_gguf
 
     from dartspec.models import resolve_model
@@ -195,7 +195,9 @@ def test_a_q4_k_m_style_llama_gguf_runs_as_exact_a16_and_agrees_with_transformer
     target = load_target(str(folder))
     kinds = {name: (lin.fmt, lin.packed.kind) for name, lin in target._linears().items()}
     assert kinds["head"] == ("exact-a16", 6)
-    assert kinds["layers.0.qkv"] == ("fp16", 16) and kinds["layers.1.qkv"] == ("exact-a16", 4)
+    qkv = target._linears()["layers.0.qkv"].packed
+    assert [(p.kind, p.out_features) for p in exact.parts(qkv)] == [(4, 256 + 128), (6, 128)]
+    assert kinds["layers.0.qkv"] == ("exact-a16", 4) and kinds["layers.1.qkv"] == ("exact-a16", 4)
     assert kinds["layers.0.o"] == ("exact-a16", 5) and kinds["layers.1.o"] == ("exact-a16", 4)
     assert kinds["layers.0.gate_up"] == ("exact-a16", 4) and kinds["layers.1.gate_up"] == ("exact-a16", 5)
     assert kinds["layers.0.down"] == kinds["layers.1.down"] == ("exact-a16", 6)
@@ -204,6 +206,12 @@ def test_a_q4_k_m_style_llama_gguf_runs_as_exact_a16_and_agrees_with_transformer
     got, want = target.score_sequence(ids).logits, reference.score_sequence(ids).logits
     torch.testing.assert_close(got, want, rtol=0, atol=1e-4)  # logits of about 1; fp16 weights: 2e-4 off
     assert_tree_rows_decode_alone(target, ids[:12], seed=3)
+    cached = load_target(str(folder))  # from the packed-weight cache, chain and all
+    assert [(p.kind, p.out_features) for p in exact.parts(cached._linears()["layers.0.qkv"].packed)] == [
+        (4, 384),
+        (6, 128),
+    ]
+    assert torch.equal(cached.score_sequence(ids).logits, got)
 
 
 def test_a_damaged_source_gguf_only_costs_speed(tmp_path) -> None:

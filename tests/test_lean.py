@@ -310,6 +310,8 @@ def test_integer_dot_kernel_on_k_quant_groups_equals_its_reference(block: str) -
     assert (packed.scale.dtype, packed.offset.dtype) == (
         (torch.float32,) * 2 if block == "Q5_K" else (torch.int8, torch.float16)
     )
+    rows = -(-out // packed.panel) * packed.panel
+    assert packed.data.nbytes == rows * k * (1 if block == "Q5_K" else 3 / 4)  # Q6_K's values in 6 bits, as in the file
     gen = torch.Generator().manual_seed(6)
     x, bias = torch.randn(11, k, generator=gen) * 3, torch.randn(out, generator=gen)
     x[:, 7] = 40.0
@@ -347,6 +349,32 @@ def test_integer_dot_kernel_on_k_quant_codes_computes_what_fp32_scales_do(block:
     assert torch.equal(exact.linear_a16(x, exact.from_tensors(exact.to_tensors(compact)), bias), y)
     for r in (0, 5, 10):
         assert torch.equal(exact.linear_a16(x[r : r + 1], compact, bias)[0], y[r])
+
+
+@pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
+def test_a_chain_of_parts_of_different_kinds_computes_what_each_part_does() -> None:
+    """A fused projection whose parts are groups of different kinds (a Q4_K_M file's Q4_K query and key beside a Q6_K
+    value) is a chain: each run of one kind concatenated, each part into its own columns, bit for bit what the part
+    computes alone; also from the packed-weight cache's tensors."""
+    from test_kquants import random_q4_k, random_q6_k
+
+    from dartspec import kquants
+
+    rng, k = np.random.default_rng(9), 512
+    q4 = [kquants.q4_k_groups(random_q4_k(rng, n, k), n, k) for n in (40, 24, 8)]
+    q6 = kquants.q6_k_groups(random_q6_k(rng, 21, k), 21, k)
+    rows = exact.stack([q4[0], q4[1], q6, q4[2]])
+    assert rows is not None and rows.out_features == 93
+    assert [(p.kind, p.out_features) for p in exact.parts(rows)] == [(4, 64), (6, 21), (4, 8)]
+    assert torch.equal(exact.unpack(rows), torch.cat([exact.unpack(w) for w in (*q4[:2], q6, q4[2])]))
+    assert exact.stack([q4[0], q4[1]]).rest is None  # one kind: one part
+    packed = exact.to_panels(rows)
+    x, bias = torch.randn(6, k, generator=torch.Generator().manual_seed(9)), torch.randn(93)
+    y = exact.linear_a16(x, packed, bias)
+    alone = [exact.linear_a16(x, exact.to_panels(w)) for w in (exact.concat(q4[:2]), q6, q4[2])]
+    assert torch.equal(y, torch.cat(alone, dim=1) + bias)
+    assert torch.equal(exact.linear_a16(x, exact.from_tensors(exact.to_tensors(packed)), bias), y)
+    assert packed.nbytes == sum(p.nbytes for p in exact.parts(packed))
 
 
 @pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
