@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from dartspec.errors import DartspecError
 from dartspec.kv_cache import TreeKVCache, TreeKVLayer
@@ -269,7 +268,7 @@ class StepGraphs:
             inside = (rel >= 0) & (rel < rows)
             mask = (rel < 0) | (inside & local[:, rel.clamp(0, rows - 1)])  # (rows, cap): cached, or the tree's
             cache = _StaticKV([_StaticLayer(k, v, slots) for k, v in kv])
-            return target._layers(F.embedding(ids, target._embed), positions, mask, False, cache, features)
+            return target._layers(target.embed(ids), positions, mask, False, cache, features)
 
         return _Step(rows, buffers, host, meta, body, body)
 
@@ -290,7 +289,7 @@ class StepGraphs:
             # whose slots are all -1, sees only that); later columns are still -1.
             allowed = ((key_positions >= 0) & (key_positions <= positions)) | (slot_ids == column)
             cache = _StaticKV([_StaticLayer(k, v, column) for k, v in kv])
-            x = F.embedding(tokens, target._embed)
+            x = target.embed(tokens)
             hidden, _ = target._layers(x, positions.clamp_min(0), allowed[:, None, None], False, cache, False)
             return hidden[:, -1], None
 

@@ -561,11 +561,15 @@ class _CBlock(ctypes.Structure):
         ("ln2", ctypes.c_void_p),
         ("q_norm", ctypes.c_void_p),
         ("k_norm", ctypes.c_void_p),
+        ("post_attn", ctypes.c_void_p),
+        ("post_ffn", ctypes.c_void_p),
         ("heads", ctypes.c_long),
         ("kv_heads", ctypes.c_long),
         ("head_dim", ctypes.c_long),
         ("eps", ctypes.c_float),
         ("scale", ctypes.c_float),
+        ("gelu", ctypes.c_int),
+        ("sliding", ctypes.c_int),
     ]
 
 
@@ -589,14 +593,24 @@ class Block:
         head_dim: int,
         eps: float,
         scale: float,
+        post_attn: torch.Tensor | None = None,
+        post_ffn: torch.Tensor | None = None,
+        gelu: bool = False,
+        sliding: bool = False,
     ) -> None:
         """``linears``: (packed weight in panels, fp32 bias or None) of qkv, o, gate_up and down, in that order;
-        ``ln1`` None for a block always called with ``attn_in``."""
+        ``ln1`` None for a block always called with ``attn_in``. Gemma 3: ``post_attn`` / ``post_ffn`` norm the
+        branches' outputs before the residual adds, ``gelu`` for SiLU, ``sliding`` a sliding-window layer (its rotary
+        table and masks in :class:`BlockStack`); every norm weight as the factor it multiplies by (Gemma's 1 + w)."""
         # The C struct holds raw pointers: keep every tensor it points to alive (and contiguous fp32).
-        norms = [t.contiguous().float() if t is not None else None for t in (ln1, ln2, q_norm, k_norm)]
+        norms = [
+            t.contiguous().float() if t is not None else None for t in (ln1, ln2, q_norm, k_norm, post_attn, post_ffn)
+        ]
         self._keep: list[object] = list(norms)
+        self.sliding = sliding
         linear_structs = [self._linear(packed, bias) for packed, bias in linears]
-        self._c = _CBlock(*linear_structs, *map(_ptr, norms), heads, kv_heads, head_dim, eps, scale)
+        c_norms = map(_ptr, norms)
+        self._c = _CBlock(*linear_structs, *c_norms, heads, kv_heads, head_dim, eps, scale, int(gelu), int(sliding))
         self._ref = ctypes.byref(self._c)
         self._run = _library().dartspec_block
         self._run_many = _library().dartspec_block_many
@@ -696,10 +710,11 @@ class BlockStack:
         share: bool = True,
         feature_layers: np.ndarray | None = None,
         feats: torch.Tensor | None = None,
+        rot_local: torch.Tensor | None = None,
     ) -> None:
         """All layers on the new rows of ``seqs`` (``kv`` holds every layer's row), ``x`` updated **in place**.
         ``feats`` ``(q, len(feature_layers) * hidden)``: the input of layer ``feature_layers[f]`` lands in column
-        block f."""
+        block f. Sliding-window layers take ``rot_local`` and ``seqs.window_masks`` where given."""
         if (feats is None) != (feature_layers is None):
             raise ValueError("feature_layers and feats go together")
         nfeat = 0 if feature_layers is None else len(feature_layers)
@@ -709,11 +724,13 @@ class BlockStack:
             x.data_ptr(),
             x.shape[0],
             rot.data_ptr(),
+            _ptr(rot_local),
             seqs.count,
             seqs.starts.ctypes.data,
             seqs.kv.ctypes.data,
             seqs.bases.ctypes.data,
             seqs.masks.ctypes.data,
+            None if seqs.window_masks is None else seqs.window_masks.ctypes.data,
             int(share),
             nfeat,
             None if feature_layers is None else feature_layers.ctypes.data,
@@ -749,6 +766,8 @@ class SequenceSlots:
     bases: np.ndarray
     masks: np.ndarray
     layer: int = 0
+    #: sliding-window layers' masks (as ``masks``), None where the window hides no key
+    window_masks: np.ndarray | None = None
 
 
 def quantize_activations(x: torch.Tensor) -> torch.Tensor:
@@ -841,8 +860,8 @@ def _library() -> ctypes.CDLL:
     lib.dartspec_block_many.restype = None
     lib.dartspec_block_many.argtypes = [ptr, ptr, ptr, c_long, ptr, c_long, ptr, ptr, ptr, ptr, ctypes.c_int]
     lib.dartspec_blocks.restype = None
-    lib.dartspec_blocks.argtypes = [ptr, c_long, ptr, c_long, ptr, c_long, ptr, ptr, ptr, ptr, ctypes.c_int, c_long]
-    lib.dartspec_blocks.argtypes += [ptr, ptr]
+    lib.dartspec_blocks.argtypes = [ptr, c_long, ptr, c_long, ptr, ptr, c_long, ptr, ptr, ptr, ptr, ptr, ctypes.c_int]
+    lib.dartspec_blocks.argtypes += [c_long, ptr, ptr]
     lib.dartspec_ngram_prob.restype = None
     lib.dartspec_ngram_prob.argtypes = [ptr, ptr, c_long, ptr, ptr, c_long, ptr, ptr, c_long, ctypes.c_uint64]
     lib.dartspec_ngram_prob.argtypes += [ptr, ptr, c_long, c_long, ptr]

@@ -1,4 +1,4 @@
-"""The lean runtime: a hand-written forward for the Llama / Qwen2 / Qwen3 families, in the spirit of gpt-fast.
+"""The lean runtime: a hand-written forward for the Llama / Qwen2 / Qwen3 / Gemma 3 families, in the spirit of gpt-fast.
 
 After quantizing the weights (:mod:`dartspec.quant`), a CPU decode step is no longer bound by matrix
 products but by the ~200 small operations and the Python around them that transformers' modules run per
@@ -13,6 +13,10 @@ forward. This forward does the same arithmetic with fewer, larger operations:
 - fused ``F.rms_norm``;
 - on a CPU in float32 with the ``exact-a16`` format, for up to 64 new rows (decoding, draft trees), each decoder
   block is one C call (:class:`dartspec.exact.Block`): norms, projections, attention, SiLU and residual adds.
+
+Gemma 3 is the same block with its own touches: the embedding scaled by sqrt(hidden), norms that multiply by
+``1 + w`` (kept as that factor), each branch's output normed before its residual add, GELU (tanh form) for SiLU, and
+sliding-window layers (five of six) with their own rotary base, whose masks hide keys a window or more behind.
 
 Transformers still loads the model, tokenizes and is the reference this forward is tested against
 (``tests/test_lean.py``: logits equal transformers' forward on tiny random configs and on SmolLM2).
@@ -41,8 +45,9 @@ from dartspec.runtime import CausalRuntime, TargetOutput, attention_kernels, pad
 from dartspec.tree import Tree
 from dartspec.weight_cache import PackedCache, SavedWeights
 
-#: ``config.model_type`` values the lean forward implements (same block; Qwen3 adds per-head q/k norms).
-LEAN_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+#: ``config.model_type`` values the lean forward implements (same block; Qwen3 adds per-head q/k norms, Gemma 3 the
+#: touches of the module docstring).
+LEAN_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3_text")
 #: Up to this many new rows, attention runs as one C call per layer (decoding and draft trees).
 FUSED_ATTENTION_ROWS = 64
 
@@ -57,6 +62,11 @@ class _Layer:
     down: PackedLinear
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
+    #: Gemma 3: the norms of the attention's and the MLP's outputs before their residual adds (None elsewhere).
+    post_attn: torch.Tensor | None = None
+    post_ffn: torch.Tensor | None = None
+    #: A sliding-window layer (Gemma 3): its own rotary table and window masks.
+    sliding: bool = False
     #: The whole block as one C call (exact-a16 on a CPU), for the rows the fused attention takes.
     block: exact.Block | None = None
 
@@ -115,8 +125,24 @@ def _file_groups(model: nn.Module, quant: str) -> dict[int, exact.ExactWeight]:
     return {id(params[n]): g for n, g in found.items() if g.kind in (4, 8) or quant == "exact-a16"}
 
 
+def _window_pointers(
+    masks: Sequence[torch.Tensor | None], window_masks: Sequence[torch.Tensor | None]
+) -> np.ndarray | None:
+    """The C kernels' mask pointers of sliding-window layers (a sequence's own mask where its window hides no key), or
+    None where no sequence needs one."""
+    if not any(w is not None for w in window_masks):
+        return None
+    chosen = [m if w is None else w for m, w in zip(masks, window_masks, strict=True)]
+    return np.array([0 if m is None else m.data_ptr() for m in chosen], dtype=np.int64)
+
+
+def _normed(y: torch.Tensor, norm: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """A branch's output before its residual add: as it is, or RMS-normed (Gemma 3's post-norms)."""
+    return y if norm is None else F.rms_norm(y, (y.shape[-1],), norm, eps)
+
+
 class LeanTarget(CausalRuntime):
-    """A Llama / Qwen2 / Qwen3 target with a lean forward and a weight format (:mod:`dartspec.quant`)."""
+    """A Llama / Qwen2 / Qwen3 / Gemma 3 target with a lean forward and a weight format (:mod:`dartspec.quant`)."""
 
     def __init__(
         self,
@@ -144,12 +170,18 @@ class LeanTarget(CausalRuntime):
                 f"the lean runtime supports {', '.join(LEAN_ARCHITECTURES)} models; {name} is "
                 f"{config.model_type!r}: use --runtime hf"
             )
-        if "sliding_attention" in (getattr(config, "layer_types", None) or []):
-            raise DartspecError(f"{name} uses sliding-window attention, which the lean runtime lacks: use --runtime hf")
+        if getattr(config, "final_logit_softcapping", None) or getattr(config, "attn_logit_softcapping", None):
+            raise DartspecError(f"{name} caps its logits (Gemma 2), which the lean runtime does not: use --runtime hf")
         decoder = model.get_decoder()
         rotary = decoder.rotary_emb
-        if getattr(rotary, "rope_type", "default") not in ("default", "linear", "llama3", "yarn", "longrope"):
+        rope_types = rotary.rope_type.values() if isinstance(rotary.rope_type, dict) else [rotary.rope_type]
+        if any(t not in ("default", "linear", "llama3", "yarn", "longrope") for t in rope_types):
             raise DartspecError(f"{name}'s rope type {rotary.rope_type!r} is not supported by the lean runtime")
+        self._layer_types = list(getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers)
+        #: Sliding-window layers see keys less than this many positions behind (None: every layer sees all).
+        self.window = int(config.sliding_window) if "sliding_attention" in self._layer_types else None
+        self._gemma = config.model_type == "gemma3_text"
+        self._act = functools.partial(F.gelu, approximate="tanh") if self._gemma else F.silu
         self.model = model.eval()
         self.quant = quant
         self.fallback = fallback
@@ -159,9 +191,11 @@ class LeanTarget(CausalRuntime):
         #: Score a batch of sequences in one padded forward (:meth:`score_batch`); off on a CPU, where it is slower.
         self.batch_scoring = not self.fast_linear
         self._embed = embed
+        #: Gemma's embedding is scaled by sqrt(hidden), rounded to the weights' dtype as transformers does
+        self._embed_scale = getattr(model.get_input_embeddings(), "embed_scale", None)
         head = model.get_output_embeddings()
         self.vocab_size = int(head.weight.shape[0])
-        self._norm = decoder.norm.weight.detach()
+        self._norm = self._norm_weight(decoder.norm)
         self.eps = float(config.rms_norm_eps)
         attn0 = decoder.layers[0].self_attn
         self.heads = int(config.num_attention_heads)
@@ -186,11 +220,11 @@ class LeanTarget(CausalRuntime):
             generation_config=getattr(model, "generation_config", None),
             feature_layers=feature_layers,
         )
-        # Rotation of every position, once: x_pair * (cos + i sin) * attention_scaling.
-        real = torch.float64 if embed.dtype == torch.float64 else torch.float32
-        t = torch.arange(self.max_context, device=embed.device, dtype=real)
-        angles = torch.outer(t, rotary.inv_freq.to(device=embed.device, dtype=real))
-        self._rot = torch.polar(torch.full_like(angles, float(rotary.attention_scaling)), angles)
+        # Rotation of every position, once: x_pair * (cos + i sin) * attention_scaling; Gemma 3's sliding-window
+        # layers have a table of their own (another base).
+        self._rot = self._rotation(rotary, "full_attention", embed)
+        self._rot_local = self._rotation(rotary, "sliding_attention", embed) if self.window is not None else None
+        cuda_graphs = cuda_graphs and self.window is None  # the graphs build masks without a window
         self._fused_attention = embed.device.type == "cpu" and embed.dtype == torch.float32 and exact.available()
         # Shapes and dtype for a cache layer's first write (TreeKVLayer.extend): no keys, no values.
         self._no_kv = embed.new_empty((1, self.kv_heads, 0, self.head_dim))
@@ -210,6 +244,24 @@ class LeanTarget(CausalRuntime):
         #: Sequences on the same prefix-cache pages attend to them together in a batched step (each page read once
         #: for all; the same results bit for bit). False: each sequence reads them itself (for comparison).
         self.share_prefix_attention = True
+
+    def _rotation(self, rotary: nn.Module, layer_type: str, like: torch.Tensor) -> torch.Tensor:
+        """Every position's rotation ``(max_context, D/2)`` complex for ``layer_type``'s layers (one table where the
+        model has one)."""
+        inv_freq = getattr(rotary, "inv_freq", None)
+        scaling = getattr(rotary, "attention_scaling", None)
+        if inv_freq is None:  # one table per layer type (Gemma 3)
+            inv_freq = getattr(rotary, f"{layer_type}_inv_freq")
+            scaling = getattr(rotary, f"{layer_type}_attention_scaling")
+        real = torch.float64 if like.dtype == torch.float64 else torch.float32
+        t = torch.arange(self.max_context, device=like.device, dtype=real)
+        angles = torch.outer(t, inv_freq.to(device=like.device, dtype=real))
+        return torch.polar(torch.full_like(angles, float(scaling)), angles)
+
+    def _norm_weight(self, norm: nn.Module) -> torch.Tensor:
+        """What an RMSNorm multiplies by: its weight, or Gemma's ``1 + w`` (computed in fp32 as Gemma does)."""
+        w = norm.weight.detach()
+        return (1.0 + w.float()).to(w.dtype) if self._gemma else w
 
     def enable_prefix_cache(self, max_bytes: int) -> PrefixCache:
         """Share prompt prefixes' KV among this runtime's requests, up to ``max_bytes`` of blocks
@@ -263,6 +315,10 @@ class LeanTarget(CausalRuntime):
             self.head_dim,
             self.eps,
             self.scaling,
+            post_attn=layer.post_attn,
+            post_ffn=layer.post_ffn,
+            gelu=self._gemma,
+            sliding=layer.sliding,
         )
 
     def _linear(
@@ -309,15 +365,20 @@ class LeanTarget(CausalRuntime):
         k_norm = getattr(a, "k_norm", None)
         # q and k rows in rotary's adjacent-pair layout (module docstring)
         rotary = (lambda t: interleave_rows(t, H, D), lambda t: interleave_rows(t, K, D))
+        gemma, norm = self._gemma, self._norm_weight
         return _Layer(
-            ln1=layer.input_layernorm.weight.detach(),
-            ln2=layer.post_attention_layernorm.weight.detach(),
+            ln1=norm(layer.input_layernorm),
+            # Gemma 3 norms the MLP's input with its own norm and each branch's output (post_attn, post_ffn)
+            ln2=norm(layer.pre_feedforward_layernorm if gemma else layer.post_attention_layernorm),
             qkv=self._projection(f"layers.{i}.qkv", saved, a.q_proj, a.k_proj, a.v_proj, rows=rotary),
             o=self._projection(f"layers.{i}.o", saved, a.o_proj),
             gate_up=self._projection(f"layers.{i}.gate_up", saved, m.gate_proj, m.up_proj),
             down=self._projection(f"layers.{i}.down", saved, m.down_proj),
-            q_norm=None if q_norm is None else interleave_rows(q_norm.weight.detach(), 1, D),
-            k_norm=None if k_norm is None else interleave_rows(k_norm.weight.detach(), 1, D),
+            q_norm=None if q_norm is None else interleave_rows(norm(q_norm), 1, D),
+            k_norm=None if k_norm is None else interleave_rows(norm(k_norm), 1, D),
+            post_attn=norm(layer.post_attention_layernorm) if gemma else None,
+            post_ffn=norm(layer.post_feedforward_layernorm) if gemma else None,
+            sliding=self._layer_types[i] == "sliding_attention",
         )
 
     def _projection(
@@ -378,7 +439,7 @@ class LeanTarget(CausalRuntime):
         # prefill into an empty cache takes SDPA's own causal path, so neither builds a mask.
         plain = local_mask is None and (q == 1 or base == 0)
         mask = None if plain else self._allowed(base, q, local_mask)
-        return self._layers(F.embedding(ids, self._embed), positions, mask, plain and q > 1, cache, features)
+        return self._layers(self.embed(ids), positions, mask, plain and q > 1, cache, features)
 
     @_own_arithmetic
     @_gpu_attention
@@ -390,43 +451,57 @@ class LeanTarget(CausalRuntime):
         causal: bool,
         cache: TreeKVCache,
         features: bool,
+        key_positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``x`` ``(q, hidden)`` of one sequence, or ``(B, q, hidden)`` of a batch with ``positions`` ``(B, q)``
-        and ``mask`` ``(B, 1, q, context)`` (:meth:`forward_batch`); returns the same leading shape."""
+        """``x`` ``(q, hidden)`` of one sequence, or ``(B, q, hidden)`` of a batch with ``positions`` ``(B, q)``,
+        ``mask`` ``(B, 1, q, context)`` and ``key_positions`` ``(B, context)`` (:meth:`forward_batch`); returns the
+        same leading shape."""
         batched = x.dim() == 3
         # The weight formats' kernels take rows; only attention needs the (B, q) split (one sequence: B = 1).
         b, q = x.shape[:2] if batched else (1, x.shape[0])
         x = x.reshape(b * q, x.shape[-1])
         H, K, eps = self.heads, self.kv_heads, self.eps
         rot = self._rot[positions].reshape(b, q, -1)  # complex
+        # Sliding-window layers (Gemma 3): their own rotation, and a mask where the window hides some key
+        rot_local = rot if self._rot_local is None else self._rot_local[positions].reshape(b, q, -1)
+        window = None if self.window is None else self._window_mask(positions, mask, cache.length, key_positions)
         # A few new rows of one sequence (decoding, trees): the whole attention block is one C call
         # (exact.attend); long prefills and batches keep SDPA's kernels.
         fused = self._fused_attention and q <= FUSED_ATTENTION_ROWS and not batched
         if fused:
             rot_pairs = torch.view_as_real(rot[0]).contiguous()
+            local_pairs = rot_pairs if self._rot_local is None else torch.view_as_real(rot_local[0]).contiguous()
         if fused and (stack := self._block_stack()) is not None:  # every layer in one C call
-            feats = self._run_blocks(stack, x, rot_pairs, [cache], [q], [mask], features)
+            local = None if self._rot_local is None else local_pairs
+            feats = self._run_blocks(stack, x, rot_pairs, [cache], [q], [mask], features, local, [window])
             return F.rms_norm(x, (x.shape[-1],), self._norm, eps), feats
         captured = []
         for i, layer in enumerate(self.layers):
             if features and i in self.feature_layers:
                 captured.append(x.clone() if fused and layer.block is not None else x)
+            windowed = layer.sliding and window is not None
+            layer_mask, layer_causal = (window, False) if windowed else (mask, causal)
+            if fused:
+                layer_pairs = local_pairs if layer.sliding else rot_pairs
             if fused and layer.block is not None:  # the whole block in one C call, x updated in place
                 keys, values, base = cache.layers[i].extend(q, self._no_kv, self._no_kv)
-                layer.block(x, rot_pairs, keys, values, base, mask, pages=cache.layers[i].shared)
+                layer.block(x, layer_pairs, keys, values, base, layer_mask, pages=cache.layers[i].shared)
                 continue
             qkv = layer.qkv(F.rms_norm(x, (x.shape[-1],), layer.ln1, eps))
             if fused:
                 keys, values, base = cache.layers[i].extend(q, self._no_kv, self._no_kv)
                 attn = exact.attend(
-                    qkv, H, K, rot_pairs, keys, values, base, mask, layer.q_norm, layer.k_norm, eps, self.scaling
-                )
+                    qkv, H, K, layer_pairs, keys, values, base, layer_mask, layer.q_norm, layer.k_norm, eps,
+                    self.scaling,
+                )  # fmt: skip
             else:
-                attn = self._attention(qkv.view(b, q, -1), rot, cache.layers[i], mask, causal, layer).flatten(0, 1)
-            x = x + layer.o(attn)
+                layer_rot = rot_local if layer.sliding else rot
+                qkv = qkv.view(b, q, -1)
+                attn = self._attention(qkv, layer_rot, cache.layers[i], layer_mask, layer_causal, layer).flatten(0, 1)
+            x = x + _normed(layer.o(attn), layer.post_attn, eps)
             gu = layer.gate_up(F.rms_norm(x, (x.shape[-1],), layer.ln2, eps))
             half = gu.shape[-1] // 2
-            x = x + layer.down(F.silu(gu[:, :half]) * gu[:, half:])
+            x = x + _normed(layer.down(self._act(gu[:, :half]) * gu[:, half:]), layer.post_ffn, eps)
         feats = None
         if features:
             by_layer = dict(zip(sorted(set(self.feature_layers)), captured, strict=True))
@@ -435,6 +510,25 @@ class LeanTarget(CausalRuntime):
         if batched:
             return hidden.view(b, q, -1), None if feats is None else feats.view(b, q, -1)
         return hidden, feats
+
+    def _window_mask(
+        self, positions: torch.Tensor, mask: torch.Tensor | None, base: int, key_positions: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """The sliding-window layers' boolean mask (``mask``'s shape; transformers' rule: a key is seen when less than
+        ``window`` positions behind), or None where the window hides no key: those layers then take ``mask`` as the
+        others do. ``mask`` None: causal among the new rows (one row: it sees everything); ``key_positions``: every
+        key's position (a batch's), else the cached ``0 .. base`` and the new rows'."""
+        if self.window is None:
+            return None
+        if key_positions is None:
+            key_positions = torch.cat([torch.arange(base, device=positions.device), positions])
+        if int(positions.max()) - int(key_positions.clamp_min(0).min()) < self.window:
+            return None
+        behind = positions[..., :, None] - key_positions[..., None, :]  # (q, T) or (B, q, T)
+        near = behind < self.window
+        if mask is None:
+            return (near & (behind >= 0)).contiguous()
+        return (mask & (near if mask.dim() == near.dim() else near[:, None])).contiguous()
 
     @torch.inference_mode()
     def verify_many(self, items: Sequence[tuple[Tree, TreeKVCache]], *, features: bool = False) -> list[TargetOutput]:
@@ -456,11 +550,13 @@ class LeanTarget(CausalRuntime):
             for (tree, _), b in zip(items, bases, strict=True)
         ]
         ids = torch.from_numpy(np.concatenate([tree.tokens for tree, _ in items])).to(torch.long)
-        depths = [tree.depth + b for (tree, _), b in zip(items, bases, strict=True)]
-        positions = torch.from_numpy(np.concatenate(depths))
-        rot = torch.view_as_real(self._rot[positions.to(torch.long)]).contiguous()
-        x = F.embedding(ids, self._embed)
-        feats = self._run_blocks(stack, x, rot, caches, sizes, masks, features)
+        depths = [torch.from_numpy(tree.depth + b).to(torch.long) for (tree, _), b in zip(items, bases, strict=True)]
+        positions = torch.cat(depths)
+        rot = torch.view_as_real(self._rot[positions]).contiguous()
+        local = None if self._rot_local is None else torch.view_as_real(self._rot_local[positions]).contiguous()
+        windows = [self._window_mask(d, m, int(b), None) for d, m, b in zip(depths, masks, bases, strict=True)]
+        x = self.embed(ids)
+        feats = self._run_blocks(stack, x, rot, caches, sizes, masks, features, local, windows)
         logits = self.logits(F.rms_norm(x, (x.shape[-1],), self._norm, self.eps)).split(sizes)
         parts = feats.split(sizes) if feats is not None else None
         return [TargetOutput(logits[s], None if parts is None else parts[s]) for s in range(len(items))]
@@ -483,19 +579,22 @@ class LeanTarget(CausalRuntime):
         sizes: Sequence[int],
         masks: Sequence[torch.Tensor | None],
         features: bool,
+        rot_local: torch.Tensor | None = None,
+        window_masks: Sequence[torch.Tensor | None] = (),
     ) -> torch.Tensor | None:
         """The new rows of ``caches`` (``sizes`` each, ``x`` and ``rot_pairs`` holding them one sequence after
         another) through every layer's fused block in one C call, ``x`` in place; returns the feature layers' inputs
-        ``(rows, F * hidden)`` when ``features``. Every cache grows by its rows, or none does (an interrupted call
+        ``(rows, F * hidden)`` when ``features``. Sliding-window layers take ``rot_local`` and ``window_masks`` (a
+        sequence's None: its ``masks`` entry). Every cache grows by its rows, or none does (an interrupted call
         leaves no half-written entries behind)."""
         bases = [cache.length for cache in caches]
-        slots = self.sequence_slots(caches, sizes, masks)
+        slots = self.sequence_slots(caches, sizes, masks, window_masks)
         feats = x.new_empty((x.shape[0], len(self.feature_layers) * x.shape[1])) if features else None
         layers = np.asarray(self.feature_layers, dtype=np.int64) if features else None
         try:
             for i in range(len(self.layers)):
                 self.extend_layer(slots, i, caches, sizes)
-            stack(x, rot_pairs, slots, self.share_prefix_attention, layers, feats)
+            stack(x, rot_pairs, slots, self.share_prefix_attention, layers, feats, rot_local)
         except BaseException:
             for cache, base in zip(caches, bases, strict=True):
                 cache.truncate(base)
@@ -503,11 +602,15 @@ class LeanTarget(CausalRuntime):
         return feats
 
     def sequence_slots(
-        self, caches: Sequence[TreeKVCache], sizes: Sequence[int], masks: Sequence[torch.Tensor | None]
+        self,
+        caches: Sequence[TreeKVCache],
+        sizes: Sequence[int],
+        masks: Sequence[torch.Tensor | None],
+        window_masks: Sequence[torch.Tensor | None] = (),
     ) -> exact.SequenceSlots:
         """Where the batched kernels find each sequence: rows ``sizes`` each after ``cache.length`` cached positions,
-        their masks (None: causal; kept alive by the caller), the shared prefix pages of every layer. The own buffers
-        are filled in per layer by :meth:`extend_layer`."""
+        their masks (None: causal; kept alive by the caller) and sliding-window layers' (None: the same), the shared
+        prefix pages of every layer. The own buffers are filled in per layer by :meth:`extend_layer`."""
         n, layers = len(caches), len(self.layers)
         kv = np.zeros((layers, n), dtype=exact.KV_SLOT)
         kv["page"] = 1
@@ -520,6 +623,7 @@ class LeanTarget(CausalRuntime):
             kv=kv,
             bases=np.array([cache.length for cache in caches], dtype=np.int64),
             masks=np.array([0 if m is None else m.data_ptr() for m in masks], dtype=np.int64),
+            window_masks=_window_pointers(masks, window_masks),
         )
 
     def extend_layer(
@@ -593,7 +697,7 @@ class LeanTarget(CausalRuntime):
         allowed: torch.Tensor,
         cache: TreeKVCache,
     ) -> torch.Tensor:
-        return self._layers(F.embedding(ids, self._embed), positions, allowed[:, None], False, cache, False)[0]
+        return self._layers(self.embed(ids), positions, allowed[:, None], False, cache, False, key_positions)[0]
 
     @torch.inference_mode()
     def score_sequence(self, token_ids: Sequence[int] | torch.Tensor) -> TargetOutput:
@@ -602,9 +706,7 @@ class LeanTarget(CausalRuntime):
         if ids.shape[0] > self.max_context:
             raise ContextLengthError(f"a {ids.shape[0]}-token sequence exceeds {self.name}'s context window")
         positions = torch.arange(ids.shape[0], device=self.device)
-        hidden, feats = self._layers(
-            F.embedding(ids, self._embed), positions, None, True, TreeKVCache(self.num_layers), True
-        )
+        hidden, feats = self._layers(self.embed(ids), positions, None, True, TreeKVCache(self.num_layers), True)
         return TargetOutput(self.logits(hidden), feats, hidden)
 
     @torch.inference_mode()
@@ -621,9 +723,7 @@ class LeanTarget(CausalRuntime):
         if width > self.max_context:
             raise ContextLengthError(f"a {width}-token sequence exceeds {self.name}'s context window")
         positions = torch.arange(width, device=self.device).expand(b, -1)
-        hidden, feats = self._layers(
-            F.embedding(ids, self._embed), positions, None, True, TreeKVCache(self.num_layers), True
-        )
+        hidden, feats = self._layers(self.embed(ids), positions, None, True, TreeKVCache(self.num_layers), True)
         return TargetOutput(self.logits(hidden.flatten(0, 1)).view(b, width, -1), feats, hidden)
 
     @_own_arithmetic
@@ -634,7 +734,8 @@ class LeanTarget(CausalRuntime):
         return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(token_ids, self._embed)
+        x = F.embedding(token_ids, self._embed)
+        return x if self._embed_scale is None else x * self._embed_scale.to(device=x.device, dtype=x.dtype)
 
     def lm_head_weight(self) -> torch.Tensor:
         return self.model.get_output_embeddings().weight

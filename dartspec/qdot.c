@@ -197,6 +197,10 @@ void qdot_prepare(int in, const float *x, long M, long K, long stride, const flo
 #pragma omp simd
             for (long k = 0; k < K; k++) tmp[k] = silu(row[k]) * row[K + k];
             row = tmp;
+        } else if (in == QDOT_GELU_MUL) { /* the same with GELU (Gemma) */
+#pragma omp simd
+            for (long k = 0; k < K; k++) tmp[k] = gelu_tanh(row[k]) * row[K + k];
+            row = tmp;
         }
         quantize_row(row, K, out->xq + r * G * (GROUP / 2), out->dx + r * G, out->sx + r * G, out->x32 + r * G * 2);
         if (out->xf) memcpy(out->xf + r * K, row, sizeof(float) * K);

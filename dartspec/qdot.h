@@ -26,7 +26,7 @@ typedef struct {
 } qdot_rows;
 
 /* What is applied to each input row before it is quantized. */
-enum { QDOT_PLAIN = 0, QDOT_RMSNORM = 1, QDOT_SILU_MUL = 2 };
+enum { QDOT_PLAIN = 0, QDOT_RMSNORM = 1, QDOT_SILU_MUL = 2, QDOT_GELU_MUL = 3 };
 
 void qdot_rows_alloc(qdot_rows *rows, long M, long K, int keep_float);
 void qdot_rows_free(qdot_rows *rows);

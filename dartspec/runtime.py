@@ -10,7 +10,7 @@ Two protocols say what the rest of dartspec may use:
 :class:`CausalRuntime` implements everything both protocols share over one abstract forward, so a runtime
 only writes how it runs q new tokens against its KV cache. Two exist: :class:`dartspec.target.Target`
 (transformers' modules, any architecture) and :class:`dartspec.lean.LeanTarget` (a hand-written forward
-for the Llama / Qwen2 / Qwen3 families with quantized weight formats).
+for the Llama / Qwen2 / Qwen3 / Gemma 3 families with quantized weight formats).
 """
 
 from __future__ import annotations

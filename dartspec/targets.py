@@ -1,8 +1,8 @@
 """Choosing and loading a target runtime: ``--runtime auto|lean|hf`` and ``--quant auto|<format>``.
 
 ``auto`` picks the fastest choice that passes the fidelity gate (README "CPU runtime"): the lean forward for
-the Llama / Qwen2 / Qwen3 families, on a CPU with the ``exact-a16`` format where the model's weights are integer
-groups (GGUF-converted models) and the kernel builds, else fp16 (exact-a16 is the fastest format at every tree
+the Llama / Qwen2 / Qwen3 / Gemma 3 families, on a CPU with the ``exact-a16`` format where the model's weights are
+integer groups (GGUF-converted models) and the kernel builds, else fp16 (exact-a16 is the fastest format at every tree
 size measured, BENCHMARKS.md, so plain and speculative decoding use the same one); on a GPU in the model's dtype
 (one H200, float32, one stream: plain decoding 1.8-1.9x transformers' modules, DART 1.2-1.7x on top of that), where
 its fused weight copies fit (:func:`lean_copy_fits`). Transformers' modules for other architectures.

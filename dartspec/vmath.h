@@ -30,4 +30,13 @@ static inline float silu(float x) {
     float e = exp_nonpositive(x < 0.0f ? x : -x);
     return x >= 0.0f ? x / (1.0f + e) : x * e / (1.0f + e);
 }
+
+/* GELU, tanh form (Gemma's gelu_pytorch_tanh): 0.5 x (1 + tanh(u)), u = sqrt(2 / pi) (x + 0.044715 x^3), tanh(|u|)
+ * = (1 - e) / (1 + e) with e = exp(-2 |u|) (never overflows), vectorizable like exp_nonpositive. */
+static inline float gelu_tanh(float x) {
+    float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+    float e = exp_nonpositive(-2.0f * fabsf(u));
+    float t = (1.0f - e) / (1.0f + e);
+    return 0.5f * x * (1.0f + (u >= 0.0f ? t : -t));
+}
 #endif

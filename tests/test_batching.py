@@ -35,7 +35,7 @@ def random_tree(rng: np.random.Generator, root: int, size: int) -> Tree:
 
 
 @needs_kernels
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
 def test_one_forward_over_many_sequences_equals_each_alone_bit_for_bit(arch: str) -> None:
     target = lean_target(arch)
     rng = np.random.default_rng(0)

@@ -27,7 +27,7 @@ def _prompts(rng: np.random.Generator, shared: int, tails: list[int]) -> list[li
     return [head + rng.integers(2, VOCAB, size=n).tolist() for n in tails]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
 def test_shared_prefix_gives_the_same_logits_features_and_trees_bit_for_bit(arch: str) -> None:
     plain, cached = lean_target(arch), lean_target(arch)
     pc = cached.enable_prefix_cache(1 << 30)

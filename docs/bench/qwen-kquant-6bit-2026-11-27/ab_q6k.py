@@ -3,7 +3,8 @@ Qwen2.5-Coder-1.5B's Q4_K_M file (158 MB in 6 bits, 206 MB in bytes), 1, 2 and 4
 
 The byte-a-value kernel is the package at commit c39b9ac, imported under another name:
 
-    git worktree add /tmp/ab/old c39b9ac && mkdir -p /tmp/ab/oldpkg && cp -r /tmp/ab/old/dartspec /tmp/ab/oldpkg/dartspec_old
+    git worktree add /tmp/ab/old c39b9ac && mkdir -p /tmp/ab/oldpkg
+    cp -r /tmp/ab/old/dartspec /tmp/ab/oldpkg/dartspec_old
     grep -rl dartspec /tmp/ab/oldpkg/dartspec_old --include=*.py | xargs sed -i 's/from dartspec\\b/from dartspec_old/g'
     python docs/bench/qwen-kquant-6bit-2026-11-27/ab_q6k.py /path/qwen2.5-coder-1.5b-q4_k_m.gguf /tmp/ab/oldpkg
 """
@@ -16,10 +17,10 @@ import numpy as np
 import torch
 
 sys.path.insert(0, sys.argv[2])
-from dartspec_old import exact as exact_old  # noqa: E402
-from dartspec_old import kquants as kquants_old  # noqa: E402
+from dartspec_old import exact as exact_old
+from dartspec_old import kquants as kquants_old
 
-from dartspec import exact, kquants  # noqa: E402
+from dartspec import exact, kquants
 
 torch.set_num_threads(2)
 reader = gguf.GGUFReader(sys.argv[1])
