@@ -267,8 +267,12 @@ class StepGraphs:
             rel = slots_all - base  # each buffer slot relative to the first new row
             inside = (rel >= 0) & (rel < rows)
             mask = (rel < 0) | (inside & local[:, rel.clamp(0, rows - 1)])  # (rows, cap): cached, or the tree's
+            window = None
+            if target.window is not None:  # sliding-window layers: also no key a window or more behind
+                keys = torch.where(inside, positions[rel.clamp(0, rows - 1)], slots_all)  # each slot's position
+                window = mask & (positions[:, None] - keys[None, :] < target.window)
             cache = _StaticKV([_StaticLayer(k, v, slots) for k, v in kv])
-            return target._layers(target.embed(ids), positions, mask, False, cache, features)
+            return target._layers(target.embed(ids), positions, mask, False, cache, features, window=window)
 
         return _Step(rows, buffers, host, meta, body, body)
 
@@ -287,10 +291,15 @@ class StepGraphs:
             tokens, positions = meta[1 : 1 + rows, None], meta[1 + rows :, None]
             # As forward_batch: a row sees the slots at or before its position, and its new slot (a padding row,
             # whose slots are all -1, sees only that); later columns are still -1.
-            allowed = ((key_positions >= 0) & (key_positions <= positions)) | (slot_ids == column)
+            own = slot_ids == column
+            allowed = ((key_positions >= 0) & (key_positions <= positions)) | own
+            window = None
+            if target.window is not None:  # sliding-window layers: also no key a window or more behind
+                window = (allowed & ((positions - key_positions < target.window) | own))[:, None, None]
             cache = _StaticKV([_StaticLayer(k, v, column) for k, v in kv])
             x = target.embed(tokens)
-            hidden, _ = target._layers(x, positions.clamp_min(0), allowed[:, None, None], False, cache, False)
+            at = positions.clamp_min(0)
+            hidden, _ = target._layers(x, at, allowed[:, None, None], False, cache, False, window=window)
             return hidden[:, -1], None
 
         return _Step(-rows, buffers, None, meta, body, body)

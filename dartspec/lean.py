@@ -76,11 +76,11 @@ def _own_arithmetic(forward: Callable[..., Any]) -> Callable[..., Any]:
     the values the fidelity gate passed), not a caller's autocast (a trainer's bf16 for its drafter)."""
 
     @functools.wraps(forward)
-    def run(self: Any, x: torch.Tensor, *args: Any) -> Any:
+    def run(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         if not torch.is_autocast_enabled(x.device.type):  # decoding: a 0.3 us check, not a 5 us context per call
-            return forward(self, x, *args)
+            return forward(self, x, *args, **kwargs)
         with torch.autocast(x.device.type, enabled=False):
-            return forward(self, x, *args)
+            return forward(self, x, *args, **kwargs)
 
     return run
 
@@ -90,9 +90,9 @@ def _gpu_attention(forward: Callable[..., Any]) -> Callable[..., Any]:
     no-op context, ~0.3 us)."""
 
     @functools.wraps(forward)
-    def run(self: Any, x: torch.Tensor, *args: Any) -> Any:
+    def run(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         with attention_kernels(x.device):
-            return forward(self, x, *args)
+            return forward(self, x, *args, **kwargs)
 
     return run
 
@@ -192,7 +192,8 @@ class LeanTarget(CausalRuntime):
         self.batch_scoring = not self.fast_linear
         self._embed = embed
         #: Gemma's embedding is scaled by sqrt(hidden), rounded to the weights' dtype as transformers does
-        self._embed_scale = getattr(model.get_input_embeddings(), "embed_scale", None)
+        scale = getattr(model.get_input_embeddings(), "embed_scale", None)
+        self._embed_scale = None if scale is None else scale.to(device=embed.device, dtype=embed.dtype)
         head = model.get_output_embeddings()
         self.vocab_size = int(head.weight.shape[0])
         self._norm = self._norm_weight(decoder.norm)
@@ -224,7 +225,6 @@ class LeanTarget(CausalRuntime):
         # layers have a table of their own (another base).
         self._rot = self._rotation(rotary, "full_attention", embed)
         self._rot_local = self._rotation(rotary, "sliding_attention", embed) if self.window is not None else None
-        cuda_graphs = cuda_graphs and self.window is None  # the graphs build masks without a window
         self._fused_attention = embed.device.type == "cpu" and embed.dtype == torch.float32 and exact.available()
         # Shapes and dtype for a cache layer's first write (TreeKVLayer.extend): no keys, no values.
         self._no_kv = embed.new_empty((1, self.kv_heads, 0, self.head_dim))
@@ -452,10 +452,12 @@ class LeanTarget(CausalRuntime):
         cache: TreeKVCache,
         features: bool,
         key_positions: torch.Tensor | None = None,
+        window: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``x`` ``(q, hidden)`` of one sequence, or ``(B, q, hidden)`` of a batch with ``positions`` ``(B, q)``,
         ``mask`` ``(B, 1, q, context)`` and ``key_positions`` ``(B, context)`` (:meth:`forward_batch`); returns the
-        same leading shape."""
+        same leading shape. ``window``: the sliding-window layers' mask where the caller built it (a CUDA graph's
+        step, which cannot ask the host whether some key is past the window), else built here where needed."""
         batched = x.dim() == 3
         # The weight formats' kernels take rows; only attention needs the (B, q) split (one sequence: B = 1).
         b, q = x.shape[:2] if batched else (1, x.shape[0])
@@ -464,7 +466,8 @@ class LeanTarget(CausalRuntime):
         rot = self._rot[positions].reshape(b, q, -1)  # complex
         # Sliding-window layers (Gemma 3): their own rotation, and a mask where the window hides some key
         rot_local = rot if self._rot_local is None else self._rot_local[positions].reshape(b, q, -1)
-        window = None if self.window is None else self._window_mask(positions, mask, cache.length, key_positions)
+        if window is None and self.window is not None:
+            window = self._window_mask(positions, mask, cache.length, key_positions)
         # A few new rows of one sequence (decoding, trees): the whole attention block is one C call
         # (exact.attend); long prefills and batches keep SDPA's kernels.
         fused = self._fused_attention and q <= FUSED_ATTENTION_ROWS and not batched
@@ -520,10 +523,13 @@ class LeanTarget(CausalRuntime):
         key's position (a batch's), else the cached ``0 .. base`` and the new rows'."""
         if self.window is None:
             return None
+        # No position is past its slot (a tree's deepest row is at most its last; a batch's padding only adds slots)
+        # and none is below 0: with fewer slots than the window no key is hidden, known without reading the device.
+        slots = base + positions.shape[-1] if key_positions is None else key_positions.shape[-1]
+        if slots - 1 < self.window:
+            return None
         if key_positions is None:
             key_positions = torch.cat([torch.arange(base, device=positions.device), positions])
-        if int(positions.max()) - int(key_positions.clamp_min(0).min()) < self.window:
-            return None
         behind = positions[..., :, None] - key_positions[..., None, :]  # (q, T) or (B, q, T)
         near = behind < self.window
         if mask is None:
@@ -735,7 +741,7 @@ class LeanTarget(CausalRuntime):
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         x = F.embedding(token_ids, self._embed)
-        return x if self._embed_scale is None else x * self._embed_scale.to(device=x.device, dtype=x.dtype)
+        return x if self._embed_scale is None else x * self._embed_scale
 
     def lm_head_weight(self) -> torch.Tensor:
         return self.model.get_output_embeddings().weight

@@ -37,7 +37,7 @@ def _pair(arch: str, seed: int = 5) -> tuple[LeanTarget, LeanTarget]:
     return plain, graphed
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "gemma3"])
 @pytest.mark.parametrize("warm_up", [False, True])
 def test_graph_steps_equal_the_forward_through_trees_commits_and_growth(
     arch: str, warm_up: bool, monkeypatch: pytest.MonkeyPatch
@@ -98,10 +98,12 @@ def test_graph_generations_equal_the_forward() -> None:
     assert int(got[0].argmax()) == ref.token_ids[1]
 
 
-def test_a_graph_step_reads_nothing_back_from_the_device() -> None:
-    """A captured step cannot wait for the device: every input reaches it in one asynchronous copy. The ordinary
-    forward's step makes one blocking copy (its token ids), which shows the count works."""
-    plain, graphed = _pair("llama")
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_a_graph_step_reads_nothing_back_from_the_device(arch: str) -> None:
+    """A captured step cannot wait for the device: every input reaches it in one asynchronous copy (Gemma 3: its
+    sliding layers' window masks built inside the step, past the window). The ordinary forward's step makes one
+    blocking copy (its token ids), which shows the count works."""
+    plain, graphed = _pair(arch)
     rng = np.random.default_rng(1)
     for t in (plain, graphed):
         t.prefill(rng.integers(2, VOCAB, size=20).tolist())
@@ -162,7 +164,7 @@ def test_bench_rows_take_graphs() -> None:
         _target_for(dart, target, {})
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
 def test_graph_batch_steps_decode_as_the_forward(arch: str) -> None:
     """The data generator's static-batch step as a graph: the same answers greedy and sampled, with rows ending at
     different steps (the batch drops them: new buffers, captured again) and reads every few steps; each step still
