@@ -56,7 +56,8 @@ class ExactWeight:
     them that are no groups.
 
     ``panel`` 0: one row per output (``qgemm.c``): data uint8 (O, G, 16) / int8 (O, G, 32), scale and offset
-    (O, G). ``panel`` P > 0: the integer-dot kernel's panels of P outputs (``qdot.c``, :func:`to_panels`).
+    (O, G). ``panel`` P > 0: the integer-dot kernel's panels of P outputs (``qdot.c``, :func:`to_panels`); there
+    8-bit groups whose values fit 5 bits (a GGUF's Q5_0 and Q4_0 blocks) are kind 7, the same numbers in 5 bits.
 
     ``codes``: for a Q4_K or Q6_K weight (rows layout), the file's own form of its scales (and offsets) beside their
     fp32 values: Q4_K uint8 (O, G, 2), each group's 6-bit scale and minimum codes, and fp16 (O, G / 8, 2), each
@@ -308,23 +309,20 @@ def to_panels(packed: ExactWeight, panel: int | None = None) -> ExactWeight:
         t = torch.cat([t, t.new_zeros((pad, *t.shape[1:]))]) if pad else t
         return t.reshape(blocks, panel, groups, *t.shape[2:]).transpose(1, 2)
 
-    if packed.kind == 4:
+    kind, values, scales = packed.kind, packed.data, packed.scale
+    if kind == 8 and (five := _five_bit_groups(packed)) is not None:
+        kind, values, scales = 7, *five  # a GGUF's Q5_0 and Q4_0 blocks: the same numbers in 5 bits (qdot.c)
+    if kind == 4:
         q = panels(torch.cat([packed.data & 15, packed.data >> 4], dim=-1))  # (P, G, panel, 32)
         q = q.reshape(blocks, groups, panel, 2, 8, 2)  # halves of the group, chunk c, pair element e
         data = (q[:, :, :, 0] | (q[:, :, :, 1] << 4)).permute(0, 1, 3, 2, 4)  # (P, G, c, panel, e)
         offset = panels(packed.offset).contiguous() if packed.offset is not None else None
-    elif packed.kind == 6:  # 6 bits a weight, as in the file (qdot.c): the low nibbles as kind 4's, then high bits
-        q = panels(packed.data).to(torch.int16) + 32  # (P, G, panel, 32), 0..63
-        if bool(((q < 0) | (q > 63)).any()):
-            raise ValueError("kind-6 groups hold values in -32..31")
-        q = q.to(torch.uint8).reshape(blocks, groups, panel, 2, 8, 2)  # half h, chunk c, pair element e
-        low = (q[:, :, :, 0] & 15) | ((q[:, :, :, 1] & 15) << 4)  # (P, G, panel, c, e)
-        high = (q >> 4).reshape(blocks, groups, panel, 2, 4, 2, 2)  # h, chunk pair j, c's parity, e
-        shifts = torch.tensor([[0, 4], [2, 6]], dtype=torch.uint8).reshape(2, 1, 2, 1)  # bit 2h + 4 * parity
-        bits = (high << shifts).sum(dim=(3, 5), dtype=torch.uint8)  # (P, G, panel, j, e): the bits never overlap
-        chunks = [t.permute(0, 1, 3, 2, 4).reshape(blocks, groups, -1) for t in (low, bits)]
-        data = torch.cat(chunks, dim=-1)
-        offset = None
+    elif kind in (6, 7):  # 6 (Q6_K) or 5 bits a weight, as the file keeps them: stored as q + 32 (q + 16)
+        bias = 32 if kind == 6 else 16
+        q = panels(values).to(torch.int16) + bias
+        if bool(((q < 0) | (q >= 2 * bias)).any()):
+            raise ValueError(f"kind-{kind} groups hold values in {-bias}..{bias - 1}")
+        data, offset = _nibbles_and_high_bits(q.to(torch.uint8), 2 if kind == 6 else 1), None
     else:
         data = panels(packed.data).reshape(blocks, groups, panel, 16, 2).permute(0, 1, 3, 2, 4)
         offset = panels(packed.offset).contiguous() if packed.offset is not None else None
@@ -339,12 +337,38 @@ def to_panels(packed: ExactWeight, panel: int | None = None) -> ExactWeight:
         scale = panels(packed.scale).permute(0, 1, 3, 2) if packed.kind == 6 else panels(packed.scale)
         data = data.reshape(blocks, groups, -1).contiguous()
         return ExactWeight(packed.kind, data, scale.contiguous(), offset, out, k, panel)
-    scale = panels(packed.scale).contiguous()
+    scale = panels(scales).contiguous()
     # A decode step is bound by reading weights: where every scale and offset is a half-precision number (a GGUF's
     # Q4_1 and Q8_0 blocks store them so), keep them in fp16 (a 4-bit group 20 bytes instead of 24, the same numbers).
     if all(t is None or torch.equal(t.half().float(), t) for t in (scale, offset)):
         scale, offset = scale.half(), None if offset is None else offset.half()
-    return ExactWeight(packed.kind, data.reshape(blocks, groups, -1).contiguous(), scale, offset, out, k, panel)
+    return ExactWeight(kind, data.reshape(blocks, groups, -1).contiguous(), scale, offset, out, k, panel)
+
+
+def _five_bit_groups(packed: ExactWeight) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The values (in -16..15) and scales of 8-bit groups that fit 5 bits, or None. A Q5_0 block is ``d * (q - 16)``
+    with a 5-bit q and a d of either sign, so a group's values reach -16 or, with d < 0, +16 (the packer's d is
+    positive): such a group is negated, values and scale (the same products, bit for bit)."""
+    top, bottom = packed.data.amax(-1), packed.data.amin(-1)
+    flip = top == 16
+    if not bool(((bottom >= -16) & (top <= 15) | flip & (bottom >= -15)).all()):
+        return None
+    return torch.where(flip[..., None], -packed.data, packed.data), torch.where(flip, -packed.scale, packed.scale)
+
+
+def _nibbles_and_high_bits(q: torch.Tensor, high: int) -> torch.Tensor:
+    """Kinds 6 and 7's panel data (qdot.c) from unsigned values ``q`` ``(P, G, panel, 32)`` of ``4 + high`` bits: their
+    low 4 bits as kind 4's nibbles (chunk c: inputs 2c + e and 16 + 2c + e), then their high bits, ``4 / high``
+    chunks sharing a byte: the value of half h in the k-th chunk of a byte at bit ``high * (h + 2k)``."""
+    blocks, groups, panel = q.shape[:3]
+    pairs = q.reshape(blocks, groups, panel, 2, 8, 2)  # half h, chunk c, pair element e
+    low = (pairs[:, :, :, 0] & 15) | ((pairs[:, :, :, 1] & 15) << 4)  # (P, G, panel, c, e)
+    per = 4 // high  # chunks whose high bits share a byte
+    tops = (pairs >> 4).reshape(blocks, groups, panel, 2, 8 // per, per, 2)  # h, byte chunk j, k, e
+    shifts = high * (torch.arange(2)[:, None] + 2 * torch.arange(per)[None, :])  # (h, k)
+    bits = (tops << shifts.to(torch.uint8).reshape(2, 1, per, 1)).sum(dim=(3, 5), dtype=torch.uint8)  # no overlaps
+    chunks = [t.permute(0, 1, 3, 2, 4).reshape(blocks, groups, -1) for t in (low, bits)]  # (P, G, c or j, panel, e)
+    return torch.cat(chunks, dim=-1)
 
 
 def _half(packed: ExactWeight) -> int:
@@ -407,7 +431,7 @@ def _part(tensors: dict[str, torch.Tensor]) -> ExactWeight:
         if not panel or data.dtype != torch.float16 or data.numel() != rows * k or scale.numel() or offset is not None:
             raise ValueError("inconsistent packed weight")
         return ExactWeight(kind, data, scale, offset, out, k, panel)
-    per_group = {4: GROUP // 2, 6: GROUP * 3 // 4 if panel else GROUP}.get(kind, GROUP)  # bytes an output's group
+    per_group = {4: GROUP // 2, 6: GROUP * 3 // 4 if panel else GROUP, 7: GROUP * 5 // 8}.get(kind, GROUP)  # bytes
     coded = {4: torch.uint8, 6: torch.int8}
     if scale.dtype == coded.get(kind):  # a K-quant weight's codes and super-block numbers (to_panels)
         groups = rows * k // GROUP
@@ -425,12 +449,13 @@ def _part(tensors: dict[str, torch.Tensor]) -> ExactWeight:
         return ExactWeight(kind, data, scale, offset, out, k, panel)
     scales = 2 if kind == 6 else 1
     if (
-        kind not in (4, 5, 6, 8)
+        kind not in (4, 5, 6, 7, 8)
+        or (kind == 7 and not panel)
         or k % GROUP
         or data.numel() != rows * k // GROUP * per_group
-        or data.dtype != (torch.uint8 if kind in (4, 5) or (kind, bool(panel)) == (6, True) else torch.int8)
+        or data.dtype != (torch.uint8 if kind in (4, 5, 7) or (kind, bool(panel)) == (6, True) else torch.int8)
         or scale.numel() != rows * k // GROUP * scales
-        or scale.dtype not in ((torch.float32, torch.float16) if panel and kind in (4, 8) else (torch.float32,))
+        or scale.dtype not in ((torch.float32, torch.float16) if panel and kind in (4, 7, 8) else (torch.float32,))
         or (offset is not None and offset.dtype != scale.dtype)
         or (offset is None) != (kind not in (4, 5))
     ):

@@ -21,7 +21,11 @@
  * scale each (Q6_K sub-blocks, q - 32 with q in 0..63; scales (P, G, 2, PANEL), fp32), in 6 bits as in the file: the
  * low 4 bits of q in 4-bit chunks, then 4 chunks of their high 2 bits, byte 2 * o + e of chunk j holding those of
  * inputs 4j + e, 16 + 4j + e, 4j + 2 + e and 18 + 4j + e at bits 0, 2, 4 and 6 (24 bytes an output's group instead
- * of 32: a decode step reads less). Scales d and offsets m of the other kinds are (P, G, PANEL), fp32 or,
+ * of 32: a decode step reads less); kind 7, 8-bit groups whose values fit 5 bits (-16..15: a GGUF's Q5_0 and Q4_0
+ * blocks), in 5 bits: q + 16's low 4 bits as kind 4's nibbles, then 2 chunks of their fifth bits, byte 2 * o + e of
+ * chunk j holding those of inputs 2c + e and 16 + 2c + e at bits 2k and 2k + 1 for c = 4j + k (20 bytes an output's
+ * group instead of 32; the dot product runs on q + 16 and subtracts 16 times the input group's integer sum, so the
+ * integer sums are kind 8's). Scales d and offsets m of the other kinds are (P, G, PANEL), fp32 or,
  * where every value is a half-precision number (a GGUF's Q4_1 / Q8_0 blocks store them so), fp16: a decode step is
  * bound by reading the weights, and fp16 scales make a 4-bit group 20 bytes instead of 24, the same numbers. A Q4_K
  * weight's 4-bit groups (`half` 2) keep the file's own codes: d holds (P, G, 2, PANEL) uint8, each group's 6-bit scale
@@ -55,9 +59,10 @@ typedef __m512 fvec;
 #define HIGH4(v) _mm512_srli_epi16(v, 4)
 #define SHL16(v, n) _mm512_slli_epi16(v, n)
 #define SHR16(v, n) _mm512_srli_epi16(v, n)
-/* a kind-6 value (0..63): nibble | (t & 0x30), one ternary-logic instruction */
-#define SIX(nib, t) _mm512_ternarylogic_epi32(nib, t, _mm512_set1_epi16(0x30), 0xF8)
+/* a kind-6 or kind-7 value: nibble | (t & high), the high bits moved into place in t; one ternary-logic instruction */
+#define MERGE(nib, t, high) _mm512_ternarylogic_epi32(nib, t, _mm512_set1_epi16(high), 0xF8)
 #define ISUB(a, b) _mm512_sub_epi32(a, b)
+#define ISET(v) _mm512_set1_epi32(v)
 #define BCAST(p) _mm512_set1_epi32(*(p))
 #ifdef __AVX512VNNI__
 #define DOT2(s0, s1, w0, x0, w1, x1) (s0 = _mm512_dpwssd_epi32(s0, w0, x0), s1 = _mm512_dpwssd_epi32(s1, w1, x1))
@@ -91,8 +96,9 @@ typedef __m256 fvec;
 #define HIGH4(v) _mm256_srli_epi16(v, 4)
 #define SHL16(v, n) _mm256_slli_epi16(v, n)
 #define SHR16(v, n) _mm256_srli_epi16(v, n)
-#define SIX(nib, t) _mm256_or_si256(nib, _mm256_and_si256(t, _mm256_set1_epi16(0x30)))
+#define MERGE(nib, t, high) _mm256_or_si256(nib, _mm256_and_si256(t, _mm256_set1_epi16(high)))
 #define ISUB(a, b) _mm256_sub_epi32(a, b)
+#define ISET(v) _mm256_set1_epi32(v)
 #define BCAST(p) _mm256_set1_epi32(*(p))
 #ifdef __AVXVNNI__
 #define DOT2(s0, s1, w0, x0, w1, x1) (s0 = _mm256_dpwssd_avx_epi32(s0, w0, x0), s1 = _mm256_dpwssd_avx_epi32(s1, w1, x1))
@@ -237,7 +243,7 @@ static inline __attribute__((always_inline)) void panel_rows(int kind, int half,
                                                              const uint8_t *w, const void *d, const void *m,
                                                              const uint8_t *next, fvec *out) {
     fvec acc[RMAX];
-    long group_bytes = kind == 4 ? 8 * CHUNK : kind == 6 ? 12 * CHUNK : 16 * CHUNK;
+    long group_bytes = (kind == 4 ? 8 : kind == 6 ? 12 : kind == 7 ? 10 : 16) * CHUNK;
     for (long r = 0; r < N; r++) acc[r] = FZERO();
     for (long g = 0; g < G; g++) {
         if (next) /* the next panel's weights, one group a step: DRAM latency hides behind this panel's work */
@@ -252,8 +258,8 @@ static inline __attribute__((always_inline)) void panel_rows(int kind, int half,
                  * halves, c + 1: bits 4 and 6), moved to bits 4-5 (the file's q - 32: x32 after the loop) */
                 ivec b = WIDEN_U8(bits + c / 2 * CHUNK), v0 = WIDEN_U8(wg + c * CHUNK);
                 ivec v1 = WIDEN_U8(wg + (c + 1) * CHUNK);
-                ivec a0 = SIX(LOW4(v0), SHL16(b, 4)), a1 = SIX(LOW4(v1), b);
-                ivec h0 = SIX(HIGH4(v0), SHL16(b, 2)), h1 = SIX(HIGH4(v1), SHR16(b, 2));
+                ivec a0 = MERGE(LOW4(v0), SHL16(b, 4), 0x30), a1 = MERGE(LOW4(v1), b, 0x30);
+                ivec h0 = MERGE(HIGH4(v0), SHL16(b, 2), 0x30), h1 = MERGE(HIGH4(v1), SHR16(b, 2), 0x30);
                 for (long r = 0; r < N; r++) {
                     const int32_t *xr = xq + (r * G + g) * (GROUP / 2);
                     DOT2(s0[r], s1[r], a0, BCAST(xr + c), a1, BCAST(xr + c + 1));
@@ -272,7 +278,27 @@ static inline __attribute__((always_inline)) void panel_rows(int kind, int half,
             continue;
         }
         for (long r = 0; r < N; r++) s0[r] = s1[r] = IZERO();
-        if (kind == 4) {
+        if (kind == 7) { /* 5-bit groups: q + 16 in nibbles (as kind 4) and high bits; 16 * the group's sum after */
+            const uint8_t *wg = w + g * 10 * CHUNK, *bits = wg + 8 * CHUNK;
+            for (int j = 0; j < 2; j++) { /* chunks 4j .. 4j + 3 share a chunk of high bits */
+                ivec b = WIDEN_U8(bits + j * CHUNK);
+                /* chunk 4j + k: its low-half value's high bit at bit 2k, its high-half value's at 2k + 1: to bit 4 */
+                ivec t[8] = {SHL16(b, 4), SHL16(b, 3), SHL16(b, 2), SHL16(b, 1), b, SHR16(b, 1), SHR16(b, 2), SHR16(b, 3)};
+                for (int k = 0; k < 4; k++) {
+                    int c = 4 * j + k;
+                    ivec v = WIDEN_U8(wg + c * CHUNK);
+                    ivec lo = MERGE(LOW4(v), t[2 * k], 0x10), hi = MERGE(HIGH4(v), t[2 * k + 1], 0x10);
+                    for (long r = 0; r < N; r++) {
+                        const int32_t *xr = xq + (r * G + g) * (GROUP / 2);
+                        DOT2(s0[r], s1[r], lo, BCAST(xr + c), hi, BCAST(xr + c + 8));
+                    }
+                }
+            }
+            for (long r = 0; r < N; r++) { /* x32 holds 32 times each half's sum: 16 times the group's is their mean */
+                const int32_t *h = x32 + (r * G + g) * 2;
+                s0[r] = ISUB(s0[r], ISET((h[0] + h[1]) / 2));
+            }
+        } else if (kind == 4) {
             const uint8_t *wg = w + g * 8 * CHUNK;
             for (int c = 0; c < 8; c++) {
                 ivec v = WIDEN_U8(wg + c * CHUNK), lo = LOW4(v), hi = HIGH4(v);
@@ -382,7 +408,7 @@ static void part_run(const qdot_linear *L, const qdot_rows *rows, long M, float 
     int kind = L->kind, half = L->half;
     long G = L->K / GROUP, O = L->O, P = (O + PANEL - 1) / PANEL;
     long scale_bytes = half ? 2 : 4;
-    long panel_bytes = G * GROUP * PANEL * (kind == 4 ? 2 : kind == 6 ? 3 : 4) / 4; /* 4, 6 or 8 bits a weight */
+    long panel_bytes = G * GROUP * PANEL * (kind == 4 ? 4 : kind == 6 ? 6 : kind == 7 ? 5 : 8) / 8; /* bits a weight */
     /* bytes of a panel's scales and offsets: a scale per half group (kind 6); two codes a group and two fp16 numbers
      * a super-block (half 2) */
     long d_bytes = half == 2 ? G * 2 * PANEL : G * PANEL * scale_bytes * (kind == 6 ? 2 : 1);
@@ -410,6 +436,10 @@ static void part_run(const qdot_linear *L, const qdot_rows *rows, long M, float 
                 switch (R) { ROWS(panel_rows(6, 2, N, xr, dx, sx, x32, G, wp, dp, mp, next, out)) }
             } else if (kind == 6) {
                 switch (R) { ROWS(panel_rows(6, 0, N, xr, dx, sx, x32, G, wp, dp, mp, next, out)) }
+            } else if (kind == 7 && half) {
+                switch (R) { ROWS(panel_rows(7, 1, N, xr, dx, sx, x32, G, wp, dp, mp, next, out)) }
+            } else if (kind == 7) {
+                switch (R) { ROWS(panel_rows(7, 0, N, xr, dx, sx, x32, G, wp, dp, mp, next, out)) }
             } else if (kind == 5) { /* fp32 scales and offsets (Q5_K's d * sc, dmin * m) */
                 switch (R) { ROWS(panel_rows(5, 0, N, xr, dx, sx, x32, G, wp, dp, mp, next, out)) }
             } else if (half) {

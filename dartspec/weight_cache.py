@@ -29,7 +29,7 @@ from dartspec.exact import ExactWeight
 from dartspec.model_cache import sha256
 
 #: Bump when the packed layout or the lean weight preparation (fusion, rotary row order) changes.
-PACKED_VERSION = 11  # 4-11: K-quant weights as integer groups read from the GGUF file (dartspec.kquants)
+PACKED_VERSION = 12  # 4-12: K-quant weights as integer groups read from the GGUF file (dartspec.kquants)
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 
 

@@ -301,6 +301,36 @@ def test_integer_dot_kernel_equals_its_reference_and_computes_each_row_alone(kin
 
 
 @pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
+@pytest.mark.parametrize("largest", [16, 8])
+def test_q5_0_and_q4_0_groups_run_in_5_bits_and_compute_what_8_bits_do(largest: int) -> None:
+    """8-bit groups whose values fit 5 bits (a GGUF's Q5_0 blocks, ``d * (q - 16)``; Q4_0's ``d * (q - 8)``) are laid
+    out in 5 bits (kind 7: 20 bytes an output's group instead of 32) and give, row by row and bit for bit, what the
+    same rows give in 8 bits (a weight with one more output, a Q8_0 group, keeps 8 bits)."""
+    gen = torch.Generator().manual_seed(largest)
+    out, k = 37, 96
+    d = (torch.rand(out + 1, k // 32, 1, generator=gen) * 0.02 + 0.001).half().float()
+    q = torch.randint(-largest, largest, (out + 1, k // 32, 32), generator=gen).float()
+    q[:, :, 0] = -largest
+    q[::3] *= -1  # a negative d (GGUF's Q5_0 and Q4_0 have either sign): values -15..16, negated in 5 bits
+    q[out, 0, 1] = 127  # the extra output: a Q8_0 group
+    rows = exact.pack((q * d).reshape(out + 1, k))
+    assert rows is not None and rows.kind == 8
+    eight = exact.to_panels(rows)
+    five = exact.to_panels(dataclasses.replace(rows, data=rows.data[:out], scale=rows.scale[:out], out_features=out))
+    assert (eight.kind, five.kind) == (8, 7) and five.scale.dtype == torch.float16
+    assert five.data.nbytes == -(-out // five.panel) * five.panel * k * 5 // 8
+    x, bias = torch.randn(11, k, generator=gen) * 3, torch.randn(out + 1, generator=gen)
+    x[:, 7] = 40.0
+    y = exact.linear_a16(x, five, bias[:out])
+    assert torch.equal(y, exact.linear_a16(x, eight, bias)[:, :out])
+    ref = exact.quantize_activations(x).double() @ (q[:out] * d[:out]).reshape(out, k).double().T + bias[:out]
+    torch.testing.assert_close(y.double(), ref, rtol=0, atol=1e-4)
+    for r in (0, 5, 10):
+        assert torch.equal(exact.linear_a16(x[r : r + 1], five, bias[:out])[0], y[r])
+    assert torch.equal(exact.linear_a16(x, exact.from_tensors(exact.to_tensors(five)), bias[:out]), y)
+
+
+@pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
 @pytest.mark.parametrize("block", ["Q5_K", "Q6_K"])
 def test_integer_dot_kernel_on_k_quant_groups_equals_its_reference(block: str) -> None:
     """Kinds 5 (a GGUF's Q5_K blocks: uint8 ``d * q + m``) and 6 (Q6_K: int8 groups whose halves of 16 have a scale
