@@ -493,10 +493,8 @@ class LeanTarget(CausalRuntime):
             qkv = layer.qkv(F.rms_norm(x, (x.shape[-1],), layer.ln1, eps))
             if fused:
                 keys, values, base = cache.layers[i].extend(q, self._no_kv, self._no_kv)
-                attn = exact.attend(
-                    qkv, H, K, layer_pairs, keys, values, base, layer_mask, layer.q_norm, layer.k_norm, eps,
-                    self.scaling,
-                )  # fmt: skip
+                norms = (layer.q_norm, layer.k_norm)
+                attn = exact.attend(qkv, H, K, layer_pairs, keys, values, base, layer_mask, *norms, eps, self.scaling)
             else:
                 layer_rot = rot_local if layer.sliding else rot
                 qkv = qkv.view(b, q, -1)
