@@ -224,7 +224,8 @@ class LeanTarget(CausalRuntime):
         # Rotation of every position, once: x_pair * (cos + i sin) * attention_scaling; Gemma 3's sliding-window
         # layers have a table of their own (another base).
         self._rot = self._rotation(rotary, "full_attention", embed)
-        self._rot_local = self._rotation(rotary, "sliding_attention", embed) if self.window is not None else None
+        own_table = self.window is not None and not hasattr(rotary, "inv_freq")  # else shared (Qwen2's windows)
+        self._rot_local = self._rotation(rotary, "sliding_attention", embed) if own_table else None
         self._fused_attention = embed.device.type == "cpu" and embed.dtype == torch.float32 and exact.available()
         # Shapes and dtype for a cache layer's first write (TreeKVLayer.extend): no keys, no values.
         self._no_kv = embed.new_empty((1, self.kv_heads, 0, self.head_dim))

@@ -565,6 +565,44 @@ def test_all_layers_in_one_call_equal_one_call_per_layer(arch: str) -> None:
         assert torch.equal(a.logits, b.logits)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_qwen2_sliding_window_layers_equal_transformers(dtype: torch.dtype) -> None:
+    """A Qwen2 configuration with sliding-window layers (``use_sliding_window``: the layers from ``max_window_layers``
+    on) was refused by the lean runtime; its layers now take the window (one rotary table for all), and its logits equal
+    transformers' past the window, where ignoring it would not (float32: the fused C attention)."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    cfg = tf.Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        use_sliding_window=True,
+        sliding_window=8,
+        max_window_layers=2,
+        tie_word_embeddings=True,
+    )
+    model = tf.Qwen2ForCausalLM(cfg)
+    model.config._attn_implementation = "sdpa"
+    model = model.to(dtype).eval()
+    lean = LeanTarget(model, tiny_tokenizer())
+    assert lean.window == 8 and [layer.sliding for layer in lean.layers] == [False, False, True, True]
+    ids = torch.randint(2, VOCAB, (40,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = model(ids[None]).logits[0]
+    atol = 1e-6 if dtype == torch.float64 else 1e-4
+    torch.testing.assert_close(lean.score_sequence(ids).logits, ref, rtol=0, atol=atol)
+    lean.prefill(ids[:20].tolist())
+    chain = Tree.chain(int(ids[20]), ids[21:30].tolist())
+    torch.testing.assert_close(lean.verify(chain).logits, ref[20:30], rtol=0, atol=atol)
+    lean.window = None  # the same forward without its window: far off
+    assert (lean.score_sequence(ids).logits - ref).abs().max() > 100 * atol
+
+
 @pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
 def test_gemma3_blocks_in_c_compute_what_transformers_does() -> None:
     """Gemma 3's touches in the fused C block (the embedding's scale, norms of 1 + w, the branches' output norms,
