@@ -12,11 +12,11 @@
  * quantizes its input anyway (qdot_prepare), and the residual adds are its epilogue (qdot_run accumulate).
  * Every row is computed on its own, so a tree verification computes what one-token decoding computes.
  */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "qdot.h"
+#include "vmath.h"
 
 /* Field order is the ctypes Structure in exact.py. */
 typedef struct {
@@ -33,10 +33,7 @@ typedef struct {
 static void add_normed(float *x, const float *y, long q, long n, const float *w, float eps) {
     for (long r = 0; r < q; r++) {
         const float *yr = y + r * n;
-        double ss = 0.0;
-#pragma omp simd reduction(+ : ss)
-        for (long k = 0; k < n; k++) ss += (double)yr[k] * yr[k];
-        float inv = (float)(1.0 / sqrt(ss / (double)n + eps));
+        float inv = rms_inverse(yr, n, eps);
 #pragma omp simd
         for (long k = 0; k < n; k++) x[r * n + k] += yr[k] * inv * w[k];
     }

@@ -632,7 +632,6 @@ class Block:
             t.contiguous().float() if t is not None else None for t in (ln1, ln2, q_norm, k_norm, post_attn, post_ffn)
         ]
         self._keep: list[object] = list(norms)
-        self.sliding = sliding
         linear_structs = [self._linear(packed, bias) for packed, bias in linears]
         c_norms = map(_ptr, norms)
         self._c = _CBlock(*linear_structs, *c_norms, heads, kv_heads, head_dim, eps, scale, int(gelu), int(sliding))

@@ -476,8 +476,7 @@ class LeanTarget(CausalRuntime):
             rot_pairs = torch.view_as_real(rot[0]).contiguous()
             local_pairs = rot_pairs if self._rot_local is None else torch.view_as_real(rot_local[0]).contiguous()
         if fused and (stack := self._block_stack()) is not None:  # every layer in one C call
-            local = None if self._rot_local is None else local_pairs
-            feats = self._run_blocks(stack, x, rot_pairs, [cache], [q], [mask], features, local, [window])
+            feats = self._run_blocks(stack, x, rot_pairs, [cache], [q], [mask], features, local_pairs, [window])
             return F.rms_norm(x, (x.shape[-1],), self._norm, eps), feats
         captured = []
         for i, layer in enumerate(self.layers):

@@ -32,7 +32,7 @@
  * code then its minimum code, m holds (P, G / 8, 2, PANEL) fp16, each super-block of 256 inputs' d and -dmin; the
  * kernel forms d * sc and -dmin * m, both exact in fp32, so the same numbers as fp32 scales in 18.5 bytes a group.
  * A Q6_K weight's kind-6 groups likewise (`half` 2): d holds (P, G, 2, PANEL) int8, each half group's scale code, m
- * (P, G / 8, PANEL) fp16, each super-block's d: 34.25 bytes a group instead of 40.
+ * (P, G / 8, PANEL) fp16, each super-block's d: 26.25 bytes a group instead of 32.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -192,10 +192,7 @@ void qdot_prepare(int in, const float *x, long M, long K, long stride, const flo
     for (long r = 0; r < M; r++) {
         const float *row = x + r * stride;
         if (in == QDOT_RMSNORM) {
-            double ss = 0.0; /* SmolLM2's outlier channels reach the thousands: accumulate in double */
-#pragma omp simd reduction(+ : ss)
-            for (long k = 0; k < K; k++) ss += (double)row[k] * row[k];
-            float inv = (float)(1.0 / sqrt(ss / (double)K + eps));
+            float inv = rms_inverse(row, K, eps);
 #pragma omp simd
             for (long k = 0; k < K; k++) tmp[k] = row[k] * inv * norm[k];
             row = tmp;

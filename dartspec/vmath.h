@@ -31,6 +31,16 @@ static inline float silu(float x) {
     return x >= 0.0f ? x / (1.0f + e) : x * e / (1.0f + e);
 }
 
+/* 1 / sqrt(mean(x^2) + eps) of n values, the sum of squares in double (SmolLM2's outlier channels reach the
+ * thousands): RMSNorm's factor, before the GEMM that quantizes a normed row (qdot.c) and after a branch whose output
+ * is normed (block.c). */
+static inline float rms_inverse(const float *x, long n, float eps) {
+    double ss = 0.0;
+#pragma omp simd reduction(+ : ss)
+    for (long k = 0; k < n; k++) ss += (double)x[k] * x[k];
+    return (float)(1.0 / sqrt(ss / (double)n + eps));
+}
+
 /* GELU, tanh form (Gemma's gelu_pytorch_tanh): 0.5 x (1 + tanh(u)), u = sqrt(2 / pi) (x + 0.044715 x^3), tanh(|u|)
  * = (1 - e) / (1 + e) with e = exp(-2 |u|) (never overflows), vectorizable like exp_nonpositive. */
 static inline float gelu_tanh(float x) {

@@ -21,7 +21,8 @@ def tiny_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="t1", unk_token="t0")
 
 
-def tiny_model(arch: str, seed: int = 0, layers: int = 6, max_positions: int = 512, head_dim: int = 8):
+def tiny_model(arch: str, seed: int = 0, layers: int = 6, max_positions: int = 512, head_dim: int = 8, **config):
+    """A tiny random float64 model of ``arch``; ``config``: more fields of its configuration."""
     import transformers as tf
 
     torch.manual_seed(seed)
@@ -35,6 +36,7 @@ def tiny_model(arch: str, seed: int = 0, layers: int = 6, max_positions: int = 5
         max_position_embeddings=max_positions,
         eos_token_id=1,
         tie_word_embeddings=True,
+        **config,
     )
     if arch == "llama":
         model = tf.LlamaForCausalLM(tf.LlamaConfig(**common))

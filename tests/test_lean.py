@@ -570,25 +570,9 @@ def test_qwen2_sliding_window_layers_equal_transformers(dtype: torch.dtype) -> N
     """A Qwen2 configuration with sliding-window layers (``use_sliding_window``: the layers from ``max_window_layers``
     on) was refused by the lean runtime; its layers now take the window (one rotary table for all), and its logits equal
     transformers' past the window, where ignoring it would not (float32: the fused C attention)."""
-    import transformers as tf
-
-    torch.manual_seed(0)
-    cfg = tf.Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        use_sliding_window=True,
-        sliding_window=8,
-        max_window_layers=2,
-        tie_word_embeddings=True,
-    )
-    model = tf.Qwen2ForCausalLM(cfg)
-    model.config._attn_implementation = "sdpa"
-    model = model.to(dtype).eval()
+    model = tiny_model(
+        "qwen2", layers=4, max_positions=256, use_sliding_window=True, sliding_window=8, max_window_layers=2
+    ).to(dtype)
     lean = LeanTarget(model, tiny_tokenizer())
     assert lean.window == 8 and [layer.sliding for layer in lean.layers] == [False, False, True, True]
     ids = torch.randint(2, VOCAB, (40,), generator=torch.Generator().manual_seed(1))
