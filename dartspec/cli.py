@@ -135,7 +135,7 @@ def add_target_args(p: argparse.ArgumentParser, runtime: str = "auto", gpu_dtype
         "--runtime",
         default=runtime,
         choices=RUNTIMES,
-        help="lean: dartspec's fast forward (Llama/Qwen2/Qwen3); hf: transformers' modules (any model); "
+        help="lean: dartspec's fast forward (Llama/Qwen2/Qwen3/Gemma 3); hf: transformers' modules (any model); "
         "auto: lean where supported (any device)",
     )
     p.add_argument(
@@ -186,7 +186,7 @@ def add_drafter_args(p: argparse.ArgumentParser, default: str = "auto") -> None:
         type=_tree_size,
         default=None,
         help="max draft tree nodes, root included (default on a CPU: 4, 2 for dart and eagle3; on a GPU: 16, 32 for "
-        "dart, dart+pld and eagle3), or auto (dart, eagle3: sized per step from measured verify costs)",
+        "dart, dart+pld and eagle3), or auto (dart, eagle3; pld by its gate: sized per step from measured verify costs)",
     )
     p.add_argument(
         "--draft-nodes",

@@ -23,8 +23,9 @@ class GeneratorSpec:
 
     ``drafter``: a name of :func:`dartspec.drafters.make_drafter`, ``auto`` included. ``tree_size``: nodes verified
     per step; None picks the device's default for the drafter (:func:`dartspec.engine.default_budget`), ``"auto"``
-    chooses per step from the machine's cost curve. ``draft_nodes``: a hybrid's (``dart+pld``) cap on its network
-    tree's nodes; None: the default budget's cap where the size is the default, else none."""
+    chooses per step from the machine's cost curve (for prompt lookup its gate, within 16 nodes).
+    ``draft_nodes``: a hybrid's (``dart+pld``) cap on its network tree's nodes; None: the default budget's cap where
+    the size is the default, else none."""
 
     drafter: str = "none"
     path: str | None = None

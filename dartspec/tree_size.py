@@ -41,8 +41,12 @@ class CostCurve:
     seconds: tuple[float, ...]
 
     def cost(self, q: int | np.ndarray) -> np.ndarray:
-        """Interpolated seconds for ``q`` nodes (clamped at the ends)."""
-        return np.interp(q, self.qs, self.seconds)
+        """Interpolated seconds for ``q`` nodes; past the largest calibrated size, the last segment's slope goes on
+        (rows keep costing), below the smallest the first size's cost."""
+        q = np.asarray(q, dtype=np.float64)
+        slope = (self.seconds[-1] - self.seconds[-2]) / (self.qs[-1] - self.qs[-2]) if len(self.qs) > 1 else 0.0
+        past = np.maximum(q - self.qs[-1], 0.0) * max(slope, 0.0)
+        return np.interp(q, self.qs, self.seconds) + past
 
     def as_dict(self) -> dict[str, float]:
         return {str(q): round(s * 1000, 2) for q, s in zip(self.qs, self.seconds, strict=True)}

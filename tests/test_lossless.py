@@ -17,10 +17,12 @@ from dartspec.drafters import NoDrafter, PromptLookupDrafter
 from dartspec.drafters.dart import DartDrafter
 from dartspec.drafters.eagle3 import Eagle3Drafter
 from dartspec.drafters.hybrid import HybridDrafter
+from dartspec.drafters.pld import LookupGate
 from dartspec.engine import Generator
 from dartspec.target import Target
+from dartspec.tree_size import CostCurve
 
-DRAFTERS = ("none", "pld", "random", "dart", "dart+pld", "eagle3")
+DRAFTERS = ("none", "pld", "pld-gated", "random", "dart", "dart+pld", "eagle3")
 
 
 def untied_target(arch: str, dtype: torch.dtype) -> Target:
@@ -36,6 +38,8 @@ def drafter(name: str, target: Target, reference: list[int]):
         return NoDrafter()
     if name == "pld":
         return PromptLookupDrafter()
+    if name == "pld-gated":  # rows cost time: the gate cuts spans, down to none, by what the answer followed so far
+        return PromptLookupDrafter(gate=LookupGate(CostCurve((1, 2, 8), (1.0, 1.2, 2.5))))
     if name == "random":  # random trees, half the time with a branch along the reference for a while
         return RandomDrafter(seed=3, reference=reference)
     if name == "eagle3":
