@@ -186,14 +186,14 @@ def add_drafter_args(p: argparse.ArgumentParser, default: str = "auto") -> None:
         type=_tree_size,
         default=None,
         help="max draft tree nodes, root included (default on a CPU: 4, 2 for dart and eagle3; on a GPU: 16, 32 for "
-        "dart, dart+pld and eagle3), or auto (dart, eagle3; pld by its gate: sized per step from measured verify costs)",
+        "dart, dart+pld and eagle3), or auto (dart, eagle3; pld by its gate: sized per step by measured verify costs)",
     )
     p.add_argument(
         "--draft-nodes",
         type=_positive_int,
         default=None,
         help="dart+pld: at most this many of the tree's nodes (root included) go to DART's tree, the rest to prompt "
-        "lookup's spans (default with the default tree size: 2 on a CPU, no cap on a GPU)",
+        "lookup's spans (default with the default tree size: 3 on a CPU, no cap on a GPU)",
     )
     p.add_argument("--max-depth", type=int, default=8, help="max draft depth below the root")
 

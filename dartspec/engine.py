@@ -241,18 +241,25 @@ def default_tree_size(device: Any, feature_drafter: bool = False) -> int:
     return 2 if feature_drafter else 4
 
 
+#: On a CPU, the nodes (root included) of a ``dart+pld`` tree that DART's own tree may take: the rest of the budget is
+#: the spans'. 80 development prompts (ShareGPT 14000+), 128 new tokens, interleaved: on a 2-core AVX-512 EPYC, where
+#: a third row costs 8% of a two-row step, 1.31x plain decoding at 3 against 1.22x at 2 (tau 2.08 / 1.87); on a
+#: 2-core AVX2 Zen 3, where rows cost more, 1.19x against 1.21x (BENCHMARKS.md).
+CPU_LOOKUP_DRAFT_NODES = 3
+
+
 def default_budget(device: Any, feature_drafter: bool = False, lookup: bool = False) -> tuple[int, int | None]:
     """The default tree size and the network drafter's share of it (None: no cap). A drafter that merges prompt lookup's
-    spans with a network's tree (``lookup``, e.g. ``dart+pld``) gets the larger of the two defaults, its network
-    tree capped at its own: on a CPU 4 nodes, DART's tree at most 2 (spans are often right for several tokens,
-    DART's guesses past the first rarely pay there; 80 development prompts: median 1.29x plain decoding against
-    1.21x for one shared budget of 2 and 1.20x for prompt lookup alone, BENCHMARKS.md). On a GPU the network's
-    default (32) is the larger: no cap."""
+    spans with a network's tree (``lookup``, e.g. ``dart+pld``) gets the larger of the two defaults: on a CPU prompt
+    lookup's 4 nodes, DART's tree at most :data:`CPU_LOOKUP_DRAFT_NODES` of them (spans are often right for several
+    tokens, DART's guesses past the second rarely pay there; on 80 development prompts a share of 2 ran at 1.29x plain
+    decoding against 1.21x for one shared budget of 2 and 1.20x for prompt lookup alone, a share of 3 faster still
+    where rows are cheaper). On a GPU the network's default (32) is the larger: no cap."""
     size = default_tree_size(device, feature_drafter)
     if not (lookup and feature_drafter):
         return size, None
     spans = default_tree_size(device, False)
-    return max(size, spans), (size if size < spans else None)
+    return (size, None) if size >= spans else (spans, min(CPU_LOOKUP_DRAFT_NODES, spans))
 
 
 class Generator:

@@ -683,7 +683,7 @@ def test_build_generator_gives_dart_with_lookup_its_default_cap_only_at_the_defa
 
     model_for(target).save(tmp_path)
     default = build_generator(target, GeneratorSpec(drafter="dart+pld", path=str(tmp_path)))
-    assert (default.tree_size, default.drafter.draft_nodes) == (4, 2)
+    assert (default.tree_size, default.drafter.draft_nodes) == (4, 3)
     sized = build_generator(target, GeneratorSpec(drafter="dart+pld", path=str(tmp_path), tree_size=6))
     assert (sized.tree_size, sized.drafter.draft_nodes) == (6, None)  # an explicit size: no cap unless asked
     both = build_generator(target, GeneratorSpec(drafter="dart+pld", path=str(tmp_path), tree_size=6, draft_nodes=3))

@@ -226,7 +226,7 @@ def test_auto_drafter_on_a_cpu_is_dart_with_lookup_where_a_drafter_ships_and_pla
     assert default_drafter(torch.device("cuda"), "smollm2-135m") == "none"
     assert default_drafter("cuda", target.name) == default_drafter("cuda") == "none"
     # dart+pld's default budget: lookup's size with DART's tree at its own on a CPU; the network's size on a GPU.
-    assert default_budget("cpu", True, lookup=True) == (4, 2) and default_budget("cpu", True) == (2, None)
+    assert default_budget("cpu", True, lookup=True) == (4, 3) and default_budget("cpu", True) == (2, None)
     assert default_budget("cpu") == (4, None) and default_budget("cpu", False, lookup=True) == (4, None)
     assert default_budget(torch.device("cuda"), True, lookup=True) == (32, None)
 

@@ -9,9 +9,9 @@ tau at 16 nodes from 2.72 to 3.32 and at 4 nodes from 2.15 to 2.30; letting DART
 deeper than DART's rows, gained nothing at 16 nodes and at most 3% at 32.
 
 Where verifying a node is not nearly free (a CPU), the two sources want different budgets: a span is often right
-for several tokens (prompt lookup's best size there is 4 nodes), DART's guesses past its first rarely pay (its best
-size there is 2). ``draft_nodes`` caps the DART tree's own nodes inside the budget: the CPU default is 4 nodes with
-DART's tree at 2 (:func:`dartspec.methods.build_generator`). When a batched step shares its rows among sequences,
+for several tokens (prompt lookup's best size there is 4 nodes), DART's guesses past its second rarely pay.
+``draft_nodes`` caps the DART tree's own nodes inside the budget: the CPU default is 4 nodes with DART's tree at 3
+(:data:`dartspec.engine.CPU_LOOKUP_DRAFT_NODES`). When a batched step shares its rows among sequences,
 what the batch takes from a sequence's tree comes out of DART's share first: each sequence's drafter runs on its
 own, and a span's node is the better bet (the CPU engine, 2 sequences a step of 4 rows, 1 thread: 1.07x plain
 decoding instead of 0.99x, as prompt lookup alone).
