@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 from conftest import tiny_target
 
+from dartspec.drafters.base import NoDrafter
+from dartspec.drafters.hybrid import HybridDrafter
 from dartspec.drafters.pld import GATE_DEPTH, LookupGate, PromptLookupDrafter, followed
 from dartspec.methods import GeneratorSpec, build_generator
 from dartspec.tree import DraftBudget, Tree
@@ -83,6 +85,8 @@ def test_forks_learn_apart() -> None:
     assert twin.gate is not lookup.gate
     drive(twin.gate, False, 5, [4, 5])
     assert lookup.gate.counts.sum() == 0 and twin.gate.counts.sum() > 0
+    hybrid = HybridDrafter(NoDrafter(), PromptLookupDrafter(gate=LookupGate(STEEP)))  # a gated lookup inside dart+pld
+    assert hybrid.fork().lookup.gate is not hybrid.lookup.gate
 
 
 def test_the_cost_curve_goes_on_past_its_last_size() -> None:

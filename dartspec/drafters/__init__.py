@@ -30,8 +30,9 @@ def default_drafter(device, model: str | None = None) -> str:
     bit-identical output). One 2-core Zen 3, 128 new tokens, interleaved (BENCHMARKS.md): the hybrid (DART's tree at
     most 2) ran at a median 1.29x plain decoding on 80 development prompts (ShareGPT 14000+), 1.12x on MT-Bench and
     1.24x on HumanEval, prompt lookup alone 1.20x, 1.04x and 1.14x; one 2-core AVX-512 EPYC, DART's tree at most 3:
-    1.31x on the development prompts, 1.19x / 1.18x on MT-Bench / HumanEval (20 each), prompt lookup 1.08x / 1.10x. On a GPU, plain decoding: there the lean forward's steps run as CUDA
-    graphs by default, which made plain decoding 2.8-3.8x as fast (the fourth window, one H100, float32), and
+    1.31x on the development prompts, 1.19x / 1.18x on MT-Bench / HumanEval (20 each), prompt lookup 1.08x / 1.10x.
+    On a GPU, plain decoding: there the lean forward's steps run as CUDA graphs by default, which made plain decoding
+    2.8-3.8x as fast (the fourth window, one H100, float32), and
     against that DART with lookup spans measured 0.80-0.88x on MT-Bench (1.39-1.52x on HumanEval, 4-5 prompts a set,
     0 mismatches): its drafter forward and tree search then still ran eagerly, ~38% of a step."""
     if not on_cpu(device):

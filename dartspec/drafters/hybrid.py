@@ -69,7 +69,8 @@ class HybridDrafter(DrafterBase):
         return self.drafter.report()
 
     def _own_state(self) -> None:
-        self.drafter = self.drafter.fork()  # the lookup has no state
+        self.drafter = self.drafter.fork()
+        self.lookup = self.lookup.fork()  # stateless unless gated: a gate learns per sequence
 
 
 def hybrid_tree(
