@@ -24,7 +24,7 @@ import numpy as np
 
 from dartspec.drafters.base import DraftBudget, DrafterBase
 from dartspec.tree import Tree
-from dartspec.tree_size import CostCurve
+from dartspec.tree_size import CostCurve, calibrate
 
 #: Depths the gate keeps statistics for; deeper span tokens are never proposed by a gate.
 GATE_DEPTH = 16
@@ -62,11 +62,13 @@ class LookupGate:
     strength: float = 2.0  # the prior counts as this many steps
     hits: np.ndarray = field(init=False)
     counts: np.ndarray = field(init=False)
+    prior: np.ndarray = field(init=False)  # (max_spans, GATE_DEPTH): GATE_PRIOR, a little higher for more spans
     pending: list[tuple[int, list[list[int]]]] = field(default_factory=list)  # (where the truth starts, spans)
 
     def __post_init__(self) -> None:
         self.hits = np.zeros((self.max_spans, GATE_DEPTH))
         self.counts = np.zeros((self.max_spans, GATE_DEPTH))
+        self.prior = GATE_PRIOR[None, :] * (1.0 + 0.05 * np.arange(self.max_spans))[:, None]
 
     def begin(self) -> None:
         self.pending = []
@@ -78,8 +80,7 @@ class LookupGate:
 
     def rates(self) -> np.ndarray:
         """``(max_spans, GATE_DEPTH)``: the chance that the best of the first s spans is followed for >= k tokens."""
-        prior = GATE_PRIOR[None, :] * (1.0 + 0.05 * np.arange(self.max_spans))[:, None]
-        return (self.hits + self.strength * prior) / (self.counts + self.strength)
+        return (self.hits + self.strength * self.prior) / (self.counts + self.strength)
 
     def score(self, tokens: Sequence[int]) -> None:
         """Learn from the earlier steps' spans whose outcome ``tokens`` (all committed) now decides."""
@@ -190,6 +191,4 @@ def build(target: Any, options: Any) -> PromptLookupDrafter:
     machine) where ``options.auto_size`` asks for sizing per step (``--tree-size auto``)."""
     if not options.auto_size:
         return PromptLookupDrafter()
-    from dartspec.tree_size import calibrate
-
     return PromptLookupDrafter(gate=LookupGate(calibrate(target)))
