@@ -106,16 +106,27 @@ void dartspec_block(const dartspec_block_weights *b, float *x, const float *attn
     dartspec_block_many(b, x, attn_in, q, rot, 1, starts, &kv, &base, &mask, 0);
 }
 
+/* x (q, n) = rms_norm(x, w) row by row, in place: the lean runtime's final norm wherever its C kernels run (inside
+ * dartspec_blocks, or after layers run one by one), so every path computes the same hidden states bit for bit. */
+void dartspec_rms_norm(float *x, long q, long n, const float *w, float eps) {
+    for (long r = 0; r < q; r++) {
+        float *xr = x + r * n, inv = rms_inverse(xr, n, eps);
+#pragma omp simd
+        for (long k = 0; k < n; k++) xr[k] = xr[k] * inv * w[k];
+    }
+}
+
 /* Every layer of a forward in one call (the lean runtime's decode and verify steps): dartspec_block_many for layers
  * 0 .. L-1 in turn, layer l reading caches kv[l * nseq .. (l + 1) * nseq). Before layer l, x is copied into feats
  * (q, nfeat * hidden) at column block f for each f with feat_layers[f] == l (the drafters' fused features). One call
  * instead of one per layer: the Python around the calls cost ~7% of a one-token step on two cores (measured 0.93x
  * the time at 1 row, 0.96x at 4). Sliding-window layers (Gemma 3) take rot_local and window_mask where those are
- * given (their own rotary base; the window's masks, NULL where every key is within the window). */
+ * given (their own rotary base; the window's masks, NULL where every key is within the window). With final_norm
+ * (else NULL), x leaves as rms_norm(x, final_norm) (eps): the model's final-norm hidden states. */
 void dartspec_blocks(const dartspec_block_weights *const *b, long L, float *x, long q, const float *rot,
                      const float *rot_local, long nseq, const long *starts, const dartspec_kv *kv, const long *base,
                      const uint8_t *const *mask, const uint8_t *const *window_mask, int share, long nfeat,
-                     const long *feat_layers, float *feats) {
+                     const long *feat_layers, float *feats, const float *final_norm, float eps) {
     long hidden = b[0]->o.O;
     for (long l = 0; l < L; l++) {
         for (long f = 0; f < nfeat; f++)
@@ -126,4 +137,7 @@ void dartspec_blocks(const dartspec_block_weights *const *b, long L, float *x, l
         dartspec_block_many(b[l], x, NULL, q, local && rot_local ? rot_local : rot, nseq, starts, kv + l * nseq, base,
                             local && window_mask ? window_mask : mask, share);
     }
+    /* The model's final norm here, not as torch operations after the call: right after a forward's weight stream
+     * every small torch operation runs from cold caches (~50-100 us each on a 2-core VM, a composite norm several). */
+    if (final_norm) dartspec_rms_norm(x, q, hidden, final_norm, eps);
 }

@@ -389,7 +389,7 @@ class Generator:
         drafter.begin(prompt_ids)
         out = target.prefill(prompt_ids, features=drafter.needs_features, cache=cache)
         drafter.observe(prompt_ids, out.features)
-        first = verifier.next_token(out.logits[0])
+        first = verifier.next_token(out.logits[0], None if out.argmax is None else out.argmax[0])
         stats.target_forwards = 1
         stats.times["prefill"] = time.perf_counter() - started
         return SequenceState(
@@ -469,7 +469,7 @@ class Generator:
     def _accept(self, seq: SequenceState, tree: Tree, base: int, out: TargetOutput) -> None:
         """The verifier accepts a path of ``tree``; the cache keeps it, the drafter and the sequence take it."""
         seq.clock.restart()
-        acc = seq.verifier.accept(tree, out.logits)
+        acc = seq.verifier.accept(tree, out.logits, out.argmax)
         self.target.commit(base, acc.path, seq.cache)
         seq.clock.lap("verify")
         drafter = seq.drafter

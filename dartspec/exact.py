@@ -602,6 +602,52 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
+def _c_linear(packed: ExactWeight, bias: torch.Tensor | None, keep: list[object]) -> _CLinear:
+    """The C struct of one projection in panels (a chain's later parts in structs it points to); every tensor and
+    struct it points to is appended to ``keep``, which its owner holds as long as the struct."""
+    if packed.panel == 0:
+        raise ValueError("the C kernels need weights in panels (exact.to_panels)")
+    b = None if bias is None else bias.detach().contiguous().float()
+    first, *later = parts(packed)
+    rest = None
+    if later:
+        tail = chain(later)
+        rest = _c_linear(tail, None if b is None else b[first.out_features :], keep)
+        keep.append(rest)
+    keep += [first.data, first.scale, first.offset, b]
+    return _CLinear(
+        first.kind,
+        _half(first),
+        first.in_features,
+        first.out_features,
+        first.data.data_ptr(),
+        first.scale.data_ptr(),
+        _ptr(first.offset),
+        _ptr(b),
+        None if rest is None else ctypes.addressof(rest),
+    )
+
+
+class Head:
+    """A model's LM head on weights in panels as one C call (``dartspec_logits``): the logits of some rows and each
+    row's argmax, taken in C while the logits are in cache (a torch argmax right after a forward runs cold)."""
+
+    def __init__(self, packed: ExactWeight, bias: torch.Tensor | None = None) -> None:
+        self._keep: list[object] = []
+        self._c = _c_linear(packed, bias, self._keep)
+        self._ref = ctypes.byref(self._c)
+        self.out_features = packed.out_features
+        self._run = _library().dartspec_logits
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(logits (rows, out), argmax (rows,) int64)`` of ``x`` ``(rows, in)`` (any float dtype, made fp32)."""
+        x = x.to(torch.float32).contiguous()
+        logits = torch.empty((x.shape[0], self.out_features), dtype=torch.float32)
+        argmax = torch.empty(x.shape[0], dtype=torch.int64)
+        self._run(self._ref, x.data_ptr(), x.shape[0], logits.data_ptr(), argmax.data_ptr())
+        return logits, argmax
+
+
 class Block:
     """One decoder block of the lean runtime on ``exact-a16`` weights, run by one C call (``block.c``): both
     norms, the four projections, the attention block of :func:`attend`, SiLU and both residual adds."""
@@ -632,36 +678,12 @@ class Block:
             t.contiguous().float() if t is not None else None for t in (ln1, ln2, q_norm, k_norm, post_attn, post_ffn)
         ]
         self._keep: list[object] = list(norms)
-        linear_structs = [self._linear(packed, bias) for packed, bias in linears]
+        linear_structs = [_c_linear(packed, bias, self._keep) for packed, bias in linears]
         c_norms = map(_ptr, norms)
         self._c = _CBlock(*linear_structs, *c_norms, heads, kv_heads, head_dim, eps, scale, int(gelu), int(sliding))
         self._ref = ctypes.byref(self._c)
         self._run = _library().dartspec_block
         self._run_many = _library().dartspec_block_many
-
-    def _linear(self, packed: ExactWeight, bias: torch.Tensor | None) -> _CLinear:
-        """The C struct of one projection (a chain's later parts in structs it points to, kept alive here)."""
-        if packed.panel == 0:
-            raise ValueError("Block needs weights in panels (exact.to_panels)")
-        b = None if bias is None else bias.detach().contiguous().float()
-        first, *later = parts(packed)
-        rest = None
-        if later:
-            tail = chain(later)
-            rest = self._linear(tail, None if b is None else b[first.out_features :])
-            self._keep.append(rest)
-        self._keep += [first.data, first.scale, first.offset, b]
-        return _CLinear(
-            first.kind,
-            _half(first),
-            first.in_features,
-            first.out_features,
-            first.data.data_ptr(),
-            first.scale.data_ptr(),
-            _ptr(first.offset),
-            _ptr(b),
-            None if rest is None else ctypes.addressof(rest),
-        )
 
     def __call__(
         self,
@@ -721,9 +743,12 @@ class BlockStack:
     """Every decoder block of a forward in one C call (``dartspec_blocks`` of ``block.c``): :meth:`Block.many` for
     each layer in turn, without returning to Python between layers."""
 
-    def __init__(self, blocks: Sequence[Block]) -> None:
+    def __init__(self, blocks: Sequence[Block], final_norm: torch.Tensor | None = None, eps: float = 0.0) -> None:
+        """``final_norm``: the model's final norm weight (its ``eps``), applied to ``x`` at the end of each call."""
         self.blocks = list(blocks)  # keeps their weights and structs alive
         self._ptrs = (ctypes.c_void_p * len(self.blocks))(*(ctypes.addressof(b._c) for b in self.blocks))
+        self.final_norm = None if final_norm is None else final_norm.detach().contiguous().float()
+        self._eps = eps
         self._run = _library().dartspec_blocks
 
     def __call__(
@@ -736,7 +761,8 @@ class BlockStack:
         feats: torch.Tensor | None = None,
         rot_local: torch.Tensor | None = None,
     ) -> None:
-        """All layers on the new rows of ``seqs`` (``kv`` holds every layer's row), ``x`` updated **in place**.
+        """All layers on the new rows of ``seqs`` (``kv`` holds every layer's row), ``x`` updated **in place** (to
+        the final-norm hidden states where the stack has a ``final_norm``).
         ``feats`` ``(q, len(feature_layers) * hidden)``: the input of layer ``feature_layers[f]`` lands in column
         block f. Sliding-window layers take ``rot_local`` and ``seqs.window_masks`` where given."""
         if (feats is None) != (feature_layers is None):
@@ -759,6 +785,8 @@ class BlockStack:
             nfeat,
             None if feature_layers is None else feature_layers.ctypes.data,
             None if feats is None else feats.data_ptr(),
+            _ptr(self.final_norm),
+            self._eps,
         )
 
 
@@ -792,6 +820,13 @@ class SequenceSlots:
     layer: int = 0
     #: sliding-window layers' masks (as ``masks``), None where the window hides no key
     window_masks: np.ndarray | None = None
+
+
+def rms_norm_(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x`` ``(rows, n)`` fp32 contiguous RMS-normed by ``weight`` **in place**, by the C code that ends
+    :class:`BlockStack`'s calls (the same numbers bit for bit); returns ``x``."""
+    _library().dartspec_rms_norm(x.data_ptr(), x.shape[0], x.shape[1], weight.data_ptr(), eps)
+    return x
 
 
 def quantize_activations(x: torch.Tensor) -> torch.Tensor:
@@ -885,7 +920,11 @@ def _library() -> ctypes.CDLL:
     lib.dartspec_block_many.argtypes = [ptr, ptr, ptr, c_long, ptr, c_long, ptr, ptr, ptr, ptr, ctypes.c_int]
     lib.dartspec_blocks.restype = None
     lib.dartspec_blocks.argtypes = [ptr, c_long, ptr, c_long, ptr, ptr, c_long, ptr, ptr, ptr, ptr, ptr, ctypes.c_int]
-    lib.dartspec_blocks.argtypes += [c_long, ptr, ptr]
+    lib.dartspec_blocks.argtypes += [c_long, ptr, ptr, ptr, ctypes.c_float]
+    lib.dartspec_rms_norm.restype = None
+    lib.dartspec_rms_norm.argtypes = [ptr, c_long, c_long, ptr, ctypes.c_float]
+    lib.dartspec_logits.restype = None
+    lib.dartspec_logits.argtypes = [ptr, ptr, c_long, ptr, ptr]
     lib.dartspec_ngram_prob.restype = None
     lib.dartspec_ngram_prob.argtypes = [ptr, ptr, c_long, ptr, ptr, c_long, ptr, ptr, c_long, ctypes.c_uint64]
     lib.dartspec_ngram_prob.argtypes += [ptr, ptr, c_long, c_long, ptr]

@@ -231,9 +231,13 @@ class LeanTarget(CausalRuntime):
         self._no_kv = embed.new_empty((1, self.kv_heads, 0, self.head_dim))
         # exact-a16 and fp16 weights alike are panels of the C kernels (integer groups, fp16 weights)
         panels = all(lin.packed is not None and lin.packed.panel for lin in self._linears().values())
+        #: The head as one C call that also takes each row's argmax (:meth:`_project`), where it is in panels.
+        self._c_head: exact.Head | None = None
         if self._fused_attention and panels:
             for layer in self.layers:
                 layer.block = self._block(layer)
+            assert self._head.packed is not None  # panels: every linear is packed
+            self._c_head = exact.Head(self._head.packed, self._head.bias)
             # The fused blocks compute every row on its own: a prefill in chunks they take is the same bit for bit
             # however it is cut (so a prefix from the prefix cache changes nothing), and faster than SDPA's
             # (measured on SmolLM2, 600 tokens, 2 cores: 331-342 ms in chunks of 64, 358-368 ms in one of 512).
@@ -298,7 +302,7 @@ class LeanTarget(CausalRuntime):
             assert feats is not None and all(b.features is not None for b in chain)
             feats = torch.cat([*(b.features for b in chain), feats])  # type: ignore[misc]
         shared.store(token_ids, cache, chain, feats)
-        return TargetOutput(out.logits, feats)
+        return TargetOutput(out.logits, feats, argmax=out.argmax)
 
     def _block(self, layer: _Layer) -> exact.Block:
         linears = []
@@ -477,7 +481,7 @@ class LeanTarget(CausalRuntime):
             local_pairs = rot_pairs if self._rot_local is None else torch.view_as_real(rot_local[0]).contiguous()
         if fused and (stack := self._block_stack()) is not None:  # every layer in one C call
             feats = self._run_blocks(stack, x, rot_pairs, [cache], [q], [mask], features, local_pairs, [window])
-            return F.rms_norm(x, (x.shape[-1],), self._norm, eps), feats
+            return x, feats  # the stack's final norm: x holds the final-norm hidden states
         captured = []
         for i, layer in enumerate(self.layers):
             if features and i in self.feature_layers:
@@ -507,10 +511,16 @@ class LeanTarget(CausalRuntime):
         if features:
             by_layer = dict(zip(sorted(set(self.feature_layers)), captured, strict=True))
             feats = torch.cat([by_layer[i] for i in self.feature_layers], dim=-1)
-        hidden = F.rms_norm(x, (x.shape[-1],), self._norm, eps)
+        hidden = self._final_norm(x)
         if batched:
             return hidden.view(b, q, -1), None if feats is None else feats.view(b, q, -1)
         return hidden, feats
+
+    def _final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        """The final norm of ``(rows, hidden)``; with the C kernels (fp32 on a CPU) theirs, as the fused stack's."""
+        if not self._fused_attention:
+            return F.rms_norm(x, (x.shape[-1],), self._norm, self.eps)
+        return exact.rms_norm_(x.contiguous().clone(), self._norm, self.eps)
 
     def _window_mask(
         self, positions: torch.Tensor, mask: torch.Tensor | None, base: int, key_positions: torch.Tensor | None
@@ -561,9 +571,13 @@ class LeanTarget(CausalRuntime):
         windows = [self._window_mask(d, m, int(b), None) for d, m, b in zip(depths, masks, bases, strict=True)]
         x = self.embed(ids)
         feats = self._run_blocks(stack, x, rot, caches, sizes, masks, features, local, windows)
-        logits = self.logits(F.rms_norm(x, (x.shape[-1],), self._norm, self.eps)).split(sizes)
-        parts = feats.split(sizes) if feats is not None else None
-        return [TargetOutput(logits[s], None if parts is None else parts[s]) for s in range(len(items))]
+        logits, argmax = self._project(x)  # x: the stack's final-norm hidden states
+        none = [None] * len(items)
+        argmaxes = none if argmax is None else argmax.split(sizes)
+        parts = none if feats is None else feats.split(sizes)
+        return [
+            TargetOutput(lg, part, argmax=am) for lg, part, am in zip(logits.split(sizes), parts, argmaxes, strict=True)
+        ]
 
     def _block_stack(self) -> exact.BlockStack | None:
         """Every layer's fused block as one C call (:class:`exact.BlockStack`), or None where a layer has none."""
@@ -571,7 +585,7 @@ class LeanTarget(CausalRuntime):
         if any(b is None for b in blocks):
             return None
         if self._stack is None or any(a is not b for a, b in zip(self._stack.blocks, blocks, strict=True)):
-            self._stack = exact.BlockStack(blocks)
+            self._stack = exact.BlockStack(blocks, self._norm, self.eps)
         return self._stack
 
     def _run_blocks(
@@ -587,7 +601,8 @@ class LeanTarget(CausalRuntime):
         window_masks: Sequence[torch.Tensor | None] = (),
     ) -> torch.Tensor | None:
         """The new rows of ``caches`` (``sizes`` each, ``x`` and ``rot_pairs`` holding them one sequence after
-        another) through every layer's fused block in one C call, ``x`` in place; returns the feature layers' inputs
+        another) through every layer's fused block and the final norm in one C call, ``x`` in place (to the final-norm
+        hidden states); returns the feature layers' inputs
         ``(rows, F * hidden)`` when ``features``. Sliding-window layers take ``rot_local`` and ``window_masks`` (a
         sequence's None: its ``masks`` entry). Every cache grows by its rows, or none does (an interrupted call
         leaves no half-written entries behind)."""
@@ -736,6 +751,13 @@ class LeanTarget(CausalRuntime):
             return hidden.new_zeros((0, self.vocab_size), dtype=torch.float32)
         logits = self._head(hidden)
         return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+    def _project(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # The C head (weights in panels) takes each row's argmax while the logits are in cache; the same logits
+        # as :meth:`logits` (the same kernel on the same rows).
+        if self._c_head is None or hidden.shape[0] == 0:
+            return super()._project(hidden)
+        return self._c_head(hidden)
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         x = F.embedding(token_ids, self._embed)

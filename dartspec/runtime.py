@@ -56,11 +56,14 @@ class TargetOutput:
             every input position, or None when features were not requested.
         hidden: the final-norm hidden states the logits come from (whole-sequence scoring; the training
             feature cache stores them instead of the logits).
+        argmax: ``(rows,)`` int64, each row's ``logits.argmax(-1)``, where the runtime took it with the logits
+            (the lean runtime's C head on a CPU); None elsewhere.
     """
 
     logits: torch.Tensor
     features: torch.Tensor | None
     hidden: torch.Tensor | None = None  # final-norm hidden states (scoring whole sequences only)
+    argmax: torch.Tensor | None = None
 
 
 @runtime_checkable
@@ -349,7 +352,7 @@ class CausalRuntime(ABC):
                 )
             )
         feats = torch.cat([o.features for o in outs]) if features else None
-        return TargetOutput(outs[-1].logits, feats)
+        return TargetOutput(outs[-1].logits, feats, argmax=outs[-1].argmax)
 
     def verify(self, tree: Tree, *, features: bool = False, cache: TreeKVCache | None = None) -> TargetOutput:
         """Score every node of ``tree`` in one forward against ``cache`` (default: the runtime's own); logits row i
@@ -414,7 +417,13 @@ class CausalRuntime(ABC):
             cache.truncate(base)
             raise
         rows = hidden if logit_rows is None else hidden[logit_rows]
-        return TargetOutput(self.logits(rows), feats)
+        logits, argmax = self._project(rows)
+        return TargetOutput(logits, feats, argmax=argmax)
+
+    def _project(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The logits of final-norm ``hidden`` rows, and their argmax where the runtime takes it on the way (else
+        None: the verifier takes it)."""
+        return self.logits(hidden), None
 
     def _allowed(self, base: int, q: int, local_mask: torch.Tensor | None) -> torch.Tensor:
         """``(q, base + q)`` boolean: which cached and new positions each new token may attend to."""

@@ -105,20 +105,24 @@ class Verifier:
     def _uniform(self) -> float:
         return float(torch.rand((), generator=self._rng, dtype=torch.float64))
 
-    def next_token(self, logits: torch.Tensor) -> int:
-        """One token from one row of logits (used after prefill, where there is no tree)."""
+    def next_token(self, logits: torch.Tensor, argmax: torch.Tensor | None = None) -> int:
+        """One token from one row of logits (used after prefill, where there is no tree); ``argmax``: the row's
+        argmax where the runtime took it already."""
         if self.params.greedy:
-            return int(logits.argmax())
+            return int(logits.argmax() if argmax is None else argmax)
         return sample(warp(logits, self.params), self._uniform())
 
-    def accept(self, tree: Tree, logits: torch.Tensor) -> Acceptance:
-        """Walk ``tree`` with the target's ``logits`` (row i = distribution after node i)."""
-        argmax = logits.argmax(-1).tolist() if self.params.greedy else None
+    def accept(self, tree: Tree, logits: torch.Tensor, argmax: torch.Tensor | None = None) -> Acceptance:
+        """Walk ``tree`` with the target's ``logits`` (row i = distribution after node i); ``argmax``: each row's
+        argmax where the runtime took it already (:attr:`TargetOutput.argmax`)."""
+        greedy = None
+        if self.params.greedy:
+            greedy = (logits.argmax(-1) if argmax is None else argmax).tolist()
         node = 0
         path = [0]
         tokens: list[int] = []
         while True:
-            token = argmax[node] if argmax is not None else self.next_token(logits[node])
+            token = greedy[node] if greedy is not None else self.next_token(logits[node])
             tokens.append(token)
             child = tree.child_with_token(node, token)
             if child is None:

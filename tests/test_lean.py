@@ -416,6 +416,68 @@ def test_a_chain_of_parts_of_different_kinds_computes_what_each_part_does() -> N
 
 
 @pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
+def test_the_c_head_gives_the_kernels_logits_and_torchs_argmax_with_ties_and_nans() -> None:
+    """:class:`exact.Head` (the lean runtime's LM head on a CPU): the logits are :func:`exact.linear_a16`'s bit for
+    bit, on one kind and on a chain of kinds, and each row's argmax is ``torch.argmax``'s: the first of tied largest
+    logits (rows of the head repeated), the first NaN where a row has one, 0 for a row of -inf only (a bias)."""
+    from test_kquants import random_q4_k, random_q6_k
+
+    from dartspec import kquants
+
+    gen = torch.Generator().manual_seed(3)
+    out, k = 1000, 96  # a vocabulary that is no whole number of panels
+    q = torch.randint(-127, 128, (out, k // 32, 32), generator=gen).float()
+    q[..., 0] = 127
+    d = (torch.rand(out, k // 32, 1, generator=gen) * 0.01 + 0.001).half().float()
+    w = (q * d).reshape(out, k)
+    w[[400, 700, 999]] = w[123].clone()  # four rows with the same logits everywhere
+    eight = exact.to_panels(exact.pack(w))
+    rng = np.random.default_rng(3)
+    q4 = kquants.q4_k_groups(random_q4_k(rng, 40, 256), 40, 256)
+    q6 = kquants.q6_k_groups(random_q6_k(rng, 21, 256), 21, 256)
+    mixed = exact.to_panels(exact.stack([q4, q6]))
+    assert mixed.rest is not None
+    for packed in (eight, mixed):
+        x = torch.randn(9, packed.in_features, generator=gen)
+        logits, argmax = exact.Head(packed)(x)
+        assert torch.equal(logits, exact.linear_a16(x, packed))
+        assert argmax.dtype == torch.int64 and torch.equal(argmax, logits.argmax(-1))
+        for r in (0, 4, 8):  # alone or beside other rows: the same (a tree row is what a decode step computes)
+            alone = exact.Head(packed)(x[r : r + 1])
+            assert torch.equal(alone[0][0], logits[r]) and int(alone[1][0]) == int(argmax[r])
+    x = w[123].repeat(2, 1)  # rows aligned with the repeated head row: a four-way tie at the top
+    logits, argmax = exact.Head(eight)(x)
+    assert argmax.tolist() == [123, 123] and logits[0, 123] == logits[0, 999] == logits[0].max()
+    nan = torch.zeros(out)
+    nan[[600, 800]] = float("nan")  # NaN logits (a bias): the first NaN, as torch.argmax
+    logits, argmax = exact.Head(eight, nan)(x)
+    assert argmax.tolist() == [600, 600] and torch.equal(argmax, logits.argmax(-1))
+    logits, argmax = exact.Head(eight, torch.full((out,), -float("inf")))(x)  # nothing but -inf: the first
+    assert argmax.tolist() == [0, 0] and torch.equal(argmax, logits.argmax(-1))
+
+
+@pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
+def test_the_lean_runtime_hands_the_verifier_each_rows_argmax() -> None:
+    """On a CPU the lean runtime's outputs carry each row's argmax (taken in C with the logits; the verifier uses it
+    instead of a torch argmax), equal to the logits' own; the final norm runs in C on every path (the fused stack,
+    blocks one at a time) and equals torch's within rounding."""
+    model = _gguf_like(tiny_model("llama", seed=2).float())
+    lean = LeanTarget(model, tiny_tokenizer(), quant="exact-a16")
+    ids = torch.randint(3, VOCAB, (30,), generator=torch.Generator().manual_seed(2)).tolist()
+    out = lean.prefill(ids)
+    assert out.argmax is not None and torch.equal(out.argmax, out.logits.argmax(-1))
+    tree = _random_tree(np.random.default_rng(2), ids[-1], 7)
+    out = lean.verify(tree)
+    assert out.argmax is not None and torch.equal(out.argmax, out.logits.argmax(-1))
+    x = torch.randn(5, model.config.hidden_size)
+    ref = torch.nn.functional.rms_norm(x, (x.shape[-1],), lean._norm, lean.eps)
+    torch.testing.assert_close(lean._final_norm(x), ref, rtol=1e-6, atol=1e-6)
+    hf = LeanTarget(model, tiny_tokenizer(), quant="none")  # no C head (weights as loaded): the verifier's argmax
+    hf._fused_attention = False
+    assert hf.prefill(ids).argmax is None
+
+
+@pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
 def test_fp16_scales_compute_what_fp32_scales_do_through_the_fused_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     """A GGUF's group scales are half-precision numbers, so exact-a16 keeps them in fp16 (fewer bytes a step); a model
     whose scales are not (other GGUF block types) keeps fp32 ones. Both layouts give the same logits, bit for bit."""
