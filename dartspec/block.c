@@ -106,11 +106,12 @@ void dartspec_block(const dartspec_block_weights *b, float *x, const float *attn
     dartspec_block_many(b, x, attn_in, q, rot, 1, starts, &kv, &base, &mask, 0);
 }
 
-/* x (q, n) = rms_norm(x, w) row by row, in place: the lean runtime's final norm wherever its C kernels run (inside
- * dartspec_blocks, or after layers run one by one), so every path computes the same hidden states bit for bit. */
-void dartspec_rms_norm(float *x, long q, long n, const float *w, float eps) {
+/* x (q, n; rows `stride` apart) = rms_norm(x, w) row by row, in place: the lean runtime's final norm wherever its C
+ * kernels run (inside dartspec_blocks, or after layers run one by one), so every path computes the same hidden
+ * states bit for bit; a drafter's input norms (halves of wider rows). */
+void dartspec_rms_norm(float *x, long q, long n, long stride, const float *w, float eps) {
     for (long r = 0; r < q; r++) {
-        float *xr = x + r * n, inv = rms_inverse(xr, n, eps);
+        float *xr = x + r * stride, inv = rms_inverse(xr, n, eps);
 #pragma omp simd
         for (long k = 0; k < n; k++) xr[k] = xr[k] * inv * w[k];
     }
@@ -139,5 +140,5 @@ void dartspec_blocks(const dartspec_block_weights *const *b, long L, float *x, l
     }
     /* The model's final norm here, not as torch operations after the call: right after a forward's weight stream
      * every small torch operation runs from cold caches (~50-100 us each on a 2-core VM, a composite norm several). */
-    if (final_norm) dartspec_rms_norm(x, q, hidden, final_norm, eps);
+    if (final_norm) dartspec_rms_norm(x, q, hidden, hidden, final_norm, eps);
 }

@@ -629,14 +629,25 @@ def _c_linear(packed: ExactWeight, bias: torch.Tensor | None, keep: list[object]
 
 
 class Head:
-    """A model's LM head on weights in panels as one C call (``dartspec_logits``): the logits of some rows and each
-    row's argmax, taken in C while the logits are in cache (a torch argmax right after a forward runs cold)."""
+    """A model's LM head on weights in panels as one C call (``dartspec_logits``): the logits of some rows (after an
+    RMSNorm where ``norm`` is given; as log-probabilities with ``log_softmax``) and each row's argmax, taken in C
+    while the logits are in cache (torch operations right after a forward run on cold caches)."""
 
-    def __init__(self, packed: ExactWeight, bias: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        packed: ExactWeight,
+        bias: torch.Tensor | None = None,
+        *,
+        norm: torch.Tensor | None = None,
+        eps: float = 0.0,
+        log_softmax: bool = False,
+    ) -> None:
         self._keep: list[object] = []
         self._c = _c_linear(packed, bias, self._keep)
         self._ref = ctypes.byref(self._c)
         self.out_features = packed.out_features
+        self._norm = None if norm is None else norm.detach().contiguous().float()
+        self._eps, self._log_softmax = eps, int(log_softmax)
         self._run = _library().dartspec_logits
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -644,7 +655,8 @@ class Head:
         x = x.to(torch.float32).contiguous()
         logits = torch.empty((x.shape[0], self.out_features), dtype=torch.float32)
         argmax = torch.empty(x.shape[0], dtype=torch.int64)
-        self._run(self._ref, x.data_ptr(), x.shape[0], logits.data_ptr(), argmax.data_ptr())
+        args = (self._ref, x.data_ptr(), x.shape[0], _ptr(self._norm), self._eps, logits.data_ptr())
+        self._run(*args, argmax.data_ptr(), self._log_softmax)
         return logits, argmax
 
 
@@ -823,9 +835,12 @@ class SequenceSlots:
 
 
 def rms_norm_(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``x`` ``(rows, n)`` fp32 contiguous RMS-normed by ``weight`` **in place**, by the C code that ends
-    :class:`BlockStack`'s calls (the same numbers bit for bit); returns ``x``."""
-    _library().dartspec_rms_norm(x.data_ptr(), x.shape[0], x.shape[1], weight.data_ptr(), eps)
+    """``x`` ``(rows, n)`` fp32 (rows of unit stride, any row stride: e.g. half of wider rows) RMS-normed by ``weight``
+    **in place**, by the C code that ends :class:`BlockStack`'s calls (the same numbers bit for bit); returns ``x``."""
+    if x.dtype != torch.float32 or x.dim() != 2 or x.stride(1) != 1 or weight.shape != (x.shape[1],):
+        raise ValueError("rms_norm_ takes fp32 rows of unit stride and a weight of their width")
+    w = weight.contiguous().float()
+    _library().dartspec_rms_norm(x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), w.data_ptr(), eps)
     return x
 
 
@@ -922,9 +937,9 @@ def _library() -> ctypes.CDLL:
     lib.dartspec_blocks.argtypes = [ptr, c_long, ptr, c_long, ptr, ptr, c_long, ptr, ptr, ptr, ptr, ptr, ctypes.c_int]
     lib.dartspec_blocks.argtypes += [c_long, ptr, ptr, ptr, ctypes.c_float]
     lib.dartspec_rms_norm.restype = None
-    lib.dartspec_rms_norm.argtypes = [ptr, c_long, c_long, ptr, ctypes.c_float]
+    lib.dartspec_rms_norm.argtypes = [ptr, c_long, c_long, c_long, ptr, ctypes.c_float]
     lib.dartspec_logits.restype = None
-    lib.dartspec_logits.argtypes = [ptr, ptr, c_long, ptr, ptr]
+    lib.dartspec_logits.argtypes = [ptr, ptr, c_long, ptr, ctypes.c_float, ptr, ptr, ctypes.c_int]
     lib.dartspec_ngram_prob.restype = None
     lib.dartspec_ngram_prob.argtypes = [ptr, ptr, c_long, ptr, ptr, c_long, ptr, ptr, c_long, ctypes.c_uint64]
     lib.dartspec_ngram_prob.argtypes += [ptr, ptr, c_long, c_long, ptr]

@@ -494,17 +494,29 @@ static long row_argmax(const float *v, long n) {
     return 0;
 }
 
-/* A model's LM head on M rows x (M, L's K): y (M, qdot_width(L)) = x W^T (+ bias), and, where argmax is not NULL,
- * each row's argmax (torch.argmax's choice) from y while it is still in cache: a decode step's greedy token without a
- * torch operation on cold caches after the forward (~65 us for SmolLM2's 49,152 logits on a 2-core VM). */
-void dartspec_logits(const qdot_linear *L, const float *x, long M, float *y, int64_t *argmax) {
+/* A model's LM head on M rows x (M, L's K): y (M, qdot_width(L)) = norm(x) W^T (+ bias), norm the RMSNorm of weight
+ * `norm` (eps) or none (NULL); with `log_softmax`, each row of y then its log-softmax (a drafter's log-probabilities);
+ * where argmax is not NULL, each row's argmax (torch.argmax's choice) from y while it is still in cache. One call
+ * instead of torch operations after the GEMM: right after a forward's weight stream each small torch operation runs
+ * on cold caches (~65 us for an argmax of SmolLM2's 49,152 logits on a 2-core VM, a composite norm more). */
+void dartspec_logits(const qdot_linear *L, const float *x, long M, const float *norm, float eps, float *y,
+                     int64_t *argmax, int log_softmax) {
     qdot_rows rows;
+    long width = qdot_width(L);
     qdot_rows_alloc(&rows, M, L->K, qdot_takes_float(L));
-    qdot_prepare(QDOT_PLAIN, x, M, L->K, L->K, NULL, 0.0f, &rows);
+    qdot_prepare(norm ? QDOT_RMSNORM : QDOT_PLAIN, x, M, L->K, L->K, norm, eps, &rows);
     qdot_run(L, &rows, M, y, 0);
     qdot_rows_free(&rows);
-    if (argmax) {
-        long width = qdot_width(L);
-        for (long r = 0; r < M; r++) argmax[r] = row_argmax(y + r * width, width);
+    for (long r = 0; r < M && log_softmax; r++) {
+        float *yr = y + r * width, top = -INFINITY;
+#pragma omp simd reduction(max : top)
+        for (long i = 0; i < width; i++) top = yr[i] > top ? yr[i] : top;
+        double sum = 0.0;
+#pragma omp simd reduction(+ : sum)
+        for (long i = 0; i < width; i++) sum += exp_nonpositive(yr[i] - top);
+        float lse = top + (float)log(sum);
+#pragma omp simd
+        for (long i = 0; i < width; i++) yr[i] -= lse;
     }
+    for (long r = 0; r < M && argmax; r++) argmax[r] = row_argmax(y + r * width, width);
 }

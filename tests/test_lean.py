@@ -454,6 +454,16 @@ def test_the_c_head_gives_the_kernels_logits_and_torchs_argmax_with_ties_and_nan
     assert argmax.tolist() == [600, 600] and torch.equal(argmax, logits.argmax(-1))
     logits, argmax = exact.Head(eight, torch.full((out,), -float("inf")))(x)  # nothing but -inf: the first
     assert argmax.tolist() == [0, 0] and torch.equal(argmax, logits.argmax(-1))
+    # A drafter's head: an RMSNorm before, log-probabilities after (the norm's rows may be any row stride)
+    norm, x = torch.rand(k, generator=gen) + 0.5, torch.randn(4, 2 * k, generator=gen) * 5
+    logp, argmax = exact.Head(eight, norm=norm, eps=1e-5, log_softmax=True)(x[:, :k])
+    ref = torch.log_softmax(exact.linear_a16(torch.nn.functional.rms_norm(x[:, :k], (k,), norm, 1e-5), eight), -1)
+    torch.testing.assert_close(logp, ref, rtol=0, atol=1e-5)
+    assert torch.equal(argmax, ref.argmax(-1))
+    halves = x.clone()
+    exact.rms_norm_(halves[:, k:], norm, 1e-5)  # in place, one half of each row
+    assert torch.equal(halves[:, :k], x[:, :k])
+    torch.testing.assert_close(halves[:, k:], torch.nn.functional.rms_norm(x[:, k:], (k,), norm, 1e-5))
 
 
 @pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")

@@ -21,7 +21,6 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.nn.functional as F
 
 from dartspec import exact
 from dartspec.drafters.dart_model import DartModel
@@ -76,6 +75,8 @@ class FastDraftNet:
         self.norm_feat, self.norm_embed, self.norm = (
             _values(n.weight) for n in (model.norm_feat, model.norm_embed, model.norm)
         )
+        # Final norm, head and log-softmax in one C call (torch operations after the layer's call run on cold caches)
+        self._head = exact.Head(self.head, norm=self.norm, eps=cfg.rms_norm_eps, log_softmax=True)
         masks = getattr(model, "mask_input", None), getattr(model, "mask_resid", None)
         self.mask_input, self.mask_resid = (None if t is None else _values(t) for t in masks)
         # The torch network's rotary angles, computed as dart_model.rotary does (float32 position * inverse freq).
@@ -122,10 +123,10 @@ class FastDraftNet:
         """Layer input ``(m, 2H)``: ``[norm_feat(first) ; norm_embed(next_embeds)]`` (``first`` is fc(features) for
         real positions, the parent's output for EAGLE-3's tree nodes)."""
         H, eps = self.cfg.hidden_size, self.cfg.rms_norm_eps
-        return torch.cat(
-            [F.rms_norm(first, (H,), self.norm_feat, eps), F.rms_norm(next_embeds.float(), (H,), self.norm_embed, eps)],
-            -1,
-        )
+        x = torch.cat([first.float(), next_embeds.float()], -1)
+        exact.rms_norm_(x[:, :H], self.norm_feat, eps)  # each half in place, in C (as the head, below)
+        exact.rms_norm_(x[:, H:], self.norm_embed, eps)
+        return x
 
     def features(self, features: torch.Tensor) -> torch.Tensor:
         """fc of the target's fused features ``(m, F*H)``."""
@@ -144,8 +145,7 @@ class FastDraftNet:
 
     def logprobs(self, resid: torch.Tensor) -> torch.Tensor:
         """Log-probabilities over the draft vocabulary of residual rows (final norm, head)."""
-        H, eps = self.cfg.hidden_size, self.cfg.rms_norm_eps
-        return torch.log_softmax(exact.linear_a16(F.rms_norm(resid, (H,), self.norm, eps), self.head), dim=-1)
+        return self._head(resid)[0]
 
     @torch.inference_mode()
     def dart_step(self, features: torch.Tensor, next_embeds: torch.Tensor, start: int, depth: int) -> torch.Tensor:
