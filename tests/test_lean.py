@@ -415,6 +415,112 @@ def test_a_chain_of_parts_of_different_kinds_computes_what_each_part_does() -> N
     assert packed.nbytes == sum(p.nbytes for p in exact.parts(packed))
 
 
+def _attention_reference(qkv, heads, kv_heads, rot, keys, values, base, allowed, scale):
+    """Float64 attention of the C kernel's inputs: rotary on the new rows' queries and keys (adjacent pairs), the new
+    keys and values after ``base`` cached ones, softmax over ``allowed`` ``(q, base + q)`` positions, GQA groups."""
+    q, dim = qkv.shape[0], keys.shape[-1]
+    x = qkv.double()
+    qs = x[:, : heads * dim].view(q, heads, dim)
+    ks = x[:, heads * dim : (heads + kv_heads) * dim].view(q, kv_heads, dim)
+    vs = x[:, (heads + kv_heads) * dim :].view(q, kv_heads, dim)
+
+    def rotate(t: torch.Tensor) -> torch.Tensor:
+        c, s = rot[:, None, :, 0].double(), rot[:, None, :, 1].double()
+        out = torch.empty_like(t)
+        out[..., 0::2] = t[..., 0::2] * c - t[..., 1::2] * s
+        out[..., 1::2] = t[..., 0::2] * s + t[..., 1::2] * c
+        return out
+
+    qs, ks = rotate(qs), rotate(ks)
+    all_k = torch.cat([keys[0, :, :base].double().permute(1, 0, 2), ks])  # (base + q, KV, D)
+    all_v = torch.cat([values[0, :, :base].double().permute(1, 0, 2), vs])
+    group = heads // kv_heads
+    out = torch.empty(q, heads, dim, dtype=torch.float64)
+    for i in range(q):
+        for h in range(heads):
+            scores = (all_k[:, h // group] @ qs[i, h]) * scale
+            scores[~allowed[i]] = -float("inf")
+            out[i, h] = torch.softmax(scores, 0) @ all_v[:, h // group]
+    return out.view(q, heads * dim), ks, vs
+
+
+@pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
+@pytest.mark.parametrize("dim", [64, 8])
+def test_c_attention_equals_a_float64_reference_with_and_without_a_cached_prefix(dim: int) -> None:
+    """The fused C attention (exact.attend: rotary, the cache write, GQA attention) against float64 torch, causal and
+    with a tree's mask, past an empty cache and past 5, 40 and 100 cached positions (64-wide heads: the AVX-512 paths;
+    8-wide: the generic ones); each tree row's output equals that row's alone after its ancestors (a tree computes what
+    decoding does)."""
+    heads, kv_heads, scale = 6, 2, dim**-0.5
+    gen = torch.Generator().manual_seed(dim)
+    for base in (0, 5, 40, 100):
+        cap = base + 8
+        keys, values = (
+            torch.randn(1, kv_heads, cap, dim, generator=gen),
+            torch.randn(1, kv_heads, cap, dim, generator=gen),
+        )
+        tree = _random_tree(np.random.default_rng(base), 3, 5)
+        for q, mask in ((1, None), (4, None), (5, "tree")):
+            qkv = torch.randn(q, (heads + 2 * kv_heads) * dim, generator=gen) * 2
+            rot = torch.nn.functional.normalize(torch.randn(q, dim // 2, 2, generator=gen), dim=-1)
+            allowed = torch.ones(q, base + q, dtype=torch.bool)
+            allowed[:, base:] = torch.ones(q, q, dtype=torch.bool).tril()
+            if mask == "tree":
+                allowed[:, base:] = torch.from_numpy(tree.ancestors)
+            k_cache, v_cache = keys.clone(), values.clone()
+            got = exact.attend(
+                qkv,
+                heads,
+                kv_heads,
+                rot,
+                k_cache,
+                v_cache,
+                base,
+                None if mask is None else allowed,
+                None,
+                None,
+                1e-6,
+                scale,
+            )
+            ref, ks, vs = _attention_reference(qkv, heads, kv_heads, rot, keys, values, base, allowed, scale)
+            torch.testing.assert_close(got.double(), ref, rtol=0, atol=2e-5)
+            torch.testing.assert_close(k_cache[0, :, base : base + q].double(), ks.permute(1, 0, 2), rtol=0, atol=1e-5)
+            assert torch.equal(v_cache[0, :, base : base + q], vs.permute(1, 0, 2).float())
+            if mask == "tree":  # each row alone: the prefix and its ancestors as a chain, the row last
+                for row in (1, 4):
+                    path = [int(j) for j in torch.nonzero(allowed[row, base:]).flatten()]
+                    k_alone, v_alone = keys.clone(), values.clone()
+                    exact.attend(
+                        qkv[path[:-1]],
+                        heads,
+                        kv_heads,
+                        rot[path[:-1]],
+                        k_alone,
+                        v_alone,
+                        base,
+                        None,
+                        None,
+                        None,
+                        1e-6,
+                        scale,
+                    )
+                    alone = exact.attend(
+                        qkv[path[-1:]],
+                        heads,
+                        kv_heads,
+                        rot[path[-1:]],
+                        k_alone,
+                        v_alone,
+                        base + len(path) - 1,
+                        None,
+                        None,
+                        None,
+                        1e-6,
+                        scale,
+                    )
+                    assert torch.equal(alone[0], got[row])
+
+
 @pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
 def test_the_c_head_gives_the_kernels_logits_and_torchs_argmax_with_ties_and_nans() -> None:
     """:class:`exact.Head` (the lean runtime's LM head on a CPU): the logits are :func:`exact.linear_a16`'s bit for
