@@ -193,7 +193,8 @@ def add_drafter_args(p: argparse.ArgumentParser, default: str = "auto") -> None:
         type=_positive_int,
         default=None,
         help="dart+pld: at most this many of the tree's nodes (root included) go to DART's tree, the rest to prompt "
-        "lookup's spans (default with the default tree size: 3 on a CPU, no cap on a GPU)",
+        "lookup's spans (default with the default tree size: 3 on a CPU, where past 512 tokens of context the spans "
+        "go on alone; no cap on a GPU)",
     )
     p.add_argument("--max-depth", type=int, default=8, help="max draft depth below the root")
 

@@ -248,6 +248,20 @@ def default_tree_size(device: Any, feature_drafter: bool = False) -> int:
 CPU_LOOKUP_DRAFT_NODES = 3
 
 
+#: On a CPU, the longest context (prompt and answer so far, in tokens) in which ``dart+pld``'s network drafts by
+#: default; past it the lookup's spans alone (:class:`dartspec.drafters.hybrid.HybridDrafter`). SmolLM2 on a 2-core
+#: EPYC, summaries of joined development prompts (ShareGPT 14000+, 96 new tokens, 8 prompts a length, interleaved),
+#: decoding speed over plain decoding's: the default 1.21x / 1.27x / 0.94x / 0.72x at 430 / 630 / 800 / 1,370 tokens,
+#: prompt lookup alone 1.24x / 1.34x / 1.13x / 0.98x (BENCHMARKS.md).
+CPU_LOOKUP_DRAFT_CONTEXT = 512
+
+
+def default_draft_context(device: Any, feature_drafter: bool = False, lookup: bool = False) -> int | None:
+    """The context past which a hybrid's network stops drafting by default (None: never): on a CPU
+    :data:`CPU_LOOKUP_DRAFT_CONTEXT` for a drafter that merges lookup spans with a network's tree."""
+    return CPU_LOOKUP_DRAFT_CONTEXT if on_cpu(device) and lookup and feature_drafter else None
+
+
 def default_budget(device: Any, feature_drafter: bool = False, lookup: bool = False) -> tuple[int, int | None]:
     """The default tree size and the network drafter's share of it (None: no cap). A drafter that merges prompt lookup's
     spans with a network's tree (``lookup``, e.g. ``dart+pld``) gets the larger of the two defaults: on a CPU prompt

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dartspec.drafters import default_drafter, default_max_draft_temperature, make_drafter
-from dartspec.engine import Generator, default_budget
+from dartspec.engine import Generator, default_budget, default_draft_context
 from dartspec.errors import DartspecError
 from dartspec.formats import drafter_kind
 from dartspec.tree_size import AUTO_MAX_SIZE
@@ -45,6 +45,7 @@ def build_generator(target: Any, spec: GeneratorSpec) -> Generator:
     kind = drafter_kind(name)
     feature, lookup = (kind.feature, kind.lookup) if kind is not None else (False, False)
     draft_nodes = spec.draft_nodes
+    draft_context = None  # the default budget's: the network drafts in short contexts only (on a CPU)
     if draft_nodes is not None and not lookup:
         raise DartspecError(
             f"the DART share of the tree (--draft-nodes, draft=N) applies to dart+pld only; the drafter here is {name}"
@@ -56,6 +57,7 @@ def build_generator(target: Any, spec: GeneratorSpec) -> Generator:
     else:
         size, default_cap = default_budget(target.device, feature, lookup)
         draft_nodes = default_cap if draft_nodes is None else draft_nodes
+        draft_context = default_draft_context(target.device, feature, lookup)
     drafter = make_drafter(
         name,
         target,
@@ -67,6 +69,7 @@ def build_generator(target: Any, spec: GeneratorSpec) -> Generator:
         ngram_smoothing=spec.ngram_smoothing,
         topk=spec.topk,
         draft_nodes=draft_nodes,
+        draft_context=draft_context,
     )
     # Only the default drafter steps aside for sampled requests: a drafter named on purpose always drafts.
     hot = default_max_draft_temperature(target.device) if spec.drafter == "auto" else None

@@ -676,6 +676,32 @@ def test_hybrid_caps_the_drafters_share_but_not_the_spans(target: Target) -> Non
         HybridDrafter(DartDrafter(model, target, "beam"), draft_nodes=0)
 
 
+def test_hybrid_network_stops_drafting_past_its_context_and_stays_lossless(target: Target) -> None:
+    """``draft_context``: the DART tree while the context is at most that long, then the lookup's spans alone for the
+    rest of the sequence (a longer prompt: never the network, which then reads no features); the output is plain
+    decoding's either way, and ``--json`` says where the network stopped."""
+    from dartspec.drafters.hybrid import HybridDrafter
+
+    model = model_for(target, depth=5)
+    prompt = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6]
+    plain = Generator(target).generate(prompt, max_new_tokens=30)
+    for limit, drafts in ((len(prompt) + 10, True), (len(prompt) - 1, False)):
+        hybrid = HybridDrafter(DartDrafter(model, target, "beam"), draft_nodes=3, draft_context=limit)
+        contexts: list[int] = []  # the contexts the network drafted in
+        seen: list[int] = []  # the features it read
+        net = hybrid.drafter
+        net.propose = lambda tokens, budget, log=contexts, f=net.propose: log.append(len(tokens)) or f(tokens, budget)
+        net.observe = lambda ids, feats, log=seen, f=net.observe: log.append(len(ids)) or f(ids, feats)
+        out = Generator(target, hybrid, tree_size=4, max_depth=5).generate(prompt, max_new_tokens=30)
+        assert out.token_ids == plain.token_ids
+        assert all(c <= limit for c in contexts) and bool(contexts) == drafts
+        assert bool(seen) == drafts  # a prompt past the limit: the network never reads features
+        assert out.stats.extra["lookup_only_from"] == (limit + 1 if drafts else len(prompt))
+        assert out.stats.tau > 1.0  # the spans still draft (the prompt repeats itself)
+    with pytest.raises(ValueError, match="draft_context"):
+        HybridDrafter(DartDrafter(model, target, "beam"), draft_context=0)
+
+
 def test_build_generator_gives_dart_with_lookup_its_default_cap_only_at_the_default_size(
     tmp_path: Path, target: Target
 ) -> None:
@@ -683,9 +709,10 @@ def test_build_generator_gives_dart_with_lookup_its_default_cap_only_at_the_defa
 
     model_for(target).save(tmp_path)
     default = build_generator(target, GeneratorSpec(drafter="dart+pld", path=str(tmp_path)))
-    assert (default.tree_size, default.drafter.draft_nodes) == (4, 3)
+    assert (default.tree_size, default.drafter.draft_nodes, default.drafter.draft_context) == (4, 3, 512)
     sized = build_generator(target, GeneratorSpec(drafter="dart+pld", path=str(tmp_path), tree_size=6))
-    assert (sized.tree_size, sized.drafter.draft_nodes) == (6, None)  # an explicit size: no cap unless asked
+    # an explicit size: no cap unless asked, and the network drafts at every context
+    assert (sized.tree_size, sized.drafter.draft_nodes, sized.drafter.draft_context) == (6, None, None)
     both = build_generator(target, GeneratorSpec(drafter="dart+pld", path=str(tmp_path), tree_size=6, draft_nodes=3))
     assert (both.tree_size, both.drafter.draft_nodes) == (6, 3)
     dart = build_generator(target, GeneratorSpec(drafter="dart", path=str(tmp_path)))

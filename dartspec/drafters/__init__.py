@@ -63,6 +63,7 @@ def make_drafter(
     ngram_smoothing: float = 0.0,
     topk: int = 4,
     draft_nodes: int | None = None,
+    draft_context: int | None = None,
 ) -> Drafter:
     """A drafter for ``target`` by name (``auto`` is :func:`default_drafter` for the target's device), built by
     its registry line's ``build`` from these options (:class:`DrafterOptions`; each drafter's ``build`` documents
@@ -84,6 +85,7 @@ def make_drafter(
         ngram_smoothing=ngram_smoothing,
         topk=topk,
         draft_nodes=draft_nodes,
+        draft_context=draft_context,
     )
     return build(target, options)
 

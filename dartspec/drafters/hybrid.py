@@ -15,6 +15,14 @@ for several tokens (prompt lookup's best size there is 4 nodes), DART's guesses 
 what the batch takes from a sequence's tree comes out of DART's share first: each sequence's drafter runs on its
 own, and a span's node is the better bet (the CPU engine, 2 sequences a step of 4 rows, 1 thread: 1.07x plain
 decoding instead of 0.99x, as prompt lookup alone).
+
+Long contexts are the lookup's: ``draft_context`` stops the network drafting once the context is longer (for the
+whole sequence, since it only grows; a longer prompt never starts it). A network drafter first reads every prompt
+position's features through its layer (for SmolLM2's DART, ~170 ms for 1,400 positions on 2 cores, a cost no answer
+of a few hundred tokens wins back), each of its steps attends over the whole context, and rows verified there cost
+more (T(4) / T(1) 1.3 at 256 positions, 1.4-1.8 at 1,500). On summaries of 800-1,400 token texts the CPU default ran
+at 0.72-0.94x plain decoding while prompt lookup alone ran at 0.98-1.13x; on 430-630 tokens the two were even
+(:data:`dartspec.engine.CPU_LOOKUP_DRAFT_CONTEXT`, BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -40,25 +48,45 @@ class HybridDrafter(DrafterBase):
     needs_features = True
 
     def __init__(
-        self, drafter: Drafter, lookup: PromptLookupDrafter | None = None, draft_nodes: int | None = None
+        self,
+        drafter: Drafter,
+        lookup: PromptLookupDrafter | None = None,
+        draft_nodes: int | None = None,
+        draft_context: int | None = None,
     ) -> None:
         """``draft_nodes``: at most this many nodes (root included) of the budget go to ``drafter``'s tree; None:
-        all that the lookup's spans leave."""
+        all that the lookup's spans leave. ``draft_context``: ``drafter`` drafts only while the context (prompt and
+        answer so far) is at most this many tokens, then the lookup alone; None: always."""
         if draft_nodes is not None and draft_nodes < 1:
             raise ValueError(f"draft_nodes must be >= 1 (got {draft_nodes})")
+        if draft_context is not None and draft_context < 1:
+            raise ValueError(f"draft_context must be >= 1 (got {draft_context})")
         self.drafter = drafter
         self.lookup = lookup or PromptLookupDrafter(max_matches=LOOKUP_MATCHES)
         self.draft_nodes = draft_nodes
+        self.draft_context = draft_context
         self.needs_features = drafter.needs_features
+        self._lookup_only: int | None = None  # the context at which this sequence's drafter stopped
+
+    def _past(self, length: int) -> bool:
+        if self._lookup_only is None and self.draft_context is not None and length > self.draft_context:
+            self._lookup_only = length
+        return self._lookup_only is not None
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
-        self.drafter.begin(prompt_ids)
+        self._lookup_only = None
+        self._past(len(prompt_ids))  # a prompt longer than draft_context: lookup alone from the start
         self.lookup.begin(prompt_ids)
+        self.drafter.begin(prompt_ids)
 
     def observe(self, token_ids: Sequence[int], features: torch.Tensor | None) -> None:
-        self.drafter.observe(token_ids, features)
+        if self._lookup_only is None:  # once stopped, the drafter never reads the features it would queue
+            self.drafter.observe(token_ids, features)
 
     def propose(self, tokens: Sequence[int], budget: DraftBudget) -> Tree:
+        if self._past(len(tokens)):
+            self.last_tree_seconds = 0.0
+            return hybrid_tree(self.lookup, tokens, budget, lambda room: Tree.root_only(tokens[-1]), 1)
         tree = hybrid_tree(
             self.lookup, tokens, budget, lambda room: self.drafter.propose(tokens, room), self.draft_nodes
         )
@@ -66,7 +94,10 @@ class HybridDrafter(DrafterBase):
         return tree
 
     def report(self) -> dict:
-        return self.drafter.report()
+        report = dict(self.drafter.report())
+        if self._lookup_only is not None:
+            report["lookup_only_from"] = self._lookup_only  # the context at which the network stopped drafting
+        return report
 
     def _own_state(self) -> None:
         self.drafter = self.drafter.fork()
@@ -104,8 +135,10 @@ def build(target: FeatureSource, options: DrafterOptions) -> HybridDrafter:
     """The registry's builder of ``dart+pld``: lookup spans plus a DART tree in the nodes they leave. With
     ``--tree-size auto`` (``options.auto_size``) the budget is the sizer's ceiling and its cost model cuts only the
     DART tree, so the lookup proposes one continuation (at most ``max_depth`` nodes), not three.
-    ``options.draft_nodes`` caps the DART tree's share of the budget."""
+    ``options.draft_nodes`` caps the DART tree's share of the budget, ``options.draft_context`` the context DART
+    drafts in."""
     from dartspec.drafters import dart
 
     matches = 1 if options.auto_size else LOOKUP_MATCHES
-    return HybridDrafter(dart.build(target, options), PromptLookupDrafter(max_matches=matches), options.draft_nodes)
+    lookup = PromptLookupDrafter(max_matches=matches)
+    return HybridDrafter(dart.build(target, options), lookup, options.draft_nodes, options.draft_context)

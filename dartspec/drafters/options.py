@@ -24,6 +24,7 @@ class DrafterOptions:
     ngram_smoothing: float = 0.0
     topk: int = 4
     draft_nodes: int | None = None  # dart+pld: the network tree's share of the budget (None: what spans leave)
+    draft_context: int | None = None  # dart+pld: the network drafts while the context is at most this long
 
 
 def shipped_checkpoint(kind: str, model_name: str) -> Path | None:
