@@ -645,13 +645,15 @@ class Head:
         self._keep: list[object] = []
         self._c = _c_linear(packed, bias, self._keep)
         self._ref = ctypes.byref(self._c)
-        self.out_features = packed.out_features
+        self.out_features, self.in_features = packed.out_features, packed.in_features
         self._norm = None if norm is None else norm.detach().contiguous().float()
         self._eps, self._log_softmax = eps, int(log_softmax)
         self._run = _library().dartspec_logits
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(logits (rows, out), argmax (rows,) int64)`` of ``x`` ``(rows, in)`` (any float dtype, made fp32)."""
+        if x.dim() != 2 or x.shape[1] != self.in_features:  # the C code would read past the rows
+            raise ValueError(f"the head takes rows of {self.in_features} values, not {tuple(x.shape)}")
         x = x.to(torch.float32).contiguous()
         logits = torch.empty((x.shape[0], self.out_features), dtype=torch.float32)
         argmax = torch.empty(x.shape[0], dtype=torch.int64)

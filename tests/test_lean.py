@@ -560,6 +560,8 @@ def test_the_c_head_gives_the_kernels_logits_and_torchs_argmax_with_ties_and_nan
     assert argmax.tolist() == [600, 600] and torch.equal(argmax, logits.argmax(-1))
     logits, argmax = exact.Head(eight, torch.full((out,), -float("inf")))(x)  # nothing but -inf: the first
     assert argmax.tolist() == [0, 0] and torch.equal(argmax, logits.argmax(-1))
+    with pytest.raises(ValueError, match="rows of 96 values"):
+        exact.Head(eight)(x[:, :64])
     # A drafter's head: an RMSNorm before, log-probabilities after (the norm's rows may be any row stride)
     norm, x = torch.rand(k, generator=gen) + 0.5, torch.randn(4, 2 * k, generator=gen) * 5
     logp, argmax = exact.Head(eight, norm=norm, eps=1e-5, log_softmax=True)(x[:, :k])
