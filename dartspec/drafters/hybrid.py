@@ -19,10 +19,10 @@ decoding instead of 0.99x, as prompt lookup alone).
 Long contexts are the lookup's: ``draft_context`` stops the network drafting once the context is longer (for the
 whole sequence, since it only grows; a longer prompt never starts it). A network drafter first reads every prompt
 position's features through its layer (for SmolLM2's DART, ~170 ms for 1,400 positions on 2 cores, a cost no answer
-of a few hundred tokens wins back), each of its steps attends over the whole context, and rows verified there cost
-more (T(4) / T(1) 1.3 at 256 positions, 1.4-1.8 at 1,500). On summaries of 800-1,400 token texts the CPU default ran
-at 0.72-0.94x plain decoding while prompt lookup alone ran at 0.98-1.13x; on 430-630 tokens the two were even
-(:data:`dartspec.engine.CPU_LOOKUP_DRAFT_CONTEXT`, BENCHMARKS.md).
+of a few hundred tokens wins back), each of its steps attends over the whole context, and so does each verified row
+(SmolLM2, 2 cores: T(4) - T(1) 3.5 ms at 256 positions, 4.8 ms at 1,536). On summaries of 800-1,400 token texts
+the CPU default ran at 0.72-0.94x plain decoding while prompt lookup alone ran at 0.98-1.13x; on 430-630 tokens the
+two were even (:data:`dartspec.engine.CPU_LOOKUP_DRAFT_CONTEXT`, BENCHMARKS.md).
 """
 
 from __future__ import annotations
