@@ -526,3 +526,20 @@ void dartspec_attend_seqs(const float *qkv, long H, long KV, long D, const float
     free(att), free(ptrs), free(leader), free(common), free(order), free(first), free(shared), free(members);
     free(joint_task), free(own_task), free(query_task);
 }
+
+/* A verify's accepted path kept in every layer's own cache buffers in one call (dartspec/kv_cache.py
+ * TreeKVCache.keep): in each of n_bufs buffers (a layer's keys or values, (1, heads, cap, d) contiguous, rows of
+ * row_bytes), rows own + nodes[i] move to own + i. nodes ascend and nodes[i] >= i, so a row is read before any
+ * write reaches it. In torch this was four operations a layer, ~0.1 ms a step for SmolLM2's 30 layers on a CPU. */
+void dartspec_kv_keep(const int64_t *bufs, const int64_t *caps, const int64_t *row_bytes, long n_bufs, long heads,
+                      long own, const int64_t *nodes, long n) {
+    for (long b = 0; b < n_bufs; b++) {
+        char *buf = (char *)(intptr_t)bufs[b];
+        long rb = row_bytes[b];
+        for (long h = 0; h < heads; h++) {
+            char *rows = buf + (h * caps[b] + own) * rb;
+            for (long i = 0; i < n; i++)
+                if (nodes[i] != i) memmove(rows + i * rb, rows + nodes[i] * rb, (size_t)rb);
+        }
+    }
+}

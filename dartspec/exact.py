@@ -949,6 +949,12 @@ def _library() -> ctypes.CDLL:
     lib.dartspec_beam_search.argtypes = [ptr, ptr, c_long, c_long, ptr, ptr, ptr, c_long, ptr, ptr, c_long, ptr, ptr]
     lib.dartspec_beam_search.argtypes += [c_long, ctypes.c_uint64, ptr, c_long, c_long, c_long, ctypes.c_double]
     lib.dartspec_beam_search.argtypes += [ctypes.c_double, ctypes.c_double, ctypes.c_double, ctypes.c_int, ptr, ptr]
+    lib.dartspec_top_candidates.restype = c_long
+    lib.dartspec_top_candidates.argtypes = [ptr, c_long, c_long, c_long, c_long, ptr, ptr, ptr]
+    lib.dartspec_kv_keep.restype = None
+    lib.dartspec_kv_keep.argtypes = [ptr, ptr, ptr, c_long, c_long, c_long, ptr, c_long]
+    lib.dartspec_lookup.restype = c_long
+    lib.dartspec_lookup.argtypes = [ptr, c_long, c_long, c_long, c_long, c_long, ptr, ptr]
     lib.dartspec_attend_seqs.restype = None
     lib.dartspec_attend_seqs.argtypes = [ptr, c_long, c_long, c_long, ptr, c_long, ptr, ptr, ptr, ptr, ptr, ptr]
     lib.dartspec_attend_seqs.argtypes += [ctypes.c_float, ctypes.c_float, ptr, ctypes.c_int]

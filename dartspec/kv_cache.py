@@ -8,6 +8,7 @@ subset of the newest entries (the accepted path of a draft tree) in place. It im
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -189,8 +190,35 @@ class TreeKVCache(Cache):
         return self.layers[0].length
 
     def keep(self, base: int, nodes: torch.Tensor) -> None:
-        for layer in self.layers:
-            layer.keep(base, nodes)
+        """Keep entries ``base + nodes`` (ascending) of every layer as positions ``base, base+1, ...``."""
+        if not self._keep_in_c(base, nodes):
+            for layer in self.layers:
+                layer.keep(base, nodes)
+
+    def _keep_in_c(self, base: int, nodes: torch.Tensor) -> bool:
+        """:meth:`keep` as one C call over all layers (``attend.c``) where the buffers are CPU tensors of one batch
+        row and dartspec's kernels build; False where it does not apply (the caller then keeps layer by layer)."""
+        layers = self.layers
+        first = layers[0]
+        if not first.is_initialized or first.keys.device.type != "cpu" or first.keys.shape[0] != 1:
+            return False
+        kernel = _c_kv_keep()
+        own = base - first.npre
+        if kernel is None or own < 0 or any(layer.npre != first.npre for layer in layers):
+            return False
+        buffers = [t for layer in layers for t in (layer.keys, layer.values)]  # made contiguous by this class
+        heads = first.keys.shape[1]
+        if any(t.shape[0] != 1 or t.shape[1] != heads for t in buffers):
+            return False
+        ptrs = np.array([t.data_ptr() for t in buffers], dtype=np.int64)
+        caps = np.array([t.shape[2] for t in buffers], dtype=np.int64)
+        row_bytes = np.array([t.shape[3] * t.element_size() for t in buffers], dtype=np.int64)
+        rows = np.ascontiguousarray(nodes.cpu().numpy(), dtype=np.int64)
+        kernel(ptrs.ctypes.data, caps.ctypes.data, row_bytes.ctypes.data, len(buffers), heads, own, rows.ctypes.data,
+               len(rows))  # fmt: skip
+        for layer in layers:
+            layer.length = base + len(rows)
+        return True
 
     def position_bytes(self) -> int:
         """Bytes one position takes in every layer's keys and values (0 before the first write)."""
@@ -225,3 +253,11 @@ class TreeKVCache(Cache):
                 torch.cat([p.keys[:, :, :length] for p in parts]), torch.cat([p.values[:, :, :length] for p in parts])
             )
         return out
+
+
+@functools.cache
+def _c_kv_keep() -> Any:
+    """:meth:`TreeKVCache.keep` in C (``attend.c``), or None where dartspec's kernels cannot be built."""
+    from dartspec import exact
+
+    return exact.kernel("dartspec_kv_keep")

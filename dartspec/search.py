@@ -34,8 +34,28 @@ class Scorer(Protocol):
 
 
 def top_candidates(logp: torch.Tensor, k: int, d2t: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """Per depth, the top-``k`` target token ids and their log-probs renormalised over those k."""
-    vals, idx = torch.topk(logp.float(), min(k, logp.shape[-1]), dim=-1)
+    """Per depth, the top-``k`` target token ids and their log-probs renormalised over those k (in C on a CPU
+    where dartspec's kernels build: the same ids, the renormalisation in doubles instead of floats)."""
+    k = min(k, logp.shape[-1])
+    kernel = _c_top_candidates() if logp.device.type == "cpu" and logp.dim() == 2 and logp.shape[0] else None
+    if kernel is not None:
+        rows = logp.float().contiguous()
+        table = None if d2t is None else np.ascontiguousarray(d2t, dtype=np.int64)
+        ids = np.empty((rows.shape[0], k), dtype=np.int64)
+        lp = np.empty((rows.shape[0], k), dtype=np.float64)
+        done = kernel(
+            rows.data_ptr(),
+            rows.shape[0],
+            rows.shape[1],
+            rows.shape[1],
+            k,
+            None if table is None else _address(table),
+            _address(ids),
+            _address(lp),
+        )
+        if done == 0:
+            return ids, lp
+    vals, idx = torch.topk(logp.float(), k, dim=-1)
     vals = vals - torch.logsumexp(vals, dim=-1, keepdim=True)
     ids = idx.cpu().numpy()
     return (d2t[ids] if d2t is not None else ids), vals.cpu().numpy().astype(np.float64)
@@ -236,6 +256,14 @@ class BeamTree:
                 if i not in kept and (parents[i] == -1 or parents[i] in kept):
                     kept.add(i)
         return sorted(kept)
+
+
+@functools.cache
+def _c_top_candidates() -> Any:
+    """:func:`top_candidates` in C (``search.c``), or None where dartspec's kernels cannot be built."""
+    from dartspec import exact
+
+    return exact.kernel("dartspec_top_candidates")
 
 
 @functools.cache

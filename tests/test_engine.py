@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dartspec.drafters import PromptLookupDrafter
-from dartspec.drafters.base import DraftBudget, Drafter, DrafterBase
-from dartspec.engine import Generator
+from dartspec.drafters.base import DraftBudget, Drafter, DrafterBase, NoDrafter
+from dartspec.engine import Generator, _path_rows
 from dartspec.errors import ContextLengthError, DartspecError
 from dartspec.target import Target
 from dartspec.tree import Tree
@@ -138,6 +138,19 @@ def test_streaming_events_add_up_to_the_result(target: Target) -> None:
     assert "".join(e.text for e in events) == result.text
     assert [t for e in events for t in e.token_ids] == result.token_ids
     assert all(0 <= e.drafted <= len(e.token_ids) for e in events)
+    quiet = list(gen._events(prompt_for(3), False, max_new_tokens=33))  # generate's: no text until the end
+    assert all(e.text == "" for e in quiet[:-1]) and quiet[-1].text == result.text == gen.generate(prompt_for(3),
+        max_new_tokens=33).text  # fmt: skip
+
+
+def test_the_drafter_reads_the_accepted_paths_feature_rows() -> None:
+    features = torch.randn(7, 5)
+    reads, skips = NoDrafter(), NoDrafter()
+    reads.needs_features = True
+    for path in ([0], [0, 1], [0, 1, 2, 3], [0, 2], [0, 1, 4, 6], [0, 3, 5]):
+        assert torch.equal(_path_rows(features, path, reads), features[path])
+        assert _path_rows(features, path, skips) is None
+    assert _path_rows(None, [0, 1], reads) is None
 
 
 def test_eos_ends_generation(target: Target) -> None:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from conftest import tiny_target
 
+from dartspec import exact
 from dartspec.drafters.base import NoDrafter
 from dartspec.drafters.hybrid import HybridDrafter
 from dartspec.drafters.pld import GATE_DEPTH, LookupGate, PromptLookupDrafter, followed
@@ -108,3 +109,25 @@ def test_prompt_lookup_is_gated_with_auto_only(tmp_path, monkeypatch) -> None:
     assert auto.generate(prompt, max_new_tokens=24).token_ids == plain
     tree = auto.drafter.propose([3, 4, 5, 3, 4], DraftBudget(max_nodes=4, max_depth=8))
     assert tree.size <= 4
+
+
+@pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
+def test_the_c_lookup_finds_the_numpy_searchs_continuations(monkeypatch) -> None:
+    """ngram.c's prompt lookup against the numpy search (the reference, and the path without the kernels): the same
+    continuations in the same order, over random short texts of few distinct tokens (many repeats) and settings."""
+    from dartspec.drafters import pld
+
+    assert pld._c_lookup() is not None
+    rng = np.random.default_rng(0)
+    cases = []
+    for _ in range(1500):
+        low = int(rng.integers(1, 4))
+        drafter = PromptLookupDrafter(
+            max_ngram=low + int(rng.integers(0, 3)), min_ngram=low, max_matches=int(rng.integers(1, 5))
+        )
+        tokens = rng.integers(0, int(rng.integers(1, 6)), size=int(rng.integers(0, 60))).tolist()
+        cases.append((drafter, tokens, int(rng.integers(0, 10))))
+    found = [d.continuations(t, n) for d, t, n in cases]
+    monkeypatch.setattr(pld, "_c_lookup", lambda: None)
+    assert found == [d.continuations(t, n) for d, t, n in cases]
+    assert sum(map(bool, found)) > 1000 and any(len(f) > 1 for f in found)  # the cases do find continuations

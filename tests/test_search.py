@@ -174,3 +174,43 @@ def test_online_and_smoothed_ngrams_take_the_numpy_search() -> None:
     budget = DraftBudget(max_nodes=8, max_depth=4)
     for scorer in (MergedNgram(model, online), online, SmoothedNgram(model, 0.5)):
         assert BeamTree(ngram=scorer)._c_search(1, cand, lp, [1, 2], budget) is None
+
+
+@pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
+@settings(max_examples=80, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    rows=st.integers(1, 8),
+    vocab=st.integers(1, 400),
+    k=st.integers(1, 70),
+    mapped=st.booleans(),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+)
+def test_c_top_candidates_equal_torchs(
+    seed: int, rows: int, vocab: int, k: int, mapped: bool, dtype: torch.dtype
+) -> None:
+    """search.c's top-k against torch's topk and float32 renormalisation (the reference, and the path without the
+    kernels): the same ids in the same order, the same log-probs but for float rounding."""
+    from dartspec import search
+
+    assert search._c_top_candidates() is not None
+    g = torch.Generator().manual_seed(seed)
+    logp = torch.log_softmax(torch.randperm(rows * vocab, generator=g).view(rows, vocab).double() * 0.01, -1)
+    logp = logp.to(dtype)  # distinct values: no tie decides an order
+    d2t = np.random.default_rng(seed).permutation(5 * vocab)[:vocab] if mapped else None
+    ids, lp = top_candidates(logp, k, d2t)
+    vals, idx = torch.topk(logp.float(), min(k, vocab), dim=-1)
+    want = idx.numpy() if d2t is None else d2t[idx.numpy()]
+    assert ids.dtype == np.int64 and lp.dtype == np.float64 and ids.shape == (rows, min(k, vocab))
+    assert (ids == want).all()
+    np.testing.assert_allclose(lp, (vals - torch.logsumexp(vals, -1, keepdim=True)).double().numpy(), atol=1e-5)
+    if min(k, vocab) <= 64:  # the kernel's limit (past it torch's path runs): renormalised in doubles
+        np.testing.assert_allclose(np.logaddexp.reduce(lp, axis=-1), 0.0, atol=1e-12)
+
+
+@pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
+def test_c_top_candidates_rank_equal_values_by_index() -> None:
+    logp = torch.tensor([[-1.0, -3.0, -1.0, -2.0, -1.0, -2.0]])
+    ids, lp = top_candidates(logp, 4, None)
+    assert ids.tolist() == [[0, 2, 4, 3]]
+    assert lp[0, 0] == lp[0, 1] == lp[0, 2] > lp[0, 3]

@@ -10,8 +10,10 @@ from conftest import VOCAB, tiny_target
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dartspec import exact
 from dartspec.errors import ContextLengthError, DartspecError
 from dartspec.kernels import rows_first_linear
+from dartspec.kv_cache import TreeKVCache
 from dartspec.target import Target
 from dartspec.tree import Tree
 
@@ -164,3 +166,35 @@ def test_feature_layers_can_be_switched() -> None:
     torch.testing.assert_close(feats, torch.cat([hs[i][0] for i in (2, 3, 3)], dim=-1), rtol=0, atol=ATOL)
     with pytest.raises(DartspecError, match="feature layer 6 is out of range for a 6-layer target"):
         t.set_feature_layers([1, 6])
+
+
+@pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), cached=st.integers(0, 40), tree=st.integers(1, 12), dtype=st.sampled_from([0, 1]))
+def test_kv_keep_in_c_equals_the_layer_by_layer_keep(seed: int, cached: int, tree: int, dtype: int) -> None:
+    """attend.c's keep of an accepted path over every layer against each layer's torch keep (the reference, and the
+    path elsewhere): the same entries and lengths, past a buffer's first capacity too."""
+    from dartspec import kv_cache
+
+    assert kv_cache._c_kv_keep() is not None
+    rng = np.random.default_rng(seed)
+    g = torch.Generator().manual_seed(seed)
+    kind = (torch.float32, torch.bfloat16)[dtype]
+    caches = [TreeKVCache(3, capacity=8), TreeKVCache(3, capacity=8)]
+    for n in (cached, tree):
+        if n:
+            for layer in range(3):
+                k, v = (torch.randn(1, 2, n, 16, generator=g).to(kind) for _ in range(2))
+                for cache in caches:
+                    cache.layers[layer].update(k.clone(), v.clone())
+    base = cached
+    nodes = np.sort(rng.choice(tree, size=int(rng.integers(1, tree + 1)), replace=False))
+    nodes[0] = 0  # a path starts at the root
+    path = torch.as_tensor(np.unique(nodes))
+    assert caches[0]._keep_in_c(base, path)
+    for layer in caches[1].layers:
+        layer.keep(base, path)
+    n = base + len(path)
+    for a, b in zip(caches[0].layers, caches[1].layers, strict=True):
+        assert a.length == b.length == n
+        assert torch.equal(a.keys[:, :, :n], b.keys[:, :, :n]) and torch.equal(a.values[:, :, :n], b.values[:, :, :n])

@@ -16,6 +16,7 @@ within the other's spread), so the default stays the plain rule.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from dartspec.drafters.base import DraftBudget, DrafterBase
+from dartspec.ngram import _address
 from dartspec.tree import Tree
 from dartspec.tree_size import CostCurve, calibrate
 
@@ -32,6 +34,15 @@ GATE_DEPTH = 16
 #: follows for at least 1, 2, ... tokens (given a span that long), roughly as measured over every step of 14 greedy
 #: answers of Qwen2.5-Coder-1.5B to development prompts (ShareGPT 14100+): 0.65, 0.49, 0.39, 0.33, 0.29, ...
 GATE_PRIOR = np.array([0.6, 0.45, 0.35, 0.3, 0.25, 0.22, 0.2, 0.18, *([0.16] * (GATE_DEPTH - 8))])
+
+
+@functools.cache
+def _c_lookup() -> Any:
+    """:meth:`PromptLookupDrafter.continuations` in C (``ngram.c``), or None where dartspec's kernels cannot be
+    built."""
+    from dartspec import exact
+
+    return exact.kernel("dartspec_lookup")
 
 
 def followed(spans: Sequence[Sequence[int]], truth: Sequence[int]) -> int:
@@ -148,8 +159,20 @@ class PromptLookupDrafter(DrafterBase):
             self.gate = self.gate.copy()
 
     def continuations(self, tokens: Sequence[int], length: int) -> list[list[int]]:
-        """Up to ``max_matches`` distinct continuations of the longest matching suffix, newest first."""
-        seq = np.asarray(tokens, dtype=np.int64)
+        """Up to ``max_matches`` distinct continuations of the longest matching suffix, newest first (in C where
+        dartspec's kernels build: the same search, a fifth of the numpy one's time in a decode)."""
+        seq = np.ascontiguousarray(tokens, dtype=np.int64)
+        kernel = _c_lookup()
+        if kernel is not None:
+            if length < 1:
+                return []
+            out = np.empty((self.max_matches, length), dtype=np.int64)
+            lengths = np.empty(self.max_matches, dtype=np.int64)
+            found = kernel(
+                _address(seq), len(seq), self.max_ngram, self.min_ngram, length, self.max_matches,
+                _address(out), _address(lengths),
+            )  # fmt: skip
+            return [out[c, : lengths[c]].tolist() for c in range(found)]
         n_tok = len(seq)
         for n in range(min(self.max_ngram, n_tok - 1), self.min_ngram - 1, -1):
             suffix = seq[n_tok - n :]
