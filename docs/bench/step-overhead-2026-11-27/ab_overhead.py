@@ -70,6 +70,10 @@ OLD = {
 NEW = {key: getattr(*key) for key in OLD}
 
 
+def label(run: tuple[str, bool]) -> str:
+    return f"{run[0]}_{'old' if run[1] else 'new'}"
+
+
 @contextmanager
 def code(old: bool):
     for (owner, name), value in (OLD if old else NEW).items():
@@ -107,10 +111,9 @@ def main(first: int, last: int) -> None:
     for a, b in pairs:
         ratio = np.array(speed[a]) / np.array(speed[b])
         q1, q3 = np.percentile(ratio, [25, 75])
-        label = lambda r: f"{r[0]}_{'old' if r[1] else 'new'}"  # noqa: E731
         print(f"{label(a)} / {label(b)}: median {np.median(ratio):.3f}x IQR {q1:.3f}-{q3:.3f}")
     for run in runs:
-        print(f"{run[0]}_{'old' if run[1] else 'new'}: {np.median(speed[run]):.1f} tok/s, tau {np.median(taus[run]):.3f}")
+        print(f"{label(run)}: {np.median(speed[run]):.1f} tok/s, tau {np.median(taus[run]):.3f}")
     print("prompts whose four outputs differ:", differ)
 
 
