@@ -7,8 +7,8 @@ through ``stream``), switched before every decode.
 
 Usage: python ab_overhead.py FIRST LAST (dev80.jsonl prompts FIRST..LAST-1). Each prompt is decoded greedily (128 new
 tokens) by plain decoding and by the CPU default (``auto``: ``dart+pld``, 4 nodes, DART's share 3) old and new, in
-an order rotating by prompt; prints medians and IQRs of the per-prompt speed ratios, median tau, and how many
-prompts' outputs differ.
+an order rotating by prompt; prints medians and IQRs of the per-prompt speed ratios, median tau, the engine's phases
+(milliseconds a decoding step: draft, tree, verify, other), and how many prompts' outputs differ.
 """
 
 from __future__ import annotations
@@ -95,6 +95,8 @@ def main(first: int, last: int) -> None:
             gens[name].generate(prompts[0], chat=True, max_new_tokens=8)
     speed: dict[tuple[str, bool], list[float]] = {run: [] for run in runs}
     taus: dict[tuple[str, bool], list[float]] = {run: [] for run in runs}
+    phases: dict[tuple[str, bool], dict[str, float]] = {run: {} for run in runs}  # seconds, summed
+    steps: dict[tuple[str, bool], int] = {run: 0 for run in runs}
     differ = 0
     for i, prompt in enumerate(prompts):
         seen = set()
@@ -104,6 +106,9 @@ def main(first: int, last: int) -> None:
                 result = gens[name].generate(prompt, chat=True, max_new_tokens=128)
                 speed[name, old].append(len(result.token_ids) / (time.perf_counter() - start))
             taus[name, old].append(result.stats.tau)
+            steps[name, old] += result.stats.target_forwards - 1
+            for phase, seconds in result.stats.times.items():
+                phases[name, old][phase] = phases[name, old].get(phase, 0.0) + seconds
             seen.add(tuple(result.token_ids))
         differ += len(seen) > 1
     pairs = ((("ar", False), ("ar", True)), (("auto", False), ("auto", True)))
@@ -113,7 +118,8 @@ def main(first: int, last: int) -> None:
         q1, q3 = np.percentile(ratio, [25, 75])
         print(f"{label(a)} / {label(b)}: median {np.median(ratio):.3f}x IQR {q1:.3f}-{q3:.3f}")
     for run in runs:
-        print(f"{label(run)}: {np.median(speed[run]):.1f} tok/s, tau {np.median(taus[run]):.3f}")
+        per_step = ", ".join(f"{k} {1000 * v / steps[run]:.2f}" for k, v in phases[run].items() if k != "prefill")
+        print(f"{label(run)}: {np.median(speed[run]):.1f} tok/s, tau {np.median(taus[run]):.3f}; ms a step: {per_step}")
     print("prompts whose four outputs differ:", differ)
 
 
