@@ -552,7 +552,7 @@ class LeanTarget(CausalRuntime):
         its own :meth:`verify`, bit for bit (every row is computed on its own). Elsewhere (no fused blocks:
         another format or device) the sequences are verified one after another."""
         stack = self._block_stack()
-        if len(items) < 2 or stack is None or any(t.size > FUSED_ATTENTION_ROWS for t, _ in items):
+        if not items or stack is None or any(t.size > FUSED_ATTENTION_ROWS for t, _ in items):
             return super().verify_many(items, features=features)
         for tree, cache in items:
             self._check_room(cache, tree)
@@ -563,12 +563,19 @@ class LeanTarget(CausalRuntime):
             None if (m := tree_mask(tree)) is None else self._allowed(int(b), tree.size, m)
             for (tree, _), b in zip(items, bases, strict=True)
         ]
-        ids = torch.from_numpy(np.concatenate([tree.tokens for tree, _ in items])).to(torch.long)
-        depths = [torch.from_numpy(tree.depth + b).to(torch.long) for (tree, _), b in zip(items, bases, strict=True)]
-        positions = torch.cat(depths)
-        rot = torch.view_as_real(self._rot[positions]).contiguous()
-        local = None if self._rot_local is None else torch.view_as_real(self._rot_local[positions]).contiguous()
-        windows = [self._window_mask(d, m, int(b), None) for d, m, b in zip(depths, masks, bases, strict=True)]
+        ids = torch.from_numpy(np.concatenate([tree.tokens for tree, _ in items]))
+        depths = [tree.depth + b for (tree, _), b in zip(items, bases, strict=True)]
+        positions = np.concatenate(depths)
+        # The rotations gathered in numpy from (positions, D/2, 2) tables: one copy, no torch operations (each costs
+        # 10-20 us right after a step's weight stream)
+        rot = torch.from_numpy(self._rot_pairs[0][positions])
+        local = None if self._rot_local is None else torch.from_numpy(self._rot_pairs[1][positions])
+        windows: list[torch.Tensor | None] = [None] * len(items)
+        if self.window is not None:
+            windows = [
+                self._window_mask(torch.from_numpy(d), m, int(b), None)
+                for d, m, b in zip(depths, masks, bases, strict=True)
+            ]
         x = self.embed(ids)
         feats = self._run_blocks(stack, x, rot, caches, sizes, masks, features, local, windows)
         logits, argmax = self._project(x)  # x: the stack's final-norm hidden states
@@ -578,6 +585,16 @@ class LeanTarget(CausalRuntime):
         return [
             TargetOutput(lg, part, argmax=am) for lg, part, am in zip(logits.split(sizes), parts, argmaxes, strict=True)
         ]
+
+    @functools.cached_property
+    def _rot_pairs(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """The rotary tables (full and sliding-window layers') as fp32 cos/sin pairs ``(positions, D/2, 2)`` in numpy,
+        for :meth:`verify_many` on a CPU."""
+        pairs = [
+            None if t is None else torch.view_as_real(t).contiguous().cpu().numpy()
+            for t in (self._rot, self._rot_local)
+        ]
+        return pairs[0], pairs[1]
 
     def _block_stack(self) -> exact.BlockStack | None:
         """Every layer's fused block as one C call (:class:`exact.BlockStack`), or None where a layer has none."""
@@ -647,12 +664,9 @@ class LeanTarget(CausalRuntime):
     def extend_layers(self, slots: exact.SequenceSlots, caches: Sequence[TreeKVCache], sizes: Sequence[int]) -> None:
         """Room for each sequence's new rows in every layer of its cache, and the slots pointed at them (one numpy
         write per field and sequence: per layer and field they cost ~3% of a SmolLM2 decode step)."""
-        like = self._no_kv
         for s, (cache, q) in enumerate(zip(caches, sizes, strict=True)):
-            rooms = [layer.extend(q, like, like) for layer in cache.layers]
-            slots.kv["k"][:, s] = [keys.data_ptr() for keys, _, _ in rooms]
-            slots.kv["v"][:, s] = [values.data_ptr() for _, values, _ in rooms]
-            slots.kv["cap"][:, s] = [keys.shape[2] for keys, _, _ in rooms]
+            kv = slots.kv[:, s]
+            kv["k"], kv["v"], kv["cap"] = cache.extend_all(q, self._no_kv, self._no_kv)
 
     def _attention(
         self,

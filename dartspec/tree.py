@@ -51,20 +51,23 @@ class Tree:
             raise ValueError("node 0 must be the root (parent -1)")
         children: list[dict[int, int]] = [{} for _ in range(q)]
         if q == 1:  # plain decoding's tree, every step
-            depth, ancestors = np.zeros(1, dtype=np.int64), np.ones((1, 1), dtype=bool)
+            depth, ancestors, deepest = np.zeros(1, dtype=np.int64), np.ones((1, 1), dtype=bool), 0
         else:
-            depth, ancestors = self._links(tokens.tolist(), parents.tolist(), children)
+            depth, ancestors, deepest = self._links(tokens.tolist(), parents.tolist(), children)
         object.__setattr__(self, "tokens", tokens)
         object.__setattr__(self, "parents", parents)
         object.__setattr__(self, "depth", depth)
         object.__setattr__(self, "ancestors", ancestors)
         object.__setattr__(self, "_children", tuple(children))
+        object.__setattr__(self, "_max_depth", deepest)  # read twice a step by the engine
 
     @staticmethod
-    def _links(tokens: list[int], parents: list[int], children: list[dict[int, int]]) -> tuple[np.ndarray, np.ndarray]:
-        """Checks the order and fills ``children``; returns the depths and the ancestor mask. In Python lists with
-        one numpy call for each result: per-node numpy calls cost ~50 us a tree on a CPU right after a target
-        forward (a few trees a decoding step)."""
+    def _links(
+        tokens: list[int], parents: list[int], children: list[dict[int, int]]
+    ) -> tuple[np.ndarray, np.ndarray, int]:
+        """Checks the order and fills ``children``; returns the depths, the ancestor mask and the deepest depth. In
+        Python lists with one numpy call for each result: per-node numpy calls cost ~50 us a tree on a CPU right
+        after a target forward (a few trees a decoding step)."""
         q = len(tokens)
         paths: list[list[int]] = [[0]]  # each node's ancestors and itself, root first
         for i in range(1, q):
@@ -79,8 +82,8 @@ class Tree:
         for i, path in enumerate(paths):
             for j in path:
                 mask[i * q + j] = True
-        depth = np.array([len(path) - 1 for path in paths], dtype=np.int64)
-        return depth, np.array(mask, dtype=bool).reshape(q, q)
+        depth = [len(path) - 1 for path in paths]
+        return np.array(depth, dtype=np.int64), np.array(mask, dtype=bool).reshape(q, q), max(depth)
 
     # --- constructors -------------------------------------------------------------------------
 
@@ -150,7 +153,7 @@ class Tree:
 
     @property
     def max_depth(self) -> int:
-        return int(self.depth.max())
+        return self._max_depth
 
     def child_with_token(self, node: int, token: int) -> int | None:
         """The child of ``node`` carrying ``token``, or None."""

@@ -139,3 +139,29 @@ def test_forked_drafters_keep_their_own_state() -> None:
     twin = dart.fork()
     assert twin.drafter.model is dart.drafter.model  # the network is shared
     assert twin.drafter._queue is not dart.drafter._queue and twin.drafter._cache is not dart.drafter._cache
+
+
+@needs_kernels
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_one_sequence_takes_the_batched_path_and_gets_what_verify_gives(arch: str) -> None:
+    """The engine's step (``verify_many`` of one sequence) runs the batched C path and returns what :meth:`verify`
+    does, bit for bit: logits, argmax, features, and the cache it leaves."""
+    target = lean_target(arch)
+    rng = np.random.default_rng(3)
+    prompt = rng.integers(2, VOCAB, size=37).tolist()
+    many, one = target.new_cache(), target.new_cache()
+    for cache in (many, one):
+        target.prefill(prompt, cache=cache)
+    forward = target._forward
+    for step in range(4):
+        tree = Tree.root_only(9) if step == 0 else random_tree(rng, 3 + step, 2 + 3 * step)
+        target._forward = lambda *a, **k: pytest.fail("one sequence left the batched path")
+        (got,) = target.verify_many([(tree, many)], features=True)
+        target._forward = forward
+        want = target.verify(tree, features=True, cache=one)
+        assert torch.equal(got.logits, want.logits) and torch.equal(got.argmax, want.argmax)
+        assert torch.equal(got.features, want.features)
+        keep = tree.path_to(tree.size - 1)
+        for cache in (many, one):
+            target.commit(cache.length - tree.size, keep, cache)
+        assert many.length == one.length

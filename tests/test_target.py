@@ -198,3 +198,25 @@ def test_kv_keep_in_c_equals_the_layer_by_layer_keep(seed: int, cached: int, tre
     for a, b in zip(caches[0].layers, caches[1].layers, strict=True):
         assert a.length == b.length == n
         assert torch.equal(a.keys[:, :, :n], b.keys[:, :, :n]) and torch.equal(a.values[:, :, :n], b.values[:, :, :n])
+
+
+def test_extend_all_gives_every_layers_current_buffers() -> None:
+    """The cache's table of buffer addresses (the lean runtime's per-step slots) follows every replacement of a
+    buffer: growth, and one made behind its back (select_rows, as static batching does)."""
+    cache = TreeKVCache(3, capacity=4)
+    like = torch.empty(1, 2, 0, 8)
+
+    def check(table: tuple[np.ndarray, np.ndarray, np.ndarray], length: int) -> None:
+        assert table[0].tolist() == [layer.keys.data_ptr() for layer in cache.layers]
+        assert table[1].tolist() == [layer.values.data_ptr() for layer in cache.layers]
+        assert table[2].tolist() == [layer.keys.shape[2] for layer in cache.layers]
+        assert [layer.length for layer in cache.layers] == [length] * 3
+        assert all(layer.keys.shape[2] >= length for layer in cache.layers)
+
+    check(cache.extend_all(3, like, like), 3)
+    check(cache.extend_all(1, like, like), 4)  # the kept table
+    check(cache.extend_all(3, like, like), 7)  # every layer grew
+    cache.select_rows(torch.tensor([0]))  # new buffers
+    check(cache.extend_all(1, like, like), 8)
+    cache.truncate(2)
+    check(cache.extend_all(2, like, like), 4)

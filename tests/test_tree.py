@@ -36,6 +36,7 @@ def test_derived_fields_match_brute_force(tree: Tree) -> None:
         for c in tree.children(i):
             assert tree.parents[c] == i and tree.child_with_token(i, int(tree.tokens[c])) == c
     assert (tree.position_ids(10) == 10 + tree.depth).all()
+    assert tree.max_depth == max(len(tree.path_to(i)) - 1 for i in range(tree.size))
     leaves = tree.leaves()
     assert sorted(p[-1] for p in tree.paths()) == leaves
     assert all(p[0] == 0 for p in tree.paths())
