@@ -3,7 +3,7 @@ addresses from a cached table, Tree keeping its depth) against the code before, 
 
 Old is the same code with the earlier pieces patched back in (one sequence verified through ``CausalRuntime``'s
 generic ``verify``, the slots filled layer by layer, ``Tree.max_depth`` computed by numpy), switched before every
-decode. Usage and output as ``ab_overhead.py``: python ab_forward.py FIRST LAST.
+decode. Usage and output as ``ab_overhead.py``: python ab_forward.py FIRST LAST [MODEL].
 """
 
 from __future__ import annotations
@@ -44,4 +44,4 @@ OLD = {
 }
 
 if __name__ == "__main__":
-    run(OLD, int(sys.argv[1]), int(sys.argv[2]))
+    run(OLD, int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:4])

@@ -5,10 +5,11 @@ Old is the same code with the earlier pieces patched back in (each C path's kern
 torch / numpy path runs, as it did; the list-indexed feature gather; ``Tree``'s per-node numpy loop; ``generate``
 through ``stream``), switched before every decode.
 
-Usage: python ab_overhead.py FIRST LAST (dev80.jsonl prompts FIRST..LAST-1). Each prompt is decoded greedily (128 new
-tokens) by plain decoding and by the CPU default (``auto``: ``dart+pld``, 4 nodes, DART's share 3) old and new, in
-an order rotating by prompt; prints medians and IQRs of the per-prompt speed ratios, median tau, the engine's phases
-(milliseconds a decoding step: draft, tree, verify, other), and how many prompts' outputs differ.
+Usage: python ab_overhead.py FIRST LAST [MODEL] (dev80.jsonl prompts FIRST..LAST-1; default SmolLM2-135M). Each
+prompt is decoded greedily (128 new tokens) by plain decoding and by the CPU default (``auto``: for SmolLM2
+``dart+pld``, 4 nodes, DART's share 3) old and new, in an order rotating by prompt; prints medians and IQRs of the
+per-prompt speed ratios, median tau, the engine's phases (milliseconds a decoding step: draft, tree, verify, other),
+and how many prompts' outputs differ.
 """
 
 from __future__ import annotations
@@ -87,9 +88,9 @@ def code(patches: dict, old: bool):
             setattr(owner, name, value)
 
 
-def run(patches: dict, first: int, last: int) -> None:
+def run(patches: dict, first: int, last: int, model: str = "smollm2-135m") -> None:
     prompts = [json.loads(line)["prompt"] for line in DEV80.read_text().splitlines()][first:last]
-    target = load_target("smollm2-135m")
+    target = load_target(model)
     gens = {"ar": build_generator(target, GeneratorSpec()), "auto": build_generator(target, GeneratorSpec("auto"))}
     runs = [(name, old) for name in gens for old in (True, False)]
     for name, old in runs:  # warm-up
@@ -126,4 +127,4 @@ def run(patches: dict, first: int, last: int) -> None:
 
 
 if __name__ == "__main__":
-    run(OLD, int(sys.argv[1]), int(sys.argv[2]))
+    run(OLD, int(sys.argv[1]), int(sys.argv[2]), *sys.argv[3:4])
