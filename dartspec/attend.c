@@ -527,19 +527,23 @@ void dartspec_attend_seqs(const float *qkv, long H, long KV, long D, const float
     free(joint_task), free(own_task), free(query_task);
 }
 
+/* Rows own + nodes[i] of each head of one (1, heads, cap, row_bytes) buffer moved to own + i. nodes ascend and
+ * nodes[i] >= i, so a row is read before any write reaches it. */
+static void keep_rows(char *buf, long heads, long cap, long row_bytes, long own, const int64_t *nodes, long n) {
+    for (long h = 0; h < heads; h++) {
+        char *rows = buf + (h * cap + own) * row_bytes;
+        for (long i = 0; i < n; i++)
+            if (nodes[i] != i) memmove(rows + i * row_bytes, rows + nodes[i] * row_bytes, (size_t)row_bytes);
+    }
+}
+
 /* A verify's accepted path kept in every layer's own cache buffers in one call (dartspec/kv_cache.py
- * TreeKVCache.keep): in each of n_bufs buffers (a layer's keys or values, (1, heads, cap, d) contiguous, rows of
- * row_bytes), rows own + nodes[i] move to own + i. nodes ascend and nodes[i] >= i, so a row is read before any
- * write reaches it. In torch this was four operations a layer, ~0.1 ms a step for SmolLM2's 30 layers on a CPU. */
-void dartspec_kv_keep(const int64_t *bufs, const int64_t *caps, const int64_t *row_bytes, long n_bufs, long heads,
-                      long own, const int64_t *nodes, long n) {
-    for (long b = 0; b < n_bufs; b++) {
-        char *buf = (char *)(intptr_t)bufs[b];
-        long rb = row_bytes[b];
-        for (long h = 0; h < heads; h++) {
-            char *rows = buf + (h * caps[b] + own) * rb;
-            for (long i = 0; i < n; i++)
-                if (nodes[i] != i) memmove(rows + i * rb, rows + nodes[i] * rb, (size_t)rb);
-        }
+ * TreeKVCache.keep): keys[l] and values[l] address layer l's (1, heads, caps[l], d) buffers, rows of key_bytes and
+ * value_bytes. In torch this was four operations a layer, ~0.1 ms a step for SmolLM2's 30 layers on a CPU. */
+void dartspec_kv_keep(const int64_t *keys, const int64_t *values, const int64_t *caps, long layers, long heads,
+                      long key_bytes, long value_bytes, long own, const int64_t *nodes, long n) {
+    for (long l = 0; l < layers; l++) {
+        keep_rows((char *)(intptr_t)keys[l], heads, caps[l], key_bytes, own, nodes, n);
+        keep_rows((char *)(intptr_t)values[l], heads, caps[l], value_bytes, own, nodes, n);
     }
 }

@@ -952,7 +952,7 @@ def _library() -> ctypes.CDLL:
     lib.dartspec_top_candidates.restype = c_long
     lib.dartspec_top_candidates.argtypes = [ptr, c_long, c_long, c_long, c_long, ptr, ptr, ptr]
     lib.dartspec_kv_keep.restype = None
-    lib.dartspec_kv_keep.argtypes = [ptr, ptr, ptr, c_long, c_long, c_long, ptr, c_long]
+    lib.dartspec_kv_keep.argtypes = [ptr, ptr, ptr, c_long, c_long, c_long, c_long, c_long, ptr, c_long]
     lib.dartspec_lookup.restype = c_long
     lib.dartspec_lookup.argtypes = [ptr, c_long, c_long, c_long, c_long, c_long, ptr, ptr]
     lib.dartspec_attend_seqs.restype = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
@@ -172,13 +172,27 @@ class TreeKVLayer(CacheLayerMixin):
         self.shared, self._pages = None, ()
 
 
+class _Buffers(NamedTuple):
+    """A cache's buffers as the C kernels take them (:meth:`TreeKVCache._buffers`)."""
+
+    epoch: int  # the count of buffer replacements it was read at
+    keys: np.ndarray  # every layer's key buffer address
+    values: np.ndarray
+    caps: np.ndarray  # positions each layer's own buffers hold
+    room: int  # the least of them
+    heads: int
+    key_bytes: int  # one head's key row at one position
+    value_bytes: int
+    c_keep: bool  # CPU buffers of one batch row, alike in every layer: the C keep applies
+
+
 class TreeKVCache(Cache):
     """A transformers ``Cache`` whose layers are :class:`TreeKVLayer`."""
 
     def __init__(self, num_layers: int, capacity: int = 256) -> None:
         self._epoch = [0]  # bumped whenever any layer's buffers are replaced
         super().__init__(layers=[TreeKVLayer(capacity, self._epoch) for _ in range(num_layers)])
-        self._table: tuple[int, int, np.ndarray, np.ndarray, np.ndarray] | None = None  # see extend_all
+        self._table: _Buffers | None = None  # see _buffers
         self._release: Callable[[], None] | None = None
         #: The shared pages as the batched attention kernel reads them, one ``exact.KV_SLOT`` row per layer (the
         #: own-buffer fields left zero), or None.
@@ -212,24 +226,47 @@ class TreeKVCache(Cache):
     def length(self) -> int:
         return self.layers[0].length
 
+    def _buffers(self) -> _Buffers:
+        """Every layer's buffers as the C kernels take them, rebuilt only when a buffer was replaced (the layers'
+        setters count replacements): per layer, reading the addresses cost ~0.1 ms of a 2-core CPU's decoding step
+        (cold caches after the weight stream). The layers grow in step (the lean runtime writes every layer's new rows
+        in one call) and share one prefix length."""
+        table = self._table
+        if table is None or table.epoch != self._epoch[0]:
+            keys, values = [layer.keys for layer in self.layers], [layer.values for layer in self.layers]
+            caps = np.array([k.shape[2] for k in keys], dtype=np.int64)
+            first, heads = keys[0], keys[0].shape[1]
+            # What the C keep reads: CPU buffers (contiguous: this class makes them) of one batch row, in every layer
+            # the same heads and row widths.
+            alike = all(len({(t.shape[0], t.shape[1], t.shape[3], t.dtype) for t in ts}) == 1 for ts in (keys, values))
+            table = _Buffers(
+                epoch=self._epoch[0],
+                keys=np.array([k.data_ptr() for k in keys], dtype=np.int64),
+                values=np.array([v.data_ptr() for v in values], dtype=np.int64),
+                caps=caps,
+                room=int(caps.min()),
+                heads=heads,
+                key_bytes=first.shape[3] * first.element_size(),
+                value_bytes=values[0].shape[3] * values[0].element_size(),
+                c_keep=alike and first.device.type == "cpu" and first.shape[0] == 1 and values[0].shape[1] == heads,
+            )
+            self._table = table
+        return table
+
     def extend_all(
         self, q: int, like_keys: torch.Tensor, like_values: torch.Tensor
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """:meth:`TreeKVLayer.extend` of every layer (which grow in step: the lean runtime writes every layer's new
-        rows in one call); returns the layers' key and value buffer addresses and capacities. The table is kept until
-        a buffer is replaced or runs out of room: per layer, the calls and addresses cost ~0.1 ms of a 2-core CPU's
-        decoding step (cold caches after the weight stream)."""
+        """:meth:`TreeKVLayer.extend` of every layer; returns the layers' key and value buffer addresses and
+        capacities (:meth:`_buffers`), in one pass over the layers while their buffers have room."""
         first, table = self.layers[0], self._table
-        if table is None or table[0] != self._epoch[0] or first.length - first.npre + q > table[1]:
-            rooms = [layer.extend(q, like_keys, like_values) for layer in self.layers]
-            caps = np.array([keys.shape[2] for keys, _, _ in rooms], dtype=np.int64)
-            keys = np.array([keys.data_ptr() for keys, _, _ in rooms], dtype=np.int64)
-            values = np.array([values.data_ptr() for _, values, _ in rooms], dtype=np.int64)
-            self._table = table = (self._epoch[0], int(caps.min()), keys, values, caps)  # after any growth
-            return table[2], table[3], table[4]
-        for layer in self.layers:
-            layer.length += q
-        return table[2], table[3], table[4]
+        if table is not None and table.epoch == self._epoch[0] and first.length - first.npre + q <= table.room:
+            for layer in self.layers:
+                layer.length += q
+        else:
+            for layer in self.layers:
+                layer.extend(q, like_keys, like_values)
+            table = self._buffers()  # after any growth
+        return table.keys, table.values, table.caps
 
     def keep(self, base: int, nodes: torch.Tensor) -> None:
         """Keep entries ``base + nodes`` (ascending) of every layer as positions ``base, base+1, ...``."""
@@ -240,25 +277,17 @@ class TreeKVCache(Cache):
     def _keep_in_c(self, base: int, nodes: torch.Tensor) -> bool:
         """:meth:`keep` as one C call over all layers (``attend.c``) where the buffers are CPU tensors of one batch
         row and dartspec's kernels build; False where it does not apply (the caller then keeps layer by layer)."""
-        layers = self.layers
-        first = layers[0]
-        if not first.is_initialized or first.keys.device.type != "cpu" or first.keys.shape[0] != 1:
-            return False
-        kernel = _c_kv_keep()
+        first, kernel = self.layers[0], _c_kv_keep()
         own = base - first.npre
-        if kernel is None or own < 0 or any(layer.npre != first.npre for layer in layers):
+        if kernel is None or not first.is_initialized or own < 0:
             return False
-        buffers = [t for layer in layers for t in (layer.keys, layer.values)]  # made contiguous by this class
-        heads = first.keys.shape[1]
-        if any(t.shape[0] != 1 or t.shape[1] != heads for t in buffers):
+        table = self._buffers()
+        if not table.c_keep:
             return False
-        ptrs = np.array([t.data_ptr() for t in buffers], dtype=np.int64)
-        caps = np.array([t.shape[2] for t in buffers], dtype=np.int64)
-        row_bytes = np.array([t.shape[3] * t.element_size() for t in buffers], dtype=np.int64)
         rows = np.ascontiguousarray(nodes.cpu().numpy(), dtype=np.int64)
-        kernel(ptrs.ctypes.data, caps.ctypes.data, row_bytes.ctypes.data, len(buffers), heads, own, rows.ctypes.data,
-               len(rows))  # fmt: skip
-        for layer in layers:
+        kernel(table.keys.ctypes.data, table.values.ctypes.data, table.caps.ctypes.data, len(self.layers), table.heads,
+               table.key_bytes, table.value_bytes, own, rows.ctypes.data, len(rows))  # fmt: skip
+        for layer in self.layers:
             layer.length = base + len(rows)
         return True
 

@@ -164,9 +164,7 @@ class PromptLookupDrafter(DrafterBase):
         seq = np.ascontiguousarray(tokens, dtype=np.int64)
         kernel = _c_lookup()
         if kernel is not None:
-            if length < 1:
-                return []
-            out = np.empty((self.max_matches, length), dtype=np.int64)
+            out = np.empty((self.max_matches, max(length, 0)), dtype=np.int64)
             lengths = np.empty(self.max_matches, dtype=np.int64)
             found = kernel(
                 _address(seq), len(seq), self.max_ngram, self.min_ngram, length, self.max_matches,
