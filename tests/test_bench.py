@@ -29,6 +29,8 @@ def test_parse_methods_groups_options() -> None:
     assert (auto.kind, auto.generator_spec().drafter) == ("auto", "auto")
     hybrid = parse_methods("dart+pld:size=3,draft=2")[0]
     assert (hybrid.tree_size, hybrid.draft, hybrid.generator_spec().draft_nodes) == (3, 2, 2)
+    peer = parse_methods("llamacpp-pld:draft=4,gguf=F16")[0]  # llama-cpp-python's prompt lookup, 4 tokens a draft
+    assert (peer.kind, peer.draft, peer.gguf) == ("llamacpp-pld", 4, "f16")
 
 
 @pytest.mark.parametrize(
@@ -43,6 +45,8 @@ def test_parse_methods_groups_options() -> None:
         ("dart+pld:draft=0", "draft must be a positive integer"),
         ("size=4", "must follow a method name"),
         ("hf-pld:size=4", "takes no options"),
+        ("llamacpp-ar:draft=4", "bad option 'draft=4'"),
+        ("llamacpp-pld:size=4", "bad option 'size=4'"),
         ("ar,ar", "same method twice"),
         ("", "empty"),
     ],
@@ -126,16 +130,17 @@ def test_peer_with_other_numerics_differs_without_a_mismatch(llama_target: Targe
     assert "2/2 differ (other numerics)" in markdown(list(rows.values()), "t")
 
 
+@pytest.mark.parametrize("kind", ["llamacpp-ar", "llamacpp-pld"])
 def test_llamacpp_row_without_the_package_says_how_to_install(
-    llama_target: Target, monkeypatch: pytest.MonkeyPatch
+    llama_target: Target, monkeypatch: pytest.MonkeyPatch, kind: str
 ) -> None:
     import sys
 
     from dartspec.bench.suite import make_runner
 
     monkeypatch.setitem(sys.modules, "llama_cpp", None)
-    with pytest.raises(DartspecError, match=r"pip install 'dartspec\[llamacpp\]'"):
-        make_runner(MethodSpec("llamacpp-ar", "llamacpp-ar"), llama_target)
+    with pytest.raises(DartspecError, match=rf"{kind} needs llama-cpp-python.*pip install 'dartspec\[llamacpp\]'"):
+        make_runner(MethodSpec(kind, kind), llama_target)
 
 
 def test_train_bench_rows_and_equal_losses(tmp_path: Path) -> None:

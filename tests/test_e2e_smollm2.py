@@ -181,3 +181,30 @@ def test_lean_runtime_on_smollm2_matches_transformers_and_stays_lossless(smollm2
     spec = Generator(fast, make_drafter("dart", fast), tree_size=4).generate(ids, max_new_tokens=48)
     assert spec.token_ids == plain.token_ids
     assert spec.stats.draft_tokens_accepted > 0
+
+
+def test_llamacpp_prompt_lookup_row_counts_its_forwards(smollm2: Target, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ``llamacpp-pld`` peer's tau counts llama-cpp-python's forwards as its draft calls plus one: with drafts
+    that propose nothing every forward yields one token, so tau must be exactly 1; with prompt lookup on an answer
+    that copies the prompt, forwards yield several (runs where llama-cpp-python is installed)."""
+    pytest.importorskip("llama_cpp")
+    import numpy as np
+    from llama_cpp import llama_speculative
+
+    from dartspec.bench.suite import MethodSpec, make_runner
+
+    sentence = "The quick brown fox jumps over the lazy dog near the old river bank."
+    request = f"Repeat this sentence exactly three times: {sentence}"
+    ids = smollm2.encode_chat([{"role": "user", "content": request}])
+    spec = MethodSpec("llamacpp-pld", "llamacpp-pld", draft=4)
+    run = make_runner(spec, smollm2)(ids, 16, 0.0, 0)
+    assert run.new_tokens == 16 and not run.exact
+    assert 2.0 < run.tau <= 5.0, f"prompt lookup drafted little on an answer that copies the prompt: tau {run.tau}"
+
+    class NoDrafts(llama_speculative.LlamaPromptLookupDecoding):
+        def __call__(self, input_ids: np.ndarray, /, **kwargs: object) -> np.ndarray:
+            return np.array([], dtype=np.intc)
+
+    monkeypatch.setattr(llama_speculative, "LlamaPromptLookupDecoding", NoDrafts)
+    run = make_runner(spec, smollm2)(ids, 16, 0.0, 0)
+    assert run.new_tokens == 16 and run.tau == 1.0

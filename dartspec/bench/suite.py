@@ -23,8 +23,9 @@ from dartspec.formats import DRAFTER_NAMES, DRAFTERS, QUANT_CHOICES, RUNTIMES, T
 if TYPE_CHECKING:
     from dartspec.methods import GeneratorSpec
 
-#: Rows run by other decoders (peers): transformers generate, plain and with prompt lookup, and llama.cpp.
-_PEERS = ("hf-ar", "hf-pld", "llamacpp-ar")
+#: Rows run by other decoders (peers): transformers generate, plain and with prompt lookup, and llama.cpp (through
+#: llama-cpp-python), plain and with its prompt lookup.
+_PEERS = ("hf-ar", "hf-pld", "llamacpp-ar", "llamacpp-pld")
 #: Method names ``--methods`` understands (``ar`` is the drafter ``none``, plain decoding, ``auto`` what ``generate``
 #: runs by default on the device, then every other drafter, then the peers); options follow a colon
 #: (``dart:tree=ddtree,size=8``).
@@ -36,6 +37,7 @@ _OPTIONS = {
     "auto": _RUNTIME_OPTIONS,
     **{("ar" if d.name == "none" else d.name): {*d.options, *_RUNTIME_OPTIONS} for d in DRAFTERS},
     "llamacpp-ar": {"gguf"},
+    "llamacpp-pld": {"gguf", "draft"},
 }
 #: Rows run by dartspec's engine.
 _ENGINE_METHODS = tuple(m for m in METHODS if m not in _PEERS)
@@ -57,11 +59,13 @@ class MethodSpec:
     path: str | None = None
     smooth: float = 0.0  # interpolated n-gram weight (0 = DART's longest-context rule)
     topk: int = 4  # eagle3: nodes expanded per level, children per node
-    draft: int | None = None  # dart+pld: the DART tree's share of the nodes (None: the default budget's)
+    # dart+pld: the DART tree's share of the nodes (None: the default budget's); llamacpp-pld: tokens a draft (None:
+    # llama-cpp-python's default, 10)
+    draft: int | None = None
     runtime: str | None = None  # None: the main target's; else lean / hf (see dartspec.targets)
     quant: str | None = None  # None: the main target's; else none / fp16 / int8
     graphs: bool | None = None  # None: the main target's; else CUDA graphs on / off (the lean runtime on a GPU)
-    gguf: str | None = None  # llamacpp-ar: None = the model's own file, else a type of LLAMACPP_TYPES
+    gguf: str | None = None  # llamacpp-*: None = the model's own file, else a type of LLAMACPP_TYPES
 
     def generator_spec(self) -> GeneratorSpec:
         """This row as the :class:`dartspec.methods.GeneratorSpec` every front end builds a generator from."""
@@ -218,7 +222,7 @@ def make_runner(spec: MethodSpec, target: Any) -> Runner:
     """A function ``(prompt ids, max new tokens, temperature, seed) -> Run`` for ``spec``."""
     if spec.kind in ("hf-ar", "hf-pld"):
         return _hf_runner(spec, target)
-    if spec.kind == "llamacpp-ar":
+    if spec.kind in ("llamacpp-ar", "llamacpp-pld"):
         return _llamacpp_runner(target, spec)
     from dartspec.methods import build_generator
 
@@ -279,12 +283,14 @@ def _hf_runner(spec: MethodSpec, target: Any) -> Runner:
 
 
 def _llamacpp_runner(target: Any, spec: MethodSpec) -> Runner:
-    """llama.cpp (llama-cpp-python) decoding the model's GGUF file (or a requantized copy) with its kernels."""
+    """llama.cpp (llama-cpp-python) decoding the model's GGUF file (or a requantized copy) with its kernels: plainly
+    (``llamacpp-ar``) or with llama-cpp-python's prompt lookup (``llamacpp-pld``: a draft of up to ``spec.draft``
+    tokens copied from the context after the last match of its final 1-2 tokens, verified in one batch)."""
     try:
         import llama_cpp
     except ImportError:
         raise DartspecError(
-            "llamacpp-ar needs llama-cpp-python, which PyPI ships as source only: "
+            f"{spec.kind} needs llama-cpp-python, which PyPI ships as source only: "
             "pip install 'dartspec[llamacpp]' (compiles llama.cpp, about 15 minutes on 2 cores)"
         ) from None
     import torch
@@ -294,10 +300,16 @@ def _llamacpp_runner(target: Any, spec: MethodSpec) -> Runner:
     path = gguf_file(target.name)
     if spec.gguf:
         path = _llamacpp_requantized(llama_cpp, path, spec.gguf)
+    drafts = None
+    if spec.kind == "llamacpp-pld":
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        drafts = _CountedDrafts(LlamaPromptLookupDecoding(num_pred_tokens=spec.draft or 10))
     llm = llama_cpp.Llama(
         model_path=str(path),
         n_ctx=target.max_context,
         n_threads=torch.get_num_threads(),
+        draft_model=drafts,
         verbose=False,
     )
 
@@ -305,15 +317,30 @@ def _llamacpp_runner(target: Any, spec: MethodSpec) -> Runner:
         llm.reset()  # no prefix reuse from the previous prompt: every method pays its own prefill
         llm.set_seed(seed)
         new: list[int] = []
+        if drafts is not None:
+            drafts.calls = 0
         start = time.perf_counter()
         for tok in llm.generate(ids, temp=temperature, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0):
             new.append(int(tok))
             if tok in target.eos_token_ids or len(new) >= max_new_tokens:
                 break
         seconds = time.perf_counter() - start
-        return Run("", spec.label, len(new), seconds, float("nan"), [], {}, new, exact=False)
+        tau = len(new) / (drafts.calls + 1) if drafts is not None else float("nan")
+        return Run("", spec.label, len(new), seconds, tau, [], {}, new, exact=False)
 
     return run
+
+
+class _CountedDrafts:
+    """A llama-cpp-python draft model that counts its calls: llama-cpp-python drafts once after each forward but the
+    last, so a generation's forwards are its calls plus one (the prefill counts as one, as in dartspec's tau)."""
+
+    def __init__(self, lookup: Callable[..., Any]) -> None:
+        self.lookup, self.calls = lookup, 0
+
+    def __call__(self, input_ids: Any, /, **kwargs: Any) -> Any:
+        self.calls += 1
+        return self.lookup(input_ids, **kwargs)
 
 
 def _llamacpp_requantized(llama_cpp: Any, source: Path, kind: str) -> Path:
