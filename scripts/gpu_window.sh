@@ -11,7 +11,8 @@
 #                                               machine idle for 30 s is given back, /tmp with it)
 #   device: scripts/gpu_window.sh window SECONDS [WINDOW]
 #                                               the last piece's call: receive it, `profile` the data generator
-#                                               (PROFILE=0: not), `data` for DATA_SHARE of the time (default auto:
+#                                               (PROFILE=0: not; PROFILE=last: take scripts/window-profile.json,
+#                                               the fourth window's), `data` for DATA_SHARE of the time (default auto:
 #                                               0.4 where the profile measured >= 10k answer tokens/s, else 0), and
 #                                               `train` (schedule fitted) for the rest, all within SECONDS
 #   device: scripts/gpu_window.sh profile       where the data generator's and the trainer's time goes, on lean and
@@ -177,7 +178,14 @@ window)
     # Where the data generator's time goes (at most 200 s of the window): the first window measured ~2.5k answer
     # tokens/s on the H100, a twelfth of the goal, with transformers' modules at batch 256; the profile times both
     # runtimes at batch 256, 1024 and 2048 and the data phase takes the fastest. PROFILE=0 skips it.
-    if [ "${PROFILE:-1}" != 0 ]; then
+    if [ "${PROFILE:-1}" = last ]; then
+        # The fourth window's measured speeds (one H100, docs/bench/h100-window-4-2026-11-26/profile.txt, tokens
+        # checked against transformers' there): data and training choose as if this machine had measured them, and
+        # the profile's 2-3 minutes (of the fourth window's 8) go to data and training instead.
+        cp scripts/window-profile.json "$WORK/profile.json"
+        echo "window: the last window's profile (scripts/window-profile.json):" \
+            "data on the $(runtime_for decode) runtime, training on $(runtime_for score)"
+    elif [ "${PROFILE:-1}" != 0 ]; then
         "$0" profile || echo "window: the profile stopped with status $?"
         # The profile timed transformers' modules and the lean forward on this GPU: data and training (this call's
         # and later ones on the machine) use whichever ran their work faster, unless RUNTIME says.
