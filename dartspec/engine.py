@@ -309,11 +309,15 @@ class Generator:
         tree_size: int | None = None,
         max_depth: int = 8,
         max_draft_temperature: float | None = None,
+        sampled_drafts: bool = False,
     ):
         """``tree_size`` None: :func:`default_tree_size` for the target's device and the drafter.
         ``max_draft_temperature``: a sequence sampled at a higher temperature decodes plainly (no drafter, one node
         a step), since a flatter distribution accepts fewer drafts than their verification costs where rows are
-        not free (a CPU: :func:`dartspec.drafters.default_max_draft_temperature`); None: every sequence drafts."""
+        not free (a CPU: :func:`dartspec.drafters.default_max_draft_temperature`); None: every sequence drafts.
+        ``sampled_drafts``: a sampled sequence's drafter draws its tree from its own distribution where it can
+        (DART's), and the verifier tests the draws by rejection (:mod:`dartspec.verify`): more drafts accepted, and
+        a seed no longer gives plain sampling's tokens (the distribution stays the target's)."""
         drafter = drafter if drafter is not None else NoDrafter()
         tree_size = default_tree_size(target.device, drafter.needs_features) if tree_size is None else tree_size
         if tree_size < 1 or max_depth < 0:
@@ -325,6 +329,7 @@ class Generator:
         self.tree_size = tree_size
         self.max_depth = max_depth
         self.max_draft_temperature = max_draft_temperature
+        self.sampled_drafts = sampled_drafts
 
     def encode(self, prompt: Prompt, chat: bool | None = None) -> list[int]:
         """Token ids for a prompt: a string (chat template applied if ``chat``), messages, or ids."""
@@ -405,7 +410,7 @@ class Generator:
                 f"the prompt is {len(prompt_ids)} tokens but {target.name} has a context window of "
                 f"{target.max_context} tokens"
             )
-        verifier = Verifier(params)
+        verifier = Verifier(params, sampled_drafts=self.sampled_drafts)
         stats = GenerationStats(prompt_tokens=len(prompt_ids))
         plain = self.max_draft_temperature is not None and params.temperature > self.max_draft_temperature
         if plain:  # say why a generator with a drafter did not draft (--json, the CLI's stats line)
@@ -494,6 +499,7 @@ class Generator:
             max_nodes=max(1, min(nodes, self.target.max_context - seq.cache.length)),
             max_depth=max(0, min(seq.max_depth, seq.limit - len(seq.new) - 1)),
             batch_cut=seq.tree_size - nodes,
+            sampling=seq.verifier.draft_sampling,
         )
         tree = drafter.propose(seq.committed, budget)
         seq.clock.lap("draft", drafter.last_tree_seconds)

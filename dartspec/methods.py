@@ -37,6 +37,7 @@ class GeneratorSpec:
     ngram_smoothing: float = 0.0
     topk: int = 4
     draft_nodes: int | None = None
+    sampled_drafts: bool = False
 
 
 def build_generator(target: Any, spec: GeneratorSpec) -> Generator:
@@ -73,4 +74,11 @@ def build_generator(target: Any, spec: GeneratorSpec) -> Generator:
     )
     # Only the default drafter steps aside for sampled requests: a drafter named on purpose always drafts.
     hot = default_max_draft_temperature(target.device) if spec.drafter == "auto" else None
-    return Generator(target, drafter, tree_size=size, max_depth=spec.max_depth, max_draft_temperature=hot)
+    return Generator(
+        target,
+        drafter,
+        tree_size=size,
+        max_depth=spec.max_depth,
+        max_draft_temperature=hot,
+        sampled_drafts=spec.sampled_drafts,
+    )

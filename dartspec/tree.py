@@ -7,20 +7,46 @@ can score all of them with an ancestor-only attention mask, each at position ``b
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 
+@dataclass(frozen=True, eq=False)
+class DraftSampling:
+    """A request sampled at ``temperature`` > 0 whose verifier tests sampled drafts by rejection: a drafter that can
+    draws nodes from its own distribution at that temperature with ``rng`` (seeded with the request) and attaches
+    the distributions to the tree (:class:`Proposal`; see :mod:`dartspec.verify`)."""
+
+    temperature: float
+    rng: np.random.Generator
+
+
 @dataclass(frozen=True)
 class DraftBudget:
     """Limits for one proposal: total tree nodes (root included) and depth below the root. ``batch_cut``: how many
-    nodes of the sequence's own tree size a batched step's share took away (0 when it runs alone)."""
+    nodes of the sequence's own tree size a batched step's share took away (0 when it runs alone). ``sampling``: set
+    where the drafter may sample its tree (None: greedy decoding, or drafts verified by matching)."""
 
     max_nodes: int
     max_depth: int
     batch_cut: int = 0
+    sampling: DraftSampling | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Proposal:
+    """The distribution some children of a node were drawn from, without replacement, in the order ``draws`` (child
+    node indices): ``probs`` (float64, summing to 1) over the target's tokens ``ids`` (distinct), ``at`` the index
+    into ``ids`` of each draw's token. The sampling verifier tests each draw against the target by rejection, which
+    accepts more than matching the target's own sample when the drafter's distribution is close to the target's
+    (:meth:`dartspec.verify.Verifier.accept`)."""
+
+    ids: np.ndarray
+    probs: np.ndarray
+    draws: tuple[int, ...]
+    at: tuple[int, ...]
 
 
 @dataclass(frozen=True, eq=False)
@@ -33,10 +59,14 @@ class Tree:
         depth: ``(q,)`` depth below the root (root = 0).
         ancestors: ``(q, q)`` bool, ``ancestors[i, j]`` iff node j is node i or one of its ancestors;
             this is exactly the attention mask among tree nodes.
+        proposals: node -> the :class:`Proposal` some of its children were drawn from (a sampled tree); the other
+            children are fixed guesses. Empty for a tree built deterministically, which the verifier walks by
+            matching its own sample (exact for any tree, so a tree that drops its proposals stays lossless).
     """
 
     tokens: np.ndarray
     parents: np.ndarray
+    proposals: Mapping[int, Proposal] = field(default_factory=dict)
     depth: np.ndarray = field(init=False)
     ancestors: np.ndarray = field(init=False)
     _children: tuple[dict[int, int], ...] = field(init=False, repr=False)
@@ -60,6 +90,12 @@ class Tree:
         object.__setattr__(self, "ancestors", ancestors)
         object.__setattr__(self, "_children", tuple(children))
         object.__setattr__(self, "_max_depth", deepest)  # read twice a step by the engine
+        for node, proposal in self.proposals.items():
+            draws, at = proposal.draws, proposal.at
+            if len(set(draws)) != len(draws) or any(not 0 < c < q or parents[c] != node for c in draws):
+                raise ValueError(f"a proposal's draws must be distinct children of its node {node}")
+            if len(at) != len(draws) or any(proposal.ids[a] != tokens[c] for a, c in zip(at, draws, strict=True)):
+                raise ValueError(f"a proposal of node {node} does not name its draws' tokens")
 
     @staticmethod
     def _links(
@@ -105,23 +141,7 @@ class Tree:
         Paths are inserted in order, so earlier paths keep their nodes when ``max_nodes`` cuts the tree;
         nodes past the budget are dropped, which keeps the tree prefix-closed.
         """
-        tokens = [root]
-        parents = [-1]
-        index: dict[tuple[int, int], int] = {}
-        for path in paths:
-            node = 0
-            for tok in path:
-                key = (node, int(tok))
-                child = index.get(key)
-                if child is None:
-                    if max_nodes is not None and len(tokens) >= max_nodes:
-                        break
-                    child = len(tokens)
-                    tokens.append(int(tok))
-                    parents.append(node)
-                    index[key] = child
-                node = child
-        return cls(np.array(tokens), np.array(parents))
+        return cls.root_only(root).with_paths(paths, max_nodes)
 
     @classmethod
     def from_nodes(
@@ -138,6 +158,27 @@ class Tree:
             raise ValueError(
                 f"kept nodes are not prefix-closed: the parent {missing} of a kept node is not kept"
             ) from None
+
+    def with_paths(self, paths: Sequence[Sequence[int]], max_nodes: int | None = None) -> Tree:
+        """This tree (its nodes, their order and its proposals) plus token ``paths`` below the root as fixed guesses,
+        merged into the nodes a path's tokens already are, new nodes appended while the tree has fewer than
+        ``max_nodes`` (the sampling verifier tests a node's draws before its fixed children, whatever their order)."""
+        tokens, parents = self.tokens.tolist(), self.parents.tolist()
+        index = {(p, t): i for i, (p, t) in enumerate(zip(parents, tokens, strict=True)) if i > 0}
+        for path in paths:
+            node = 0
+            for tok in path:
+                key = (node, int(tok))
+                child = index.get(key)
+                if child is None:
+                    if max_nodes is not None and len(tokens) >= max_nodes:
+                        break
+                    child = len(tokens)
+                    tokens.append(int(tok))
+                    parents.append(node)
+                    index[key] = child
+                node = child
+        return Tree(np.array(tokens), np.array(parents), self.proposals)
 
     def subtree(self, keep: Sequence[int] | np.ndarray) -> Tree:
         """The root plus the (prefix-closed) nodes ``keep`` of this tree (the root itself may be listed or not)."""

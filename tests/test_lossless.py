@@ -4,6 +4,7 @@ the exact distribution of short sampled continuations, enumerated on a tiny mode
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -14,12 +15,14 @@ from test_eagle3 import eagle_for
 from test_engine import RandomDrafter
 
 from dartspec.drafters import NoDrafter, PromptLookupDrafter
+from dartspec.drafters.base import DraftBudget, DrafterBase
 from dartspec.drafters.dart import DartDrafter
 from dartspec.drafters.eagle3 import Eagle3Drafter
 from dartspec.drafters.hybrid import HybridDrafter
 from dartspec.drafters.pld import LookupGate
 from dartspec.engine import Generator
 from dartspec.target import Target
+from dartspec.tree import Proposal, Tree
 from dartspec.tree_size import CostCurve
 
 DRAFTERS = ("none", "pld", "pld-gated", "random", "dart", "dart+pld", "eagle3")
@@ -33,7 +36,46 @@ def untied_target(arch: str, dtype: torch.dtype) -> Target:
     return Target(model.to(dtype), tiny_tokenizer(), name=f"tiny-{arch}")
 
 
+class NearTargetSampler(DrafterBase):
+    """Draws its tree from a distribution near the target's own (the warped target mixed with a uniform), as a
+    well-trained drafter would: two tokens at the root without replacement, one below the first, each parent's
+    distribution attached as its proposal. So the rejection tests accept most draws, and their arithmetic decides
+    the output's law (a tiny random DART network's draws are almost always rejected)."""
+
+    name = "near-target"
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+
+    def _near(self, tokens: Sequence[int]) -> np.ndarray:
+        with torch.no_grad():
+            p = reference_warp(self.target.model(torch.tensor([list(tokens)])).logits[0, -1]).numpy()
+        return 0.7 * p + 0.3 / len(p)
+
+    def propose(self, tokens: Sequence[int], budget: DraftBudget) -> Tree:
+        sampling = budget.sampling
+        if sampling is None or budget.max_depth < 1 or budget.max_nodes < 3:
+            return Tree.root_only(tokens[-1])
+        ids, q = np.arange(VOCAB), self._near(tokens)
+        first = int(sampling.rng.choice(ids, p=q))
+        rest = q.copy()
+        rest[first] = 0
+        second = int(sampling.rng.choice(ids, p=rest / rest.sum()))
+        draft = [tokens[-1], first, second]
+        proposals = {0: Proposal(ids, q, (1, 2), (first, second))}
+        parents = [-1, 0, 0]
+        if budget.max_depth >= 2 and budget.max_nodes >= 4:
+            below = self._near([*tokens, first])
+            deeper = int(sampling.rng.choice(ids, p=below))
+            draft.append(deeper)
+            parents.append(1)
+            proposals[1] = Proposal(ids, below, (3,), (deeper,))
+        return Tree(np.array(draft), np.array(parents), proposals)
+
+
 def drafter(name: str, target: Target, reference: list[int]):
+    if name == "near-target":
+        return NearTargetSampler(target)
     if name == "none":
         return NoDrafter()
     if name == "pld":
@@ -146,18 +188,27 @@ def exact_two_token_distribution(target: Target, prompt: list[int]) -> dict:
     return out
 
 
-@pytest.mark.parametrize("name", ["random", "dart"])
-def test_sampled_output_follows_the_exact_distribution(name: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "sampled"),
+    [("random", False), ("dart", False), ("dart", True), ("dart+pld", True), ("near-target", True)],
+)
+def test_sampled_output_follows_the_exact_distribution(name: str, sampled: bool) -> None:
+    """The first two tokens of three-token answers (the step after the prefill drafts one token deep; a two-token
+    answer would never draft). ``sampled``: the DART drafter draws a token from its first row and the verifier tests
+    it by rejection."""
     target = untied_target("llama", torch.float64)
     prompt = prompts(1)[0]
     exact = exact_two_token_distribution(target, prompt)
     top = max(exact, key=exact.get)
-    gen = Generator(target, drafter(name, target, list(top)), tree_size=6, max_depth=3)
+    gen = Generator(target, drafter(name, target, list(top)), tree_size=6, max_depth=3, sampled_drafts=sampled)
     runs = 600
     counts: dict = {}
+    drafted = 0
     for seed in range(runs):
-        got = gen.generate(prompt, max_new_tokens=2, temperature=T, top_p=TOP_P, top_k=TOP_K, seed=seed).token_ids
-        counts[tuple(got)] = counts.get(tuple(got), 0) + 1
+        result = gen.generate(prompt, max_new_tokens=3, temperature=T, top_p=TOP_P, top_k=TOP_K, seed=seed)
+        got = tuple(result.token_ids[:2])
+        counts[got] = counts.get(got, 0) + 1
+        drafted += result.stats.tree_nodes > result.stats.target_forwards - 1  # more nodes than verify steps
     assert set(counts) <= set(exact)  # nothing outside the warped support
     # Pearson's chi-square over the outcomes (rare ones pooled), against a generous 99.9% bound.
     cells, pooled_p, pooled_n = [], 0.0, 0
@@ -172,3 +223,4 @@ def test_sampled_output_follows_the_exact_distribution(name: str) -> None:
     dof = len(cells) - 1
     bound = dof + 3.1 * (2 * dof) ** 0.5 + 5  # ~ the 99.9% quantile for these few degrees of freedom
     assert chi2 < bound, (chi2, dof, sorted(itertools.islice(counts.items(), 10)))
+    assert drafted > runs / 2, "the answers were decoded without drafts: the test would not exercise verification"

@@ -214,3 +214,36 @@ def test_c_top_candidates_rank_equal_values_by_index() -> None:
     ids, lp = top_candidates(logp, 4, None)
     assert ids.tolist() == [[0, 2, 4, 3]]
     assert lp[0, 0] == lp[0, 1] == lp[0, 2] > lp[0, 3]
+
+
+def test_sampled_tree_draws_from_the_first_row_at_the_temperature_inside_the_builders_tree() -> None:
+    """``sampled_tree``: the drawn token follows softmax(row 0 / T) (chi-square over 6 tokens), is a root child named
+    by the root's proposal, and the rest is the builder's tree: all of it where it holds the token, less its last
+    node otherwise; never over the budget."""
+    from dartspec.search import sampled_tree
+    from dartspec.tree import DraftSampling
+
+    d2t = np.array([11, 3, 7, 20, 5, 9])  # draft index -> target id
+    logp = random_logp(4, 3, 6)
+    temperature = 0.7
+    sampling = DraftSampling(temperature, np.random.default_rng(0))
+    builder = BeamTree(BeamParams(beam_width=2, top_k=3))
+    counts = np.zeros(6)
+    for nodes in (2, 3, 5) * 600:
+        budget = DraftBudget(max_nodes=nodes, max_depth=3, sampling=sampling)
+        tree = sampled_tree(builder, 1, logp, d2t, [1], budget)
+        proposal = tree.proposals[0]
+        (drawn,), (at,) = proposal.draws, proposal.at
+        assert tree.parents[drawn] == 0 and tree.tokens[drawn] == d2t[at] and tree.size <= nodes
+        plain = builder(1, logp, d2t, [1], budget)
+        if plain.child_with_token(0, int(d2t[at])) is not None:
+            assert tree.tokens.tolist() == plain.tokens.tolist()
+        else:
+            assert tree.tokens.tolist() == [*plain.tokens[: nodes - 1].tolist(), d2t[at]]
+        counts[at] += 1
+    expected = torch.softmax(logp[0] / temperature, -1).numpy() * counts.sum()
+    assert np.allclose(proposal.probs * counts.sum(), expected)
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    from scipy.stats import chi2 as chi2_dist
+
+    assert chi2_dist.sf(chi2, df=5) > 1e-3, (counts, expected)

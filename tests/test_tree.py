@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dartspec.tree import Tree
+from dartspec.tree import Proposal, Tree
 
 
 @st.composite
@@ -85,3 +85,29 @@ def test_from_nodes_reindexes_kept_candidates_and_refuses_orphans() -> None:
     with pytest.raises(ValueError, match="prefix-closed"):
         tree.subtree([0, 2])  # node 2 without its parent 1
     assert tree.subtree([1, 0]).tokens.tolist() == [4, 7]
+
+
+def test_with_paths_keeps_the_tree_and_its_proposals_and_adds_fixed_guesses() -> None:
+    ids = np.arange(10)
+    q = np.full(10, 0.1)
+    tree = Tree(np.array([9, 4, 5]), np.array([-1, 0, 1]), {0: Proposal(ids, q, (1,), (4,))})
+    merged = tree.with_paths([[4, 6], [7, 8, 2], [3]], max_nodes=6)
+    assert merged.tokens.tolist()[:3] == [9, 4, 5] and merged.proposals is tree.proposals
+    # [4, 6] joins under the drawn 4; [7, 8, 2] takes the last two nodes the budget has and stops; [3] finds none.
+    assert merged.tokens.tolist() == [9, 4, 5, 6, 7, 8]
+    assert merged.parents.tolist() == [-1, 0, 1, 1, 0, 4]
+    assert Tree.from_paths(9, [[4, 5], [4, 6], [7, 8]]).tokens.tolist() == merged.tokens.tolist()
+
+
+@pytest.mark.parametrize(
+    ("proposal", "message"),
+    [
+        (Proposal(np.arange(4), np.full(4, 0.25), (2,), (3,)), "distinct children of its node 0"),  # 2 is a grandchild
+        (Proposal(np.arange(4), np.full(4, 0.25), (1, 1), (2, 2)), "distinct children"),
+        (Proposal(np.arange(4), np.full(4, 0.25), (1,), (3,)), "does not name its draws' tokens"),
+        (Proposal(np.arange(4), np.full(4, 0.25), (1,), ()), "does not name its draws' tokens"),
+    ],
+)
+def test_proposals_must_name_children_and_their_tokens(proposal: Proposal, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Tree(np.array([0, 2, 3]), np.array([-1, 0, 1]), {0: proposal})

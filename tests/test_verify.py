@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dartspec.errors import DartspecError
-from dartspec.tree import Tree
+from dartspec.tree import Proposal, Tree
 from dartspec.verify import SamplingParams, Verifier, sample, warp
 
 
@@ -146,3 +146,79 @@ def test_one_uniform_per_token_makes_drafting_invisible() -> None:
             )
             out.extend(spec.accept(tree, logits).tokens)
         assert out[:12] == plain_tokens
+
+
+def _sampled_tree(rng: np.random.Generator, q_root: np.ndarray, q_deep: np.ndarray, fixed: int) -> Tree:
+    """A tree as a sampling drafter makes one: two tokens drawn at the root without replacement from ``q_root``,
+    one drawn below the first from ``q_deep``, and the fixed guess ``fixed`` at the root (where not drawn)."""
+    ids = np.arange(len(q_root))
+    a1 = int(rng.choice(ids, p=q_root))
+    rest = q_root.copy()
+    rest[a1] = 0
+    a2 = int(rng.choice(ids, p=rest / rest.sum()))
+    b = int(rng.choice(ids, p=q_deep))
+    tokens, parents = [0, a1, a2, b], [-1, 0, 0, 1]
+    if fixed not in (a1, a2):
+        tokens.append(fixed)
+        parents.append(0)
+    proposals = {0: Proposal(ids, q_root, (1, 2), (a1, a2)), 1: Proposal(ids, q_deep, (3,), (b,))}
+    return Tree(np.array(tokens), np.array(parents), proposals)
+
+
+def test_rejection_tests_of_sampled_drafts_keep_the_target_distribution_exactly() -> None:
+    """Joint law of the first two committed tokens equals the target's when the tree's nodes were drawn from a
+    drafter's distributions (not the target's, and with mass where the warped target has none) and tested by
+    rejection, draws without replacement and a fixed guess after them: a chi-square test over all 25 pairs."""
+    vocab = 5
+    params = SamplingParams(temperature=0.8, top_k=4, top_p=0.95, seed=0)
+    rng = np.random.default_rng(7)
+    root_logits = torch.tensor(rng.normal(size=vocab) * 1.5)
+    after = torch.tensor(rng.normal(size=(vocab, vocab)) * 1.5)  # the target's row after each first token
+    q_root, q_deep = rng.dirichlet(np.ones(vocab)), rng.dirichlet(np.ones(vocab))
+    p_root = warp(root_logits, params).numpy()
+    exact = p_root[:, None] * np.stack([warp(after[a], params).numpy() for a in range(vocab)])
+
+    verifier = Verifier(params)
+    counts = np.zeros((vocab, vocab))
+    n, accepted = 20000, 0
+    for _ in range(n):
+        tree = _sampled_tree(rng, q_root, q_deep, fixed=int(np.argmax(p_root)))
+        rows = [root_logits, *(after[t] for t in tree.tokens[1:])]  # deeper rows: never the first two tokens' law
+        acc = verifier.accept(tree, torch.stack(rows))
+        toks = acc.tokens[:2]
+        if len(toks) == 1:
+            toks = [toks[0], verifier.next_token(after[toks[0]])]
+        counts[toks[0], toks[1]] += 1
+        accepted += acc.accepted_drafts > 0
+    mask = exact > 0
+    assert counts[~mask].sum() == 0, "committed a token the warped target gives probability 0"
+    expected = exact[mask] * n
+    chi2 = float(((counts[mask] - expected) ** 2 / expected).sum())
+    from scipy.stats import chi2 as chi2_dist
+
+    assert chi2_dist.sf(chi2, df=mask.sum() - 1) > 1e-3, chi2
+    assert accepted > n / 3  # the test went through the draws, not around them
+
+
+def test_a_draft_drawn_from_the_targets_own_distribution_is_always_accepted() -> None:
+    """Rejection tests accept a draw from q with min(1, p / q): with q = p every draw is kept (matching the target's
+    own sample would keep it with probability p(x) only)."""
+    params = SamplingParams(temperature=1.0, seed=0)
+    rng = np.random.default_rng(2)
+    logits = torch.tensor(rng.normal(size=(2, 6)))
+    p = warp(logits[0], params).numpy()
+    verifier = Verifier(params)
+    for _ in range(300):
+        at = int(rng.choice(6, p=p))
+        tree = Tree(np.array([0, at]), np.array([-1, 0]), {0: Proposal(np.arange(6), p, (1,), (at,))})
+        assert verifier.accept(tree, logits).path == [0, 1]
+
+
+def test_sampled_drafts_are_drawn_only_for_sampled_requests() -> None:
+    """The verifier hands drafters a seeded sampler only where it tests draws (sampled requests, when asked)."""
+    assert Verifier(SamplingParams(), sampled_drafts=True).draft_sampling is None
+    assert Verifier(SamplingParams(temperature=0.7, seed=1)).draft_sampling is None
+    hot = Verifier(SamplingParams(temperature=0.7, seed=1), sampled_drafts=True).draft_sampling
+    again = Verifier(SamplingParams(temperature=0.7, seed=1), sampled_drafts=True).draft_sampling
+    assert hot is not None and again is not None and hot.temperature == 0.7
+    assert hot.rng.random() == again.rng.random()  # seeded with the request

@@ -30,12 +30,13 @@ _PEERS = ("hf-ar", "hf-pld", "llamacpp-ar", "llamacpp-pld")
 #: runs by default on the device, then every other drafter, then the peers); options follow a colon
 #: (``dart:tree=ddtree,size=8``).
 METHODS = ("ar", "auto", *(d for d in DRAFTER_NAMES if d != "none"), *_PEERS)
-#: Every method of dartspec's own engine may run on another runtime / weight format than the main target.
-_RUNTIME_OPTIONS = {"runtime", "quant", "graphs"}
+#: Every method of dartspec's own engine may run on another runtime / weight format than the main target, and sample
+#: its drafts for rejection tests (``sampled=1``, where the drafter can).
+_ENGINE_OPTIONS = {"runtime", "quant", "graphs", "sampled"}
 #: Options each method takes after its colon (a drafter's come from its registry line).
 _OPTIONS = {
-    "auto": _RUNTIME_OPTIONS,
-    **{("ar" if d.name == "none" else d.name): {*d.options, *_RUNTIME_OPTIONS} for d in DRAFTERS},
+    "auto": _ENGINE_OPTIONS,
+    **{("ar" if d.name == "none" else d.name): {*d.options, *_ENGINE_OPTIONS} for d in DRAFTERS},
     "llamacpp-ar": {"gguf"},
     "llamacpp-pld": {"gguf", "draft"},
 }
@@ -65,6 +66,7 @@ class MethodSpec:
     runtime: str | None = None  # None: the main target's; else lean / hf (see dartspec.targets)
     quant: str | None = None  # None: the main target's; else none / fp16 / int8
     graphs: bool | None = None  # None: the main target's; else CUDA graphs on / off (the lean runtime on a GPU)
+    sampled: bool = False  # sampled requests: drafts drawn from the drafter and tested by rejection
     gguf: str | None = None  # llamacpp-*: None = the model's own file, else a type of LLAMACPP_TYPES
 
     def generator_spec(self) -> GeneratorSpec:
@@ -82,6 +84,7 @@ class MethodSpec:
             ngram_smoothing=self.smooth,
             topk=self.topk,
             draft_nodes=self.draft,
+            sampled_drafts=self.sampled,
         )
 
     @property
@@ -144,7 +147,7 @@ def _spec(group: list[str], tree_size: int | str | None) -> MethodSpec:
                 raise DartspecError(f"{label}: smooth must be a number in (0, 1)") from None
             if not 0 < kw["smooth"] < 1:
                 raise DartspecError(f"{label}: smooth must be a number in (0, 1)")
-        elif key in ("online", "graphs"):
+        elif key in ("online", "graphs", "sampled"):
             kw[key] = value in ("1", "on", "true", "yes")
         elif key == "runtime" and value not in RUNTIMES:
             raise DartspecError(f"{label}: runtime must be one of {', '.join(RUNTIMES)}")

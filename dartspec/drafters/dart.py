@@ -21,7 +21,7 @@ from dartspec.drafters.dart_model import DartModel
 from dartspec.drafters.options import DrafterOptions, checkpoint_folder
 from dartspec.ngram import MergedNgram, NgramModel, OnlineNgram
 from dartspec.runtime import FeatureSource
-from dartspec.search import make_tree_builder
+from dartspec.search import make_tree_builder, sampled_tree
 from dartspec.tree import Tree
 from dartspec.tree_size import AutoSizer, auto_sizer, node_estimates
 
@@ -125,9 +125,12 @@ class DartDrafter(FeatureDrafter):
         t0 = time.perf_counter()
         if self.online is not None:
             self.online.extend(tokens[len(self.online.history) :])
-        tree = self.tree_builder(root, logp, self.d2t, tokens, budget)
-        if self.auto is not None:
-            tree = self.auto.cut(tree, node_estimates(tree, logp, self.t2d), time.perf_counter() - t_draft)
+        if budget.sampling is not None:  # a drawn token tested by rejection in the searched tree; no cut
+            tree = sampled_tree(self.tree_builder, root, logp, self.d2t, tokens, budget)
+        else:
+            tree = self.tree_builder(root, logp, self.d2t, tokens, budget)
+            if self.auto is not None:
+                tree = self.auto.cut(tree, node_estimates(tree, logp, self.t2d), time.perf_counter() - t_draft)
         self._proposed = True
         self.last_tree_seconds = time.perf_counter() - t0
         return tree

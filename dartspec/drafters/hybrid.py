@@ -28,6 +28,7 @@ two were even (:data:`dartspec.engine.CPU_LOOKUP_DRAFT_CONTEXT`, BENCHMARKS.md).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import torch
 
@@ -121,12 +122,14 @@ def hybrid_tree(
         cap = max(1, min(draft_nodes - budget.batch_cut, budget.max_nodes))
     spans = lookup.spans(tokens, budget)
     if not spans:
-        return draft(DraftBudget(max_nodes=cap, max_depth=budget.max_depth))
+        return draft(replace(budget, max_nodes=cap, batch_cut=0))
     copied = Tree.from_paths(root, spans, max_nodes=budget.max_nodes)
     room = budget.max_nodes - copied.size + 1  # the drafter's tree shares the root
-    tree = draft(DraftBudget(max_nodes=max(min(room, cap), 1), max_depth=budget.max_depth))
+    tree = draft(replace(budget, max_nodes=max(min(room, cap), 1), batch_cut=0))
     if tree.size == 1:
         return copied
+    if tree.proposals:  # a sampled tree keeps its nodes and proposals: the spans join as fixed guesses after them
+        return tree.with_paths(spans, budget.max_nodes)
     guesses = [tree.tokens[path[1:]].tolist() for path in tree.paths()]
     return Tree.from_paths(root, [*spans, *guesses], max_nodes=budget.max_nodes)
 
