@@ -40,7 +40,7 @@
 # DATA_TURNS (user turns a conversation, default 2), STEPS (a train call's most steps: matched budgets),
 # RUNTIME (hf | lean | lean+graphs for data, hf | lean for training; the window phase
 # otherwise takes whichever its profile measured faster),
-# BENCH_METHODS (the bench phase's methods), PIECE_MB (prepare's piece size; default: what the working tree leaves
+# BENCH_METHODS and BENCH_TEMPERATURE (the bench phase's methods and sampling temperature, default 0), PIECE_MB (prepare's piece size; default: what the working tree leaves
 # of a call's 64 MiB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -279,7 +279,7 @@ data | train | profile | bench)
         fi
         bench() {  # bench SET METHODS FOLDER
             python3 -m dartspec.cli bench --device "${DEVICE:-cuda}" --dataset "$1" --limit "${minutes:-20}" \
-                --max-new-tokens 128 --methods "$2" --out "$3" 2>&1 |
+                --max-new-tokens 128 --temperature "${BENCH_TEMPERATURE:-0}" --methods "$2" --out "$3" 2>&1 |
                 tr '\r' '\n' | grep -v '^bench: ' | tee -a "$out/bench.txt" || echo "bench $1 ($2) stopped with status $?"
             rm -f "$3"/*.png  # 8 files come back at most: bench.txt, the tables and their JSON
         }
