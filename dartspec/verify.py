@@ -12,8 +12,8 @@ are drawn by inverse CDF. So with a fixed seed, speculative sampling commits the
 sampling (up to float rounding between batched and single-token forwards): drafting changes speed,
 never the output.
 
-A sampled tree (its children drawn from the drafter's own distribution q, recorded as the tree's
-:class:`~dartspec.tree.Proposal` s; ``--sampled-drafts``) is walked by recursive rejection instead: at a node with
+A sampled tree (some children drawn from the drafter's own distribution q, which the tree records as a
+:class:`~dartspec.tree.Proposal`; ``--sampled-drafts``) is walked by recursive rejection instead: at a node with
 residual r (first the warped target distribution), the i-th draw x of a proposal, made from q without the tokens
 drawn before it (q_i), is accepted with probability min(1, r(x) / q_i(x)); a rejection leaves r <- (r - q_i)+,
 renormalised. Then the node's fixed children as above (accept x with r(x), else drop it from r), and with every
