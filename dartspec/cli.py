@@ -200,10 +200,10 @@ def add_drafter_args(p: argparse.ArgumentParser, default: str = "auto") -> None:
     p.add_argument(
         "--sampled-drafts",
         action="store_true",
-        help="sampled requests (temperature > 0): DART's drafters (dart, dart+pld) draw a token from their first row, "
-        "which the verifier tests by rejection: more drafts kept (tau +10-15%% on chat at temperature 1, 0-6%% "
-        "elsewhere), the same distribution, but a seed no longer gives plain sampling's tokens; off by default: on a "
-        "CPU it did not lift sampled decoding above plain decoding",
+        help="sampled requests (temperature > 0): the drafters dart, dart+pld and dflash draw a token from their "
+        "first row, which the verifier tests by rejection: more drafts kept (tau +10-15%% on chat at temperature 1, "
+        "0-6%% elsewhere), the same distribution, but a seed no longer gives plain sampling's tokens; off by default: "
+        "on a CPU it did not lift sampled decoding above plain decoding",
     )
 
 

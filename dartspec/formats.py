@@ -19,27 +19,31 @@ class DrafterKind:
     and called as ``function(target, DrafterOptions) -> Drafter``. ``feature``: it runs a network over the target's
     features every step (``--tree-size auto`` applies; it gets the larger default tree). ``lookup``: it also
     proposes prompt lookup's spans, so its default budget gives the spans prompt lookup's size and the network's
-    tree its own (:func:`dartspec.engine.default_budget`). ``options``: what a bench method string may set for it
-    (``dart:tree=ddtree,size=8``) besides the runtime and weight format."""
+    tree its own (:func:`dartspec.engine.default_budget`). ``samples``: for a sampled request it can draw its tree
+    from its own distribution, for the verifier's rejection tests (``--sampled-drafts``). ``options``: what a bench
+    method string may set for it (``dart:tree=ddtree,size=8``) besides the runtime and weight format."""
 
     name: str
     builder: str
     feature: bool = False
     lookup: bool = False
+    samples: bool = False
     options: frozenset[str] = frozenset()
 
 
-_DART_OPTIONS = frozenset({"tree", "size", "depth", "ngram", "online", "path", "smooth"})
+_DART_OPTIONS = frozenset({"tree", "size", "depth", "ngram", "online", "path", "smooth", "sampled"})
 _HYBRID_OPTIONS = _DART_OPTIONS | {"draft"}
 _EAGLE3_OPTIONS = frozenset({"size", "depth", "path", "topk"})
 #: Every drafter, one line each (:func:`dartspec.drafters.make_drafter` builds them); ``none`` is plain decoding.
 DRAFTERS = (
     DrafterKind("none", "dartspec.drafters.base:build_none"),
     DrafterKind("pld", "dartspec.drafters.pld:build", options=frozenset({"size", "depth"})),
-    DrafterKind("dart", "dartspec.drafters.dart:build", feature=True, options=_DART_OPTIONS),
-    DrafterKind("dart+pld", "dartspec.drafters.hybrid:build", feature=True, lookup=True, options=_HYBRID_OPTIONS),
+    DrafterKind("dart", "dartspec.drafters.dart:build", feature=True, samples=True, options=_DART_OPTIONS),
+    DrafterKind(
+        "dart+pld", "dartspec.drafters.hybrid:build", feature=True, lookup=True, samples=True, options=_HYBRID_OPTIONS
+    ),
     DrafterKind("eagle3", "dartspec.drafters.eagle3:build", feature=True, options=_EAGLE3_OPTIONS),
-    DrafterKind("dflash", "dartspec.drafters.dflash:build", feature=True, options=_DART_OPTIONS),
+    DrafterKind("dflash", "dartspec.drafters.dflash:build", feature=True, samples=True, options=_DART_OPTIONS),
 )
 DRAFTER_NAMES = tuple(d.name for d in DRAFTERS)
 

@@ -13,7 +13,7 @@ from typing import Any
 from dartspec.drafters import default_drafter, default_max_draft_temperature, make_drafter
 from dartspec.engine import Generator, default_budget, default_draft_context
 from dartspec.errors import DartspecError
-from dartspec.formats import drafter_kind
+from dartspec.formats import DRAFTERS, drafter_kind
 from dartspec.tree_size import AUTO_MAX_SIZE
 
 
@@ -47,6 +47,9 @@ def build_generator(target: Any, spec: GeneratorSpec) -> Generator:
     feature, lookup = (kind.feature, kind.lookup) if kind is not None else (False, False)
     draft_nodes = spec.draft_nodes
     draft_context = None  # the default budget's: the network drafts in short contexts only (on a CPU)
+    if spec.sampled_drafts and not (kind is not None and kind.samples):
+        samplers = ", ".join(d.name for d in DRAFTERS if d.samples)
+        raise DartspecError(f"--sampled-drafts applies to drafters that draw their trees ({samplers}); here: {name}")
     if draft_nodes is not None and not lookup:
         raise DartspecError(
             f"the DART share of the tree (--draft-nodes, draft=N) applies to dart+pld only; the drafter here is {name}"

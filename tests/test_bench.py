@@ -29,6 +29,8 @@ def test_parse_methods_groups_options() -> None:
     assert (auto.kind, auto.generator_spec().drafter) == ("auto", "auto")
     hybrid = parse_methods("dart+pld:size=3,draft=2")[0]
     assert (hybrid.tree_size, hybrid.draft, hybrid.generator_spec().draft_nodes) == (3, 2, 2)
+    sampled = parse_methods("dart+pld:sampled=1,draft=2")[0]
+    assert sampled.sampled and sampled.generator_spec().sampled_drafts
     peer = parse_methods("llamacpp-pld:draft=4,gguf=F16")[0]  # llama-cpp-python's prompt lookup, 4 tokens a draft
     assert (peer.kind, peer.draft, peer.gguf) == ("llamacpp-pld", 4, "f16")
 
@@ -46,6 +48,8 @@ def test_parse_methods_groups_options() -> None:
         ("size=4", "must follow a method name"),
         ("hf-pld:size=4", "takes no options"),
         ("llamacpp-ar:draft=4", "bad option 'draft=4'"),
+        ("pld:sampled=1", "bad option 'sampled=1'"),  # prompt lookup's spans are fixed guesses
+        ("eagle3:sampled=1", "bad option 'sampled=1'"),
         ("llamacpp-pld:size=4", "bad option 'size=4'"),
         ("ar,ar", "same method twice"),
         ("", "empty"),

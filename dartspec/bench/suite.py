@@ -30,13 +30,12 @@ _PEERS = ("hf-ar", "hf-pld", "llamacpp-ar", "llamacpp-pld")
 #: runs by default on the device, then every other drafter, then the peers); options follow a colon
 #: (``dart:tree=ddtree,size=8``).
 METHODS = ("ar", "auto", *(d for d in DRAFTER_NAMES if d != "none"), *_PEERS)
-#: Every method of dartspec's own engine may run on another runtime / weight format than the main target, and sample
-#: its drafts for rejection tests (``sampled=1``, where the drafter can).
-_ENGINE_OPTIONS = {"runtime", "quant", "graphs", "sampled"}
+#: Every method of dartspec's own engine may run on another runtime / weight format than the main target.
+_RUNTIME_OPTIONS = {"runtime", "quant", "graphs"}
 #: Options each method takes after its colon (a drafter's come from its registry line).
 _OPTIONS = {
-    "auto": _ENGINE_OPTIONS,
-    **{("ar" if d.name == "none" else d.name): {*d.options, *_ENGINE_OPTIONS} for d in DRAFTERS},
+    "auto": {*_RUNTIME_OPTIONS, "sampled"},  # sampled=1: refused where the device's default drafter cannot sample
+    **{("ar" if d.name == "none" else d.name): {*d.options, *_RUNTIME_OPTIONS} for d in DRAFTERS},
     "llamacpp-ar": {"gguf"},
     "llamacpp-pld": {"gguf", "draft"},
 }
