@@ -20,8 +20,9 @@ class DrafterKind:
     features every step (``--tree-size auto`` applies; it gets the larger default tree). ``lookup``: it also
     proposes prompt lookup's spans, so its default budget gives the spans prompt lookup's size and the network's
     tree its own (:func:`dartspec.engine.default_budget`). ``samples``: for a sampled request it can draw its tree
-    from its own distribution, for the verifier's rejection tests (``--sampled-drafts``). ``options``: what a bench
-    method string may set for it (``dart:tree=ddtree,size=8``) besides the runtime and weight format."""
+    from its own distribution, for the verifier's rejection tests (``--sampled-drafts``; a bench method's
+    ``sampled=1``). ``options``: what a bench method string may set for it (``dart:tree=ddtree,size=8``) besides the
+    runtime, the weight format and ``sampled``."""
 
     name: str
     builder: str
@@ -31,7 +32,7 @@ class DrafterKind:
     options: frozenset[str] = frozenset()
 
 
-_DART_OPTIONS = frozenset({"tree", "size", "depth", "ngram", "online", "path", "smooth", "sampled"})
+_DART_OPTIONS = frozenset({"tree", "size", "depth", "ngram", "online", "path", "smooth"})
 _HYBRID_OPTIONS = _DART_OPTIONS | {"draft"}
 _EAGLE3_OPTIONS = frozenset({"size", "depth", "path", "topk"})
 #: Every drafter, one line each (:func:`dartspec.drafters.make_drafter` builds them); ``none`` is plain decoding.

@@ -1,6 +1,6 @@
 """Turning a parallel drafter's d rows of log-probabilities into a small draft tree.
 
-Three builders, all returning :class:`~dartspec.tree.Tree`:
+Builders, all returning :class:`~dartspec.tree.Tree`:
 
 - :class:`BeamTree`: DART's n-gram-guided beam search (method.md section 3).
 - :class:`DDTree`: best-first over rank tuples of the per-depth marginals (method.md section 5).

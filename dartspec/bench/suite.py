@@ -35,7 +35,10 @@ _RUNTIME_OPTIONS = {"runtime", "quant", "graphs"}
 #: Options each method takes after its colon (a drafter's come from its registry line).
 _OPTIONS = {
     "auto": {*_RUNTIME_OPTIONS, "sampled"},  # sampled=1: refused where the device's default drafter cannot sample
-    **{("ar" if d.name == "none" else d.name): {*d.options, *_RUNTIME_OPTIONS} for d in DRAFTERS},
+    **{
+        ("ar" if d.name == "none" else d.name): {*d.options, *_RUNTIME_OPTIONS, *(("sampled",) if d.samples else ())}
+        for d in DRAFTERS
+    },
     "llamacpp-ar": {"gguf"},
     "llamacpp-pld": {"gguf", "draft"},
 }
