@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ from dartspec.bench.serve import local_server  # noqa: E402
 from dartspec.drafters import NoDrafter, PromptLookupDrafter  # noqa: E402
 from dartspec.engine import Generator  # noqa: E402
 from dartspec.serve.app import create_app  # noqa: E402
-from dartspec.serve.engine import ServeEngine  # noqa: E402
+from dartspec.serve.engine import ServeEngine, next_event  # noqa: E402
 
 TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
 
@@ -251,6 +252,30 @@ def test_clients_that_give_up_free_their_queue_place_and_the_engine() -> None:
         metrics = httpx.get(f"{u}/metrics").text
         assert "dartspec_cancelled_requests_total 2.0" in metrics and "dartspec_in_flight 0.0" in metrics
         assert "dartspec_rejected_requests_total 0.0" in metrics
+
+
+def test_a_request_cancelled_as_its_event_arrives_is_cancelled() -> None:
+    """The race that let abandoned generations run on: cancelled after an event reached its queue, before it woke."""
+
+    async def race() -> tuple[bool, int]:
+        events: asyncio.Queue[int] = asyncio.Queue()
+        waiting = asyncio.ensure_future(next_event(events, asyncio.get_running_loop().time() + 60))
+        await asyncio.sleep(0)  # it waits on the queue
+        events.put_nowait(1)  # wakes the waiting task on the loop's next turn...
+        waiting.cancel()  # ...but another task (the server's disconnect check) cancels it first
+        await asyncio.wait({waiting})
+        return waiting.cancelled(), events.qsize()
+
+    cancelled, left = asyncio.run(race())
+    assert cancelled and left == 1  # the item stays for nobody, rather than the cancellation being lost
+
+
+def test_next_event_times_out_at_its_deadline() -> None:
+    async def wait() -> None:
+        await next_event(asyncio.Queue(), asyncio.get_running_loop().time() + 0.05)
+
+    with pytest.raises(TimeoutError):
+        asyncio.run(wait())
 
 
 def test_stop_and_seed(url: str) -> None:

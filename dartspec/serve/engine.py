@@ -17,7 +17,6 @@ import asyncio
 import collections
 import contextlib
 import threading
-import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +33,17 @@ def default_step_rows(device: Any) -> int:
     and 8 rows 2x, BENCHMARKS.md: trees pay while the batch is small, plain decoding once it is larger); on a GPU
     64 (its verify cost is flat far beyond that)."""
     return 4 if on_cpu(device) else 64
+
+
+async def next_event(events: asyncio.Queue[Any], deadline: float) -> Any:
+    """The next item of ``events``; TimeoutError once the event loop's clock passes ``deadline``.
+
+    Not ``asyncio.wait_for``: on Python 3.11 it returns the item instead of raising when the waiting task is
+    cancelled just as an item arrives, and a step hands out an item every few milliseconds, so a client that
+    disconnected now and then kept its generation running to the end (and the requests behind it waiting).
+    """
+    async with asyncio.timeout_at(deadline):
+        return await events.get()
 
 
 class QueueFull(Exception):
@@ -135,11 +145,11 @@ class ServeEngine:
             self._start_scheduler()
             self._wake.notify()
         # The timeout covers the wait for a place as well as the generation.
-        deadline = time.monotonic() + self.timeout_s
+        deadline = request.loop.time() + self.timeout_s
         try:
             while True:
                 try:
-                    item = await asyncio.wait_for(request.events.get(), timeout=max(0.0, deadline - time.monotonic()))
+                    item = await next_event(request.events, deadline)
                 except TimeoutError:
                     job.cancel.set()
                     self.metrics.timeouts.inc()
