@@ -46,8 +46,9 @@ def default_max_draft_temperature(device) -> float | None:
     On a CPU a verified row is not free, and a flatter distribution accepts fewer drafts (a drafted token is kept
     with the target's probability of it). On development prompts (ShareGPT 14100+, 40, 128 new tokens, one 2-core
     Zen 3) ``dart+pld`` ran at a median 1.13x plain decoding at temperature 0.3, 1.04x at 0.5, 0.90-0.99x at 0.7 and
-    0.83x at 1.0 (prompt lookup 1.10x, 1.05x, 0.98-1.00x, 0.98x): drafts pay up to 0.5. On a GPU the default is plain
-    decoding already."""
+    0.83x at 1.0 (prompt lookup 1.10x, 1.05x, 0.98-1.00x, 0.98x): drafts pay up to 0.5. Re-measured on the faster
+    runtime (40 other dev prompts, docs/bench/sampled-default-check-2026-11-27): 1.28x / 1.18x / 1.03x / 0.85x, with
+    sampled drafts 1.24x / 1.14x / 1.01x / 0.92x. On a GPU the default is plain decoding already."""
     return 0.5 if on_cpu(device) else None
 
 
