@@ -73,6 +73,23 @@ def prompt(i: int) -> list[dict[str, str]]:
     return [{"role": "user", "content": " ".join(f"t{(i * 5 + j * (i % 3 + 1)) % 8 + 2}" for j in range(8))}]
 
 
+def metric(url: str, name: str) -> float:
+    """One unlabelled series of the server's /metrics."""
+    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
+        if line.startswith(f"{name} "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} is not in /metrics")
+
+
+def wait_until(url: str, name: str, value: float, timeout: float = 30.0) -> None:
+    """Wait for a gauge of /metrics to read ``value``: the server's own state, not a guess at how long it takes to
+    get there (a loaded CI machine can take seconds)."""
+    deadline = time.monotonic() + timeout
+    while metric(url, name) != value:
+        assert time.monotonic() < deadline, f"{name} never read {value}"
+        time.sleep(0.02)
+
+
 def stream_text(c, messages, **kw) -> str:
     parts = []
     for chunk in c.chat.completions.create(model="tiny", messages=messages, stream=True, temperature=0, **kw):
@@ -215,7 +232,7 @@ def test_queue_overflow_is_429_and_disconnect_frees_the_engine() -> None:
                     target=httpx.post, args=(f"{u}/v1/chat/completions",), kwargs={"json": short, "timeout": 60}
                 )
                 waiting.start()
-                time.sleep(0.3)  # the second request is now queued
+                wait_until(u, "dartspec_waiting", 1)  # the second request is queued
                 over = httpx.post(f"{u}/v1/chat/completions", json={**body, "stream": False})
                 assert over.status_code == 429 and over.json()["error"]["type"] == "rate_limit_error"
             # Leaving the block closed the stream mid-generation: the queued request gets the engine.
@@ -224,6 +241,7 @@ def test_queue_overflow_is_429_and_disconnect_frees_the_engine() -> None:
             assert not waiting.is_alive() and time.time() - start < 5  # not the ~8 s the stream had left
         metrics = httpx.get(f"{u}/metrics").text
         assert "dartspec_rejected_requests_total 1.0" in metrics and "dartspec_in_flight 0.0" in metrics
+        assert "dartspec_waiting 0.0" in metrics
 
 
 def test_clients_that_give_up_free_their_queue_place_and_the_engine() -> None:
@@ -235,12 +253,14 @@ def test_clients_that_give_up_free_their_queue_place_and_the_engine() -> None:
                 lines = running.iter_lines()  # kept: a discarded line iterator closes the connection
                 assert next(lines).startswith("data: ")
                 # A queued client that gives up leaves the queue: the next one is queued, not refused.
-                with pytest.raises(httpx.ReadTimeout):
-                    httpx.post(chat, json=long, timeout=0.5)
-                time.sleep(0.6)  # its disconnect is noticed within one poll (0.2 s)
                 with ThreadPoolExecutor(1) as pool:
+                    gives_up = pool.submit(httpx.post, chat, json=long, timeout=2.0)
+                    wait_until(u, "dartspec_waiting", 1)
+                    with pytest.raises(httpx.ReadTimeout):
+                        gives_up.result()
+                    wait_until(u, "dartspec_waiting", 0)  # its disconnect is noticed within a poll (0.2 s)
                     queued = pool.submit(httpx.post, chat, json={**long, "max_tokens": 3}, timeout=60)
-                    time.sleep(0.3)
+                    wait_until(u, "dartspec_waiting", 1)
                     running.close()  # hands the engine on
                     assert queued.result().status_code == 200
             # A client that gives up on a non-streamed answer mid-generation stops it.
@@ -467,11 +487,11 @@ def test_zero_queue_serves_a_free_engine_and_the_wait_counts_against_the_timeout
         long = {"messages": prompt(3), "max_tokens": 400, "temperature": 0}
         with ThreadPoolExecutor(2) as pool:
             first = pool.submit(httpx.post, chat, json=long, timeout=30)
-            time.sleep(0.3)
+            wait_until(u, "dartspec_in_flight", 1)
             start = time.perf_counter()
             second = httpx.post(chat, json=long, timeout=30)
-            # It waited ~0.7 s for the first to time out, and its own 1 s ran meanwhile: a 504 after ~1 s (a clock
-            # started at its turn would give the 504 after ~1.7 s).
+            # It waited for the first to time out (most of a second), and its own 1 s ran meanwhile: a 504 after ~1 s
+            # (a clock started at its turn would give the 504 after ~1.7-2 s).
             assert second.status_code == 504 and time.perf_counter() - start < 1.45
             assert first.result().status_code == 504
 

@@ -142,6 +142,7 @@ class ServeEngine:
                 raise QueueFull(f"{len(self._pending)} requests are already waiting (limit {self.max_queue})")
             request = _Request(job, asyncio.get_running_loop(), asyncio.Queue())
             self._pending.append(request)
+            self.metrics.waiting.set(len(self._pending))
             self._start_scheduler()
             self._wake.notify()
         # The timeout covers the wait for a place as well as the generation.
@@ -168,6 +169,7 @@ class ServeEngine:
             with self._wake:
                 if request in self._pending:
                     self._pending.remove(request)
+                    self.metrics.waiting.set(len(self._pending))
 
     def _start_scheduler(self) -> None:
         if self._scheduler is None or not self._scheduler.is_alive():
@@ -184,6 +186,7 @@ class ServeEngine:
                 admitted = []
                 while self._pending and len(batch) + len(admitted) < self.max_batch:
                     admitted.append(self._pending.popleft())
+                self.metrics.waiting.set(len(self._pending))
                 self._running += len(admitted)
             for request in admitted:
                 if self._admit(request):

@@ -32,6 +32,7 @@ class Metrics:
         self.generation_seconds = Counter("dartspec_generation_seconds", "Time spent generating", registry=r)
         self.tokens_per_s = Gauge("dartspec_last_tokens_per_second", "Tokens/s of the last generation", registry=r)
         self.in_flight = Gauge("dartspec_in_flight", "Generations running now", registry=r)
+        self.waiting = Gauge("dartspec_waiting", "Requests waiting for a place in the batch", registry=r)
         self.step_batch = Histogram(
             "dartspec_step_batch_size",
             "Requests decoded together per target forward (continuous batching)",
