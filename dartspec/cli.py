@@ -304,13 +304,59 @@ def cmd_generate(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         result = event.result or result
     assert result is not None
+    sys.stdout.write("\n")
+    _log(_stats_line(result))
+    return 0
+
+
+def _stats_line(result: Any) -> str:
+    """A generation's figures, as ``generate`` and ``chat`` print them after the text."""
     s = result.stats
     hot = s.extra.get("plain_above_temperature")
     why_plain = f" (sampled above temperature {hot}: drafts do not pay here)" if hot is not None else ""
-    sys.stdout.write("\n")
-    _log(
+    return (
         f"[{s.new_tokens} tokens, {s.tokens_per_s:.1f} tok/s, tau {s.tau:.2f}, drafter {s.drafter}{why_plain}, "
         f"{s.target_forwards} target forwards, finish: {result.finish_reason}]"
+    )
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from dartspec.chat import HELP, run_chat
+    from dartspec.drafters import drafter_names, make_drafter
+    from dartspec.verify import SamplingParams
+
+    SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+    if args.drafter not in drafter_names():
+        make_drafter(args.drafter, None)  # raises the error that lists the known drafters
+    target = load_target(args)
+    enable_prefix_cache(args, target)
+    gen = make_generator(args, target)
+    interactive = sys.stdin.isatty()
+
+    def read() -> str | None:
+        try:
+            return input("> ") if interactive else (sys.stdin.readline() or None)
+        except (EOFError, KeyboardInterrupt):  # Ctrl-D or Ctrl-C at the prompt: the conversation ends
+            return None
+
+    def write(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    _log(f"chatting with {target.name}: {HELP}")
+    run_chat(
+        gen,
+        read,
+        write,
+        _log,
+        system=args.system,
+        seed=args.seed,
+        report=_stats_line if args.stats else None,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        stop=args.stop or (),
     )
     return 0
 
@@ -786,6 +832,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object with text and stats instead of streaming")
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("chat", help="a conversation on the terminal, answers streamed as they are accepted")
+    add_target_args(p)
+    p.add_argument("--system", default=None, help="a system message that opens the conversation")
+    add_drafter_args(p)
+    add_sampling_args(p)
+    p.add_argument("--stop", action="append", help="stop string (repeatable)")
+    p.add_argument("--no-stats", dest="stats", action="store_false", help="no figures line after each answer")
+    add_prefix_cache_arg(p)
+    p.set_defaults(func=cmd_chat)
 
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server with streaming, metrics and a web demo")
     add_target_args(p)

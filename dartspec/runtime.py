@@ -313,8 +313,9 @@ class CausalRuntime(ABC):
         return TreeKVCache(self.num_layers)
 
     def reset(self) -> None:
-        """Forget the cached sequence (the buffers are kept for reuse)."""
-        self.cache.truncate(0)
+        """Forget the cached sequence (the buffers are kept for reuse), shared prefix pages included (a prefix
+        cache's prefill may have started the runtime's own cache with them)."""
+        self.cache.reset()
 
     def truncate(self, length: int) -> None:
         """Drop cached positions from ``length`` on."""

@@ -70,6 +70,20 @@ def test_batched_generation_with_shared_prefixes_equals_lone_runs(name: str) -> 
     assert cached.prefix_cache is not None and cached.prefix_cache.stats.hit_tokens >= 3 * 48
 
 
+def test_prompts_one_after_another_on_the_runtimes_own_cache_equal_a_runtime_without_it() -> None:
+    """Without ``own_state`` (the CLI's generate and chat) each prompt starts on the runtime's own cache, which the
+    prefix cache may have started with shared pages: the next prompt lets them go (it once raised instead)."""
+    plain, cached = lean_target(), lean_target()
+    cached.enable_prefix_cache(1 << 30)
+    rng = np.random.default_rng(3)
+    first = _prompts(rng, 40, [5])[0]
+    later = first + rng.integers(2, VOCAB, size=20).tolist()  # a conversation's next turn: the last one extended
+    for prompt in (first, later, first, later):
+        want = Generator(plain, NoDrafter()).generate(prompt, max_new_tokens=12).token_ids
+        assert Generator(cached, NoDrafter()).generate(prompt, max_new_tokens=12).token_ids == want
+    assert cached.prefix_cache is not None and cached.prefix_cache.stats.hit_tokens >= 3 * 32
+
+
 def test_references_and_eviction() -> None:
     target = lean_target()
     pc = target.enable_prefix_cache(1 << 30)
