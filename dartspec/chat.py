@@ -66,8 +66,12 @@ def run_chat(
             continue
         except KeyboardInterrupt:
             log("\n[stopped]")  # what was said so far stays in the conversation, as said
+        said = result.text if result is not None else "".join(answer)
         write("\n")
-        messages.append({"role": "assistant", "content": result.text if result is not None else "".join(answer)})
+        if not said and result is None:  # stopped before a word: the turn did not happen
+            messages.pop()
+            continue
+        messages.append({"role": "assistant", "content": said})
         if result is not None and report is not None:
             log(report(result))
         turn += 1

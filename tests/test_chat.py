@@ -101,3 +101,20 @@ def test_cli_chat_on_smollm2_equals_plain_decoding_without_the_prefix_cache(
     assert default.returncode == 0 and plain.returncode == 0, default.stderr + plain.stderr
     assert default.stdout == plain.stdout and default.stdout.count("\n") == 4
     assert "prefix cache off" not in default.stderr and "[conversation cleared]" in default.stderr
+
+
+def test_ctrl_c_before_a_word_drops_the_turn(generator: Generator) -> None:
+    class InterruptedOnce:
+        """The generator, but Ctrl-C arrives during the first turn's prefill."""
+
+        calls = 0
+
+        def stream(self, *args, **kwargs):
+            InterruptedOnce.calls += 1
+            if InterruptedOnce.calls == 1:
+                raise KeyboardInterrupt
+            return generator.stream(*args, **kwargs)
+
+    feed = iter(["t2 t3 t4", "t5"])
+    messages = run_chat(InterruptedOnce(), lambda: next(feed, None), lambda _: None, lambda _: None, max_new_tokens=8)
+    assert [m["role"] for m in messages] == ["user", "assistant"] and messages[0]["content"] == "t5"
