@@ -187,6 +187,27 @@ HI = [{"role": "user", "content": "t5"}]
         ("chat/completions", {"messages": HI, "seed": 2**70}, "seed", "less than or equal to"),
         ("chat/completions", {"messages": HI, "stop": "x" * 300}, "stop", "at most 256 characters"),
         ("chat/completions", {"messages": HI * 300}, "messages", "at most 256 items"),
+        # What the server does not implement is refused, not ignored (the text would not be what was asked for).
+        ("chat/completions", {"messages": HI, "presence_penalty": 0.5}, "presence_penalty", "not supported"),
+        ("chat/completions", {"messages": HI, "frequency_penalty": -1}, "frequency_penalty", "not supported"),
+        ("chat/completions", {"messages": HI, "logit_bias": {"5": 10}}, "logit_bias", "not supported"),
+        ("chat/completions", {"messages": HI, "logprobs": True}, "logprobs", "not supported"),
+        ("completions", {"prompt": "t5", "logprobs": 2}, "logprobs", "not supported"),
+        ("chat/completions", {"messages": HI, "tools": [{"type": "function"}]}, "tools", "not supported"),
+        ("chat/completions", {"messages": HI, "response_format": {"type": "json_object"}}, "response_format", "not"),
+        (
+            "chat/completions",
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+            "messages.0.content",
+            "only text content parts",
+        ),
+        (
+            "chat/completions",
+            {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
+            "messages.0.content",
+            "needs a 'text' string",
+        ),
+        ("chat/completions", {"messages": [{"role": "user", "content": 5}]}, "messages.0.content", "list of text"),
     ],
 )
 def test_bad_input_is_a_400_in_openai_shape(url: str, path: str, body: dict, param: str, message: str) -> None:
@@ -195,6 +216,32 @@ def test_bad_input_is_a_400_in_openai_shape(url: str, path: str, body: dict, par
     err = r.json()["error"]
     assert message in err.pop("message")
     assert err == {"type": "invalid_request_error", "param": param, "code": "invalid_request"}
+
+
+def test_content_parts_developer_role_and_defaults_of_unsupported_fields_are_accepted(url: str) -> None:
+    """Newer OpenAI clients send content as text parts, the system prompt as role "developer", and unsupported fields
+    at their defaults: the same answer as the plain form."""
+    plain = {"messages": [{"role": "system", "content": "t7 t8"}, {"role": "user", "content": "t5 t6"}]}
+    parts = {
+        "messages": [
+            {"role": "developer", "content": [{"type": "text", "text": "t7 t8"}]},
+            {"role": "user", "content": [{"type": "text", "text": "t5"}, {"type": "text", "text": " t6"}]},
+        ],
+        "presence_penalty": 0,
+        "frequency_penalty": 0.0,
+        "logprobs": False,
+        "logit_bias": {},
+        "tools": [],
+        "response_format": {"type": "text"},
+        "stream_options": {"include_usage": True},
+        "user": "someone",
+    }
+    answers = [
+        httpx.post(f"{url}/v1/chat/completions", json={**body, "max_tokens": 8, "temperature": 0}).json()
+        for body in (plain, parts)
+    ]
+    assert answers[0]["choices"][0]["message"] == answers[1]["choices"][0]["message"]
+    assert answers[0]["usage"]["prompt_tokens"] == answers[1]["usage"]["prompt_tokens"]
 
 
 def test_malformed_json(url: str) -> None:

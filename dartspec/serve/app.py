@@ -30,6 +30,7 @@ from dartspec.engine import StepEvent
 from dartspec.errors import DartspecError
 from dartspec.serve.engine import GenerationTimeout, Job, QueueFull, ServeEngine
 from dartspec.serve.schema import (
+    UNSUPPORTED,
     ChatRequest,
     CommonRequest,
     CompletionRequest,
@@ -253,7 +254,7 @@ async def chat(req: ChatRequest, request: Request):
     if (refused := _unknown_model(served, req)) is not None:
         return refused
     try:
-        ids = await served.tokenized(served.engine.target.encode_chat, [m.model_dump() for m in req.messages])
+        ids = await served.tokenized(served.engine.target.encode_chat, [m.as_chat() for m in req.messages])
     except DartspecError as err:
         return error_response(400, str(err))
     return await _serve(served, req, ids, chat=True, request=request)
@@ -340,6 +341,9 @@ def _failure(err: Exception) -> Response:
 def _check(engine: ServeEngine, req: CommonRequest, ids: list[int], prompt_param: str) -> tuple[str, str] | None:
     if req.n != 1:
         return "only n=1 is supported", "n"
+    for name, asks in UNSUPPORTED.items():
+        if asks(getattr(req, name)):
+            return f"{name} is not supported by this server (leave it out or at its default)", name
     if not 0 <= req.temperature <= 2:
         return f"temperature must be between 0 and 2, got {req.temperature}", "temperature"
     if not 0 < req.top_p <= 1:

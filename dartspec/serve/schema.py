@@ -28,9 +28,32 @@ Text = Annotated[StrictStr, AfterValidator(_encodable)]
 StopText = Annotated[StrictStr, Field(max_length=MAX_STOP_CHARS), AfterValidator(_encodable)]
 
 
+def _content(content: Any) -> str | list[dict[str, Any]]:
+    """A message's content: a string, or a list of parts as newer OpenAI clients send it, text parts only (a model
+    here reads no images). One validator, so a wrong part is named rather than "should be a valid string"."""
+    if isinstance(content, str):
+        return _encodable(content)
+    if not isinstance(content, list):
+        raise ValueError("content must be a string or a list of text parts")
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text":
+            raise ValueError(f"only text content parts are supported (got {kind!r})")
+        if not isinstance(part.get("text"), str):
+            raise ValueError("a text content part needs a 'text' string")
+        _encodable(part["text"])
+    return content
+
+
 class Message(BaseModel):
-    role: Literal["system", "user", "assistant"]
-    content: Text
+    # "developer" is OpenAI's newer name for the system role.
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Annotated[Any, AfterValidator(_content)]
+
+    def as_chat(self) -> dict[str, str]:
+        """The message as the chat template takes it: a system role, one string."""
+        content = self.content if isinstance(self.content, str) else "".join(p["text"] for p in self.content)
+        return {"role": "system" if self.role == "developer" else self.role, "content": content}
 
 
 class DartspecOptions(BaseModel):
@@ -52,6 +75,26 @@ class CommonRequest(BaseModel):
     stream: StrictBool = False
     n: StrictInt = 1
     dartspec: DartspecOptions | None = None
+    # Accepted at their defaults only (see UNSUPPORTED): ignoring them would give other text than asked for.
+    presence_penalty: StrictFloat | StrictInt = 0
+    frequency_penalty: StrictFloat | StrictInt = 0
+    logit_bias: dict[str, Any] | None = None
+    logprobs: StrictBool | StrictInt | None = None
+    top_logprobs: StrictInt | None = None
+    tools: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
+
+
+#: Request fields this server does not implement, and whether a request's value asks for them.
+UNSUPPORTED: dict[str, Any] = {
+    "presence_penalty": lambda v: v != 0,
+    "frequency_penalty": lambda v: v != 0,
+    "logit_bias": bool,
+    "logprobs": lambda v: v not in (None, False, 0),
+    "top_logprobs": lambda v: v not in (None, 0),
+    "tools": bool,
+    "response_format": lambda v: v is not None and v.get("type", "text") != "text",
+}
 
 
 class ChatRequest(CommonRequest):
