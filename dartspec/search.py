@@ -24,6 +24,7 @@ import torch
 
 from dartspec.ngram import MergedNgram, NgramModel, _address
 from dartspec.tree import DraftBudget, Proposal, Tree
+from dartspec.verify import sample
 
 # Drafted EOS nodes rank below every other node (still kept if the budget allows).
 EOS_PENALTY = 1e6
@@ -99,7 +100,7 @@ def sampled_tree(
     row = logp[0].double().cpu().numpy() / sampling.temperature
     probs = np.exp(row - row.max())
     probs /= probs.sum()
-    at = _draw(probs, sampling.rng.random())
+    at = sample(torch.from_numpy(probs), sampling.rng.random())
     ids = np.arange(len(probs)) if d2t is None else d2t
     token = int(ids[at])
     tree = builder(root, logp, d2t, tokens, budget)
@@ -110,14 +111,6 @@ def sampled_tree(
         tree = tree.with_paths([[token]], budget.max_nodes)
         drawn = tree.child_with_token(0, token)
     return Tree(tree.tokens, tree.parents, {0: Proposal(ids, probs, (drawn,), (at,))})
-
-
-def _draw(probs: np.ndarray, u: float) -> int:
-    """An inverse-CDF draw from ``probs`` (not necessarily normalised) with the uniform ``u``: never an entry of
-    zero mass."""
-    cdf = np.cumsum(probs)
-    at = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
-    return at if at < len(probs) else int(np.flatnonzero(probs)[-1])
 
 
 @dataclass(frozen=True)

@@ -83,10 +83,13 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def sample(probs: torch.Tensor, u: float) -> int:
-    """Inverse-CDF draw: the first token whose cumulative mass exceeds ``u * total``."""
+    """Inverse-CDF draw: the first token whose cumulative mass exceeds ``u * total`` (``probs`` need not sum to 1),
+    never a token of zero mass."""
     cdf = probs.cumsum(-1)
     idx = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=cdf.dtype), right=True))
-    return min(idx, probs.shape[-1] - 1)
+    if idx < probs.shape[-1]:
+        return idx
+    return int(torch.nonzero(probs)[-1])  # rounding put u * total at the very end: the last token with mass
 
 
 @dataclass(frozen=True)

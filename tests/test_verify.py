@@ -63,6 +63,8 @@ def test_warp_matches_reference(t: float, k: int, p: float) -> None:
 def test_inverse_cdf_sampling() -> None:
     p = torch.tensor([0.0, 0.25, 0.0, 0.75], dtype=torch.float64)
     assert [sample(p, u) for u in (0.0, 0.2499, 0.25, 0.9999)] == [1, 1, 3, 3]
+    # u * total at the very end (u = 1, or rounding): the last token with mass, never a trailing zero's
+    assert sample(torch.tensor([0.5, 0.5, 0.0, 0.0], dtype=torch.float64), 1.0) == 1
 
 
 def test_greedy_accepts_longest_matching_path() -> None:
