@@ -275,14 +275,18 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None)
 
 
-def cmd_generate(args: argparse.Namespace) -> int:
+def _check_generation_args(args: argparse.Namespace) -> None:
+    """Reject bad sampling values or an unknown drafter before the (slow) model load (``generate``, ``chat``)."""
     from dartspec.drafters import drafter_names, make_drafter
     from dartspec.verify import SamplingParams
 
-    # Reject bad options before the (slow) model load.
     SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
     if args.drafter not in drafter_names():
         make_drafter(args.drafter, None)  # raises the error that lists the known drafters
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    _check_generation_args(args)
     target = load_target(args)
     gen = make_generator(args, target)
     kwargs = dict(
@@ -322,12 +326,8 @@ def _stats_line(result: Any) -> str:
 
 def cmd_chat(args: argparse.Namespace) -> int:
     from dartspec.chat import HELP, run_chat
-    from dartspec.drafters import drafter_names, make_drafter
-    from dartspec.verify import SamplingParams
 
-    SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
-    if args.drafter not in drafter_names():
-        make_drafter(args.drafter, None)  # raises the error that lists the known drafters
+    _check_generation_args(args)
     target = load_target(args)
     enable_prefix_cache(args, target)
     gen = make_generator(args, target)

@@ -4,6 +4,7 @@ pieces of an answer (streamed chunks, usage with dartspec's own extra fields).""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from fastapi.responses import JSONResponse
@@ -86,7 +87,7 @@ class CommonRequest(BaseModel):
 
 
 #: Request fields this server does not implement, and whether a request's value asks for them.
-UNSUPPORTED: dict[str, Any] = {
+UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     "presence_penalty": lambda v: v != 0,
     "frequency_penalty": lambda v: v != 0,
     "logit_bias": bool,
