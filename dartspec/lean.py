@@ -18,7 +18,8 @@ Gemma 3 is the same block with its own touches: the embedding scaled by sqrt(hid
 ``1 + w`` (kept as that factor), each branch's output normed before its residual add, GELU (tanh form) for SiLU, and
 sliding-window layers (five of six) with their own rotary base, whose masks hide keys a window or more behind.
 
-Transformers still loads the model, tokenizes and is the reference this forward is tested against
+Transformers tokenizes, loads the model the first time (later default loads read the same tensors from a snapshot
+without its model code, :mod:`dartspec.lean_weights`) and is the reference this forward is tested against
 (``tests/test_lean.py``: logits equal transformers' forward on tiny random configs and on SmolLM2).
 """
 
@@ -28,6 +29,7 @@ import functools
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,6 +40,7 @@ from torch import nn
 from dartspec import exact, kquants
 from dartspec.errors import ContextLengthError, DartspecError
 from dartspec.kv_cache import TreeKVCache, TreeKVLayer
+from dartspec.lean_weights import LeanWeights, Rotary, load_model, panel_key
 from dartspec.prefix_cache import PrefixCache
 from dartspec.quant import EXACT_FORMATS, PackedLinear, check_format, fuse
 from dartspec.rotary import interleave_rows
@@ -101,28 +104,33 @@ def lean_supported(model_type: str) -> bool:
     return model_type in LEAN_ARCHITECTURES
 
 
-def _packed_cache(model: nn.Module, quant: str) -> PackedCache | None:
-    """Where ``model``'s weights packed in ``quant`` are cached (exact formats of models loaded from a folder)."""
+def _packed_cache(weights: LeanWeights, quant: str) -> PackedCache | None:
+    """Where the weights packed in ``quant`` are cached (exact formats of models loaded from a folder): found from the
+    model's parameters, or the cache a snapshot recorded."""
     if quant not in EXACT_FORMATS:
         return None
+    if weights.model is None:  # read from a snapshot, keyed by the folder's files: the cache it recorded
+        recorded = weights.packed.get(panel_key(quant))
+        return None if recorded is None else PackedCache(Path(recorded[0]), recorded[1])
     panel = exact.kernel_panel() if quant == "exact-a16" else 0
-    return PackedCache.for_model(getattr(model.config, "_name_or_path", None), quant, panel, model.parameters())
+    return PackedCache.for_model(weights.folder, quant, panel, weights.model.parameters())
 
 
-def _file_groups(model: nn.Module, quant: str) -> dict[int, exact.ExactWeight]:
-    """The integer groups of ``model``'s weights that its GGUF file alone shows (:mod:`dartspec.kquants`), by the
-    ``id`` of each weight parameter; none for a model not converted from a GGUF file still on this machine. Kinds 5
-    and 6 (Q5_K, Q6_K) run on the integer-dot kernel only: not for the ``exact`` format."""
-    gguf_path = kquants.source_gguf(getattr(model.config, "_name_or_path", None))
+def _file_groups(weights: LeanWeights, quant: str) -> dict[str, exact.ExactWeight]:
+    """The integer groups of the weights that the model's GGUF file alone shows (:mod:`dartspec.kquants`), by role;
+    none for a model not converted from a GGUF file still on this machine. Kinds 5 and 6 (Q5_K, Q6_K) run on the
+    integer-dot kernel only: not for the ``exact`` format."""
+    gguf_path = kquants.source_gguf(weights.folder)
     if gguf_path is None:
         return {}
-    params = dict(model.named_parameters())
+    projections = [r for r in weights.tensors if r == "head.weight" or r.endswith("_proj.weight")]
+    roles = {weights.names[r]: r for r in projections if r in weights.names}
     try:
-        found = kquants.file_groups(gguf_path, {n: p for n, p in params.items() if p.dim() == 2})
+        found = kquants.file_groups(gguf_path, {n: weights.tensors[r] for n, r in roles.items()})
     except (OSError, ValueError, KeyError, IndexError) as exc:  # a damaged file: the weights are loaded already
         warnings.warn(f"could not read integer groups from {gguf_path} ({exc}): fp16 for those weights", stacklevel=3)
         return {}
-    return {id(params[n]): g for n, g in found.items() if g.kind in (4, 8) or quant == "exact-a16"}
+    return {roles[n]: g for n, g in found.items() if g.kind in (4, 8) or quant == "exact-a16"}
 
 
 def _window_pointers(
@@ -146,7 +154,7 @@ class LeanTarget(CausalRuntime):
 
     def __init__(
         self,
-        model: nn.Module,
+        model: nn.Module | LeanWeights,
         tokenizer: Any,
         *,
         quant: str = "none",
@@ -156,15 +164,18 @@ class LeanTarget(CausalRuntime):
         fallback: str | None = None,
     ) -> None:
         """Build the lean weights from a loaded transformers ``*ForCausalLM`` (kept for reference uses such as
-        the ``hf-ar`` benchmark row; its decoder layers are not run). ``cuda_graphs``: run one-sequence decode and
-        verify steps as CUDA graphs (:mod:`dartspec.cuda_graphs`; a GPU only). ``fallback``: ``fp16`` with
-        ``quant="exact-a16"``: the weights that are no integer groups it keeps (a model not from a GGUF file, other
-        block types) are fp16 panels in the same fused blocks; None: such a weight is an error. A GGUF's K-quant
-        tensors (Q4_K, Q5_K, Q6_K) are integer groups read from the file (:mod:`dartspec.kquants`) when it is there."""
+        the ``hf-ar`` benchmark row; its decoder layers are not run), or from :class:`LeanWeights` read from a snapshot
+        (the transformers model is then loaded when :attr:`model` is first asked for). ``cuda_graphs``: run
+        one-sequence decode and verify steps as CUDA graphs (:mod:`dartspec.cuda_graphs`; a GPU only). ``fallback``:
+        ``fp16`` with ``quant="exact-a16"``: the weights that are no integer groups it keeps (a model not from a GGUF
+        file, other block types) are fp16 panels in the same fused blocks; None: such a weight is an error. A GGUF's
+        K-quant tensors (Q4_K, Q5_K, Q6_K) are integer groups read from the file (:mod:`dartspec.kquants`) when it
+        is there."""
         if fallback not in (None, "fp16") or (fallback is not None and quant != "exact-a16"):
             raise ValueError(f"fallback {fallback!r} is for fp16 weights beside exact-a16 ones (quant {quant!r})")
-        config = model.config.get_text_config()
-        name = name or getattr(model.config, "_name_or_path", "") or type(model).__name__
+        weights = model if isinstance(model, LeanWeights) else LeanWeights.from_model(model)
+        config = weights.config
+        name = name or getattr(config, "_name_or_path", "") or weights.folder or type(weights.model).__name__
         if not lean_supported(config.model_type):
             raise DartspecError(
                 f"the lean runtime supports {', '.join(LEAN_ARCHITECTURES)} models; {name} is "
@@ -172,59 +183,59 @@ class LeanTarget(CausalRuntime):
             )
         if getattr(config, "final_logit_softcapping", None) or getattr(config, "attn_logit_softcapping", None):
             raise DartspecError(f"{name} caps its logits (Gemma 2), which the lean runtime does not: use --runtime hf")
-        decoder = model.get_decoder()
-        rotary = decoder.rotary_emb
-        rope_types = rotary.rope_type.values() if isinstance(rotary.rope_type, dict) else [rotary.rope_type]
-        if any(t not in ("default", "linear", "llama3", "yarn", "longrope") for t in rope_types):
-            raise DartspecError(f"{name}'s rope type {rotary.rope_type!r} is not supported by the lean runtime")
+        rotary = weights.rotary
+        if any(t not in ("default", "linear", "llama3", "yarn", "longrope") for t in rotary.rope_types):
+            raise DartspecError(f"{name}'s rope types {rotary.rope_types} are not supported by the lean runtime")
         self._layer_types = list(getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers)
         #: Sliding-window layers see keys less than this many positions behind (None: every layer sees all).
         self.window = int(config.sliding_window) if "sliding_attention" in self._layer_types else None
         self._gemma = config.model_type == "gemma3_text"
         self._act = functools.partial(F.gelu, approximate="tanh") if self._gemma else F.silu
-        self.model = model.eval()
+        self._model = weights.model.eval() if weights.model is not None else None
+        self._folder = weights.folder
         self.quant = quant
         self.fallback = fallback
-        embed = model.get_input_embeddings().weight
+        embed = weights.tensors["embed"]
         check_format(quant, embed.device)
         self.fast_linear = embed.device.type == "cpu"
         #: Score a batch of sequences in one padded forward (:meth:`score_batch`); off on a CPU, where it is slower.
         self.batch_scoring = not self.fast_linear
         self._embed = embed
         #: Gemma's embedding is scaled by sqrt(hidden), rounded to the weights' dtype as transformers does
-        scale = getattr(model.get_input_embeddings(), "embed_scale", None)
+        scale = weights.embed_scale
         self._embed_scale = None if scale is None else scale.to(device=embed.device, dtype=embed.dtype)
-        head = model.get_output_embeddings()
-        self.vocab_size = int(head.weight.shape[0])
-        self._norm = self._norm_weight(decoder.norm)
+        head = weights.tensors["head.weight"]
+        self._head_weight = head
+        self.vocab_size = int(head.shape[0])
+        self._norm = self._norm_weight(weights.tensors["norm"])
         self.eps = float(config.rms_norm_eps)
-        attn0 = decoder.layers[0].self_attn
         self.heads = int(config.num_attention_heads)
         self.kv_heads = int(config.num_key_value_heads)
-        self.head_dim = int(attn0.head_dim)
-        self.scaling = float(attn0.scaling)
-        cache = _packed_cache(model, quant)
-        saved = cache.load() if cache is not None else None
+        self.head_dim = weights.head_dim
+        self.scaling = weights.scaling
+        #: The packed-weight cache this runtime read or wrote (None: its format has none, or no folder identifies it).
+        self.packed_cache = _packed_cache(weights, quant)
+        saved = self.packed_cache.load() if self.packed_cache is not None else None
         # Weights whose integer groups only the GGUF file shows (K-quant blocks, dartspec.kquants)
-        self._file_groups = _file_groups(model, quant) if saved is None and quant in EXACT_FORMATS else {}
-        self._head = self._projection("head", saved, head)
-        self.layers = [self._convert(i, layer, saved) for i, layer in enumerate(decoder.layers)]
+        self._file_groups = _file_groups(weights, quant) if saved is None and quant in EXACT_FORMATS else {}
+        self._head = self._projection("head", saved, weights, "head")
+        self.layers = [self._convert(i, weights, saved) for i in range(int(config.num_hidden_layers))]
         self._stack: exact.BlockStack | None = None  # every layer's fused block in one call (_block_stack)
         if fallback is not None and all(lin.fmt == fallback for lin in self._linears().values()):
             self.quant = fallback  # no weight is of the exact format's kinds: the model is in the fallback format
-        elif cache is not None and saved is None:  # (fp16 panels alone are quicker made than read: not cached)
-            self._save_packed(cache)
+        elif self.packed_cache is not None and saved is None:  # (fp16 panels alone are quicker made than read)
+            self._save_packed(self.packed_cache)
         super().__init__(
             config=config,
             tokenizer=tokenizer,
             name=name,
-            generation_config=getattr(model, "generation_config", None),
+            generation_config=weights.generation_config,
             feature_layers=feature_layers,
         )
         # Rotation of every position, once: x_pair * (cos + i sin) * attention_scaling; Gemma 3's sliding-window
         # layers have a table of their own (another base).
         self._rot = self._rotation(rotary, "full_attention", embed)
-        own_table = self.window is not None and not hasattr(rotary, "inv_freq")  # else shared (Qwen2's windows)
+        own_table = self.window is not None and "" not in rotary.inv_freq  # else shared (Qwen2's windows)
         self._rot_local = self._rotation(rotary, "sliding_attention", embed) if own_table else None
         self._fused_attention = embed.device.type == "cpu" and embed.dtype == torch.float32 and exact.available()
         # Shapes and dtype for a cache layer's first write (TreeKVLayer.extend): no keys, no values.
@@ -250,22 +261,18 @@ class LeanTarget(CausalRuntime):
         #: for all; the same results bit for bit). False: each sequence reads them itself (for comparison).
         self.share_prefix_attention = True
 
-    def _rotation(self, rotary: nn.Module, layer_type: str, like: torch.Tensor) -> torch.Tensor:
+    def _rotation(self, rotary: Rotary, layer_type: str, like: torch.Tensor) -> torch.Tensor:
         """Every position's rotation ``(max_context, D/2)`` complex for ``layer_type``'s layers (one table where the
         model has one)."""
-        inv_freq = getattr(rotary, "inv_freq", None)
-        scaling = getattr(rotary, "attention_scaling", None)
-        if inv_freq is None:  # one table per layer type (Gemma 3)
-            inv_freq = getattr(rotary, f"{layer_type}_inv_freq")
-            scaling = getattr(rotary, f"{layer_type}_attention_scaling")
+        inv_freq, scaling = rotary.table(layer_type)
         real = torch.float64 if like.dtype == torch.float64 else torch.float32
         t = torch.arange(self.max_context, device=like.device, dtype=real)
         angles = torch.outer(t, inv_freq.to(device=like.device, dtype=real))
         return torch.polar(torch.full_like(angles, float(scaling)), angles)
 
-    def _norm_weight(self, norm: nn.Module) -> torch.Tensor:
-        """What an RMSNorm multiplies by: its weight, or Gemma's ``1 + w`` (computed in fp32 as Gemma does)."""
-        w = norm.weight.detach()
+    def _norm_weight(self, w: torch.Tensor) -> torch.Tensor:
+        """What an RMSNorm of weight ``w`` multiplies by: ``w``, or Gemma's ``1 + w`` (computed in fp32 as Gemma
+        does)."""
         return (1.0 + w.float()).to(w.dtype) if self._gemma else w
 
     def enable_prefix_cache(self, max_bytes: int) -> PrefixCache:
@@ -363,26 +370,32 @@ class LeanTarget(CausalRuntime):
         except OSError as exc:  # a read-only cache costs the next load its packing, nothing more
             warnings.warn(f"could not cache packed weights at {cache.path}: {exc}", stacklevel=3)
 
-    def _convert(self, i: int, layer: nn.Module, saved: SavedWeights | None) -> _Layer:
-        a, m = layer.self_attn, layer.mlp
+    def _convert(self, i: int, weights: LeanWeights, saved: SavedWeights | None) -> _Layer:
         H, K, D = self.heads, self.kv_heads, self.head_dim
-        q_norm = getattr(a, "q_norm", None)
-        k_norm = getattr(a, "k_norm", None)
+        p = f"layers.{i}."
+        q_norm, k_norm = weights.get(p + "self_attn.q_norm.weight"), weights.get(p + "self_attn.k_norm.weight")
         # q and k rows in rotary's adjacent-pair layout (module docstring)
         rotary = (lambda t: interleave_rows(t, H, D), lambda t: interleave_rows(t, K, D))
         gemma, norm = self._gemma, self._norm_weight
+
+        def proj(name: str, *parts: str, **kw: Any) -> PackedLinear:
+            return self._projection(f"{p}{name}", saved, weights, *(p + part for part in parts), **kw)
+
+        def norm_of(attr: str) -> torch.Tensor:
+            return norm(weights.tensors[f"{p}{attr}.weight"])
+
         return _Layer(
-            ln1=norm(layer.input_layernorm),
+            ln1=norm_of("input_layernorm"),
             # Gemma 3 norms the MLP's input with its own norm and each branch's output (post_attn, post_ffn)
-            ln2=norm(layer.pre_feedforward_layernorm if gemma else layer.post_attention_layernorm),
-            qkv=self._projection(f"layers.{i}.qkv", saved, a.q_proj, a.k_proj, a.v_proj, rows=rotary),
-            o=self._projection(f"layers.{i}.o", saved, a.o_proj),
-            gate_up=self._projection(f"layers.{i}.gate_up", saved, m.gate_proj, m.up_proj),
-            down=self._projection(f"layers.{i}.down", saved, m.down_proj),
+            ln2=norm_of("pre_feedforward_layernorm" if gemma else "post_attention_layernorm"),
+            qkv=proj("qkv", "q_proj", "k_proj", "v_proj", rows=rotary),
+            o=proj("o", "o_proj"),
+            gate_up=proj("gate_up", "gate_proj", "up_proj"),
+            down=proj("down", "down_proj"),
             q_norm=None if q_norm is None else interleave_rows(norm(q_norm), 1, D),
             k_norm=None if k_norm is None else interleave_rows(norm(k_norm), 1, D),
-            post_attn=norm(layer.post_attention_layernorm) if gemma else None,
-            post_ffn=norm(layer.post_feedforward_layernorm) if gemma else None,
+            post_attn=norm_of("post_attention_layernorm") if gemma else None,
+            post_ffn=norm_of("post_feedforward_layernorm") if gemma else None,
             sliding=self._layer_types[i] == "sliding_attention",
         )
 
@@ -390,31 +403,45 @@ class LeanTarget(CausalRuntime):
         self,
         name: str,
         saved: SavedWeights | None,
-        *parts: nn.Linear,
+        weights: LeanWeights,
+        *parts: str,
         rows: Sequence[Callable[[torch.Tensor], torch.Tensor]] = (),
     ) -> PackedLinear:
-        """``parts`` stacked along outputs as one projection (the first ``len(rows)`` parts' weight and bias rows
-        reordered by ``rows``), with the integer groups the GGUF file gives them where it does."""
+        """The linears of roles ``parts`` stacked along outputs as one projection (the first ``len(rows)`` parts'
+        weight and bias rows reordered by ``rows``), with the integer groups the GGUF file gives them where it does."""
         order = [*rows, *[None] * (len(parts) - len(rows))]
 
         def reorder(t: torch.Tensor | None, f: Callable[[torch.Tensor], torch.Tensor] | None) -> torch.Tensor | None:
-            return None if t is None else t.detach() if f is None else f(t.detach())
+            return None if t is None else t if f is None else f(t)
 
-        weights = [reorder(p.weight, f) for p, f in zip(parts, order, strict=True)]
-        bias = fuse(*(reorder(p.bias, f) for p, f in zip(parts, order, strict=True)))
-        weight = weights[0] if len(weights) == 1 else torch.cat(weights)  # type: ignore[arg-type]
+        weights_ = [reorder(weights.tensors[f"{r}.weight"], f) for r, f in zip(parts, order, strict=True)]
+        bias = fuse(*(reorder(weights.get(f"{r}.bias"), f) for r, f in zip(parts, order, strict=True)))
+        weight = weights_[0] if len(weights_) == 1 else torch.cat(weights_)  # type: ignore[arg-type]
         # The file's groups, reordered as the weights are, where every part has groups: of one kind, concatenated;
         # for the integer-dot kernel also parts of different kinds, each part its own panels (exact.stack). A part
         # without file groups may still be groups the weights show (exact.pack: a Q8_0 value beside Q4_K q and k).
-        found = [self._file_groups.get(id(p.weight)) for p in parts]
+        found = [self._file_groups.get(f"{r}.weight") for r in parts]
         groups = None
         if any(g is not None for g in found):
             if self.quant == "exact-a16" and len(parts) > 1:
-                found = [g if g is not None else exact.pack(p.weight) for g, p in zip(found, parts, strict=True)]
+                found = [
+                    g if g is not None else exact.pack(weights.tensors[f"{r}.weight"])
+                    for g, r in zip(found, parts, strict=True)
+                ]
             if all(g is not None for g in found):
                 mapped = [g if f is None else exact.map_rows(g, f) for g, f in zip(found, order, strict=True)]
                 groups = exact.stack(mapped) if self.quant == "exact-a16" else exact.concat(mapped)
         return self._linear(name, weight, bias, saved, groups)
+
+    @property
+    def model(self) -> nn.Module:
+        """The transformers model the weights came from, for reference uses (the ``hf-ar`` benchmark row, the
+        fidelity gate, another runtime over the same model); a runtime read from a snapshot loads it on first use."""
+        if self._model is None:
+            if self._folder is None:
+                raise DartspecError(f"{self.name} has no transformers model and no folder to load one from")
+            self._model = load_model(self._folder, dtype=self.dtype, device=self.device)
+        return self._model
 
     @property
     def device(self) -> torch.device:
@@ -777,4 +804,4 @@ class LeanTarget(CausalRuntime):
         return x if self._embed_scale is None else x * self._embed_scale
 
     def lm_head_weight(self) -> torch.Tensor:
-        return self.model.get_output_embeddings().weight
+        return self._head_weight

@@ -150,18 +150,39 @@ def load_target(
         target = load_target("smollm2-135m")                 # lean runtime, exact-a16 weights on a CPU
         exact = load_target("smollm2-135m", runtime="hf")     # transformers' modules, fp32
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
     from dartspec.models import resolve_model
 
     dev = torch.device(device)
     folder = resolve_model(name_or_path, **({"log": log} if log else {}))
+    # The default on a CPU (the lean runtime, its default format): a snapshot of an earlier load of this folder
+    # builds the same runtime without importing transformers' model code (dartspec.lean_weights).
+    snapshot_quant = _snapshot_format(runtime, quant, dev, dtype, cuda_graphs)
+    if snapshot_quant is not None:
+        from dartspec.lean import LeanTarget
+        from dartspec.lean_weights import read_snapshot
+
+        found = read_snapshot(folder, snapshot_quant)
+        if found is not None:
+            weights, tokenizer = found
+            fallback = CPU_DEFAULT_QUANTS[1] if snapshot_quant == CPU_DEFAULT_QUANTS[0] else None
+            return LeanTarget(
+                weights,
+                tokenizer,
+                quant=snapshot_quant,
+                fallback=fallback,
+                name=name_or_path,
+                feature_layers=feature_layers,
+            )
+    from transformers import AutoConfig, AutoTokenizer
+
+    from dartspec.lean_weights import load_model
+
     # Check the combination before loading hundreds of MB.
     chosen, _ = resolve_runtime(runtime, quant, AutoConfig.from_pretrained(folder).get_text_config().model_type, dev)
     resolve_graphs(cuda_graphs, chosen, dev)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa").to(dev)
+    model = load_model(folder, dtype=dtype, device=dev)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    return wrap_model(
+    target = wrap_model(
         model,
         tokenizer,
         runtime=runtime,
@@ -170,3 +191,22 @@ def load_target(
         feature_layers=feature_layers,
         cuda_graphs=cuda_graphs,
     )
+    from dartspec.lean import LeanTarget
+
+    if snapshot_quant is not None and isinstance(target, LeanTarget):
+        from dartspec.lean_weights import LeanWeights, write_snapshot
+
+        write_snapshot(target, LeanWeights.from_model(model), tokenizer, snapshot_quant)
+    return target
+
+
+def _snapshot_format(
+    runtime: str, quant: str, device: torch.device, dtype: torch.dtype, cuda_graphs: bool | None
+) -> str | None:
+    """The weight format a lean snapshot of this load is kept under: only the CPU default (``--runtime auto|lean``,
+    ``--quant auto``, float32), whose choice depends on nothing but the folder and this machine; None otherwise."""
+    if runtime not in ("auto", "lean") or quant != "auto" or device.type != "cpu" or dtype != torch.float32:
+        return None
+    if cuda_graphs:
+        return None
+    return CPU_DEFAULT_QUANTS[0] if exact.available() else CPU_DEFAULT_QUANTS[1]

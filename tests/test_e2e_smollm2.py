@@ -208,3 +208,22 @@ def test_llamacpp_prompt_lookup_row_counts_its_forwards(smollm2: Target, monkeyp
     monkeypatch.setattr(llama_speculative, "LlamaPromptLookupDecoding", NoDrafts)
     run = make_runner(spec, smollm2)(ids, 16, 0.0, 0)
     assert run.new_tokens == 16 and run.tau == 1.0
+
+
+def test_the_default_load_from_a_snapshot_is_the_runtime_built_from_transformers(smollm2: Target) -> None:
+    """The CPU default's second load of SmolLM2 reads the lean snapshot: the same runtime as one built over
+    transformers' model of the same folder (logits bit for bit, tokenizer, EOS ids), without building that model."""
+    import torch
+
+    from dartspec.lean import LeanTarget
+    from dartspec.targets import load_target, wrap_model
+
+    load_target("smollm2-135m")  # writes the snapshot where no earlier load did
+    fast = load_target("smollm2-135m")
+    assert isinstance(fast, LeanTarget) and fast._model is None
+    ref = wrap_model(smollm2.model, smollm2.tokenizer, name=smollm2.name)
+    messages = [{"role": "user", "content": "Write a haiku about tea. Ünïcödé 你好 🙂"}]
+    ids = ref.encode_chat(messages)
+    assert fast.encode_chat(messages) == ids and fast.decode(ids) == ref.decode(ids)
+    assert torch.equal(fast.score_sequence(ids).logits, ref.score_sequence(ids).logits)
+    assert (fast.weight_format, fast.eos_token_ids) == (ref.weight_format, ref.eos_token_ids)

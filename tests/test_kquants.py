@@ -218,6 +218,7 @@ def test_a_damaged_source_gguf_only_costs_speed(tmp_path) -> None:
     """Groups are an optional reading of a file the model was converted from: a damaged file is a warning and fp16
     weights, never a failed load."""
     from dartspec.lean import _file_groups
+    from dartspec.lean_weights import LeanWeights
 
     model = _tiny_qwen2()
     folder = tmp_path / "converted"
@@ -228,4 +229,4 @@ def test_a_damaged_source_gguf_only_costs_speed(tmp_path) -> None:
     (folder / MANIFEST_NAME).write_text(json.dumps({"source": source}))
     model.config._name_or_path = str(folder)
     with pytest.warns(UserWarning, match="could not read integer groups"):
-        assert _file_groups(model, "exact-a16") == {}
+        assert _file_groups(LeanWeights.from_model(model), "exact-a16") == {}
