@@ -32,7 +32,7 @@ def plain_vs_transformers(
     """Per prompt: seconds and tokens of dartspec plain decoding and of transformers ``generate``."""
     from transformers import AutoModelForCausalLM
 
-    folder = target.model.config._name_or_path
+    folder = target.config._name_or_path  # (target.model would build a transformers model only to read it)
     # A separate, untouched model: transformers' own generate with stock layers and its DynamicCache.
     hf_model = AutoModelForCausalLM.from_pretrained(folder, dtype=target.dtype, attn_implementation="sdpa")
     hf_model = hf_model.to(target.device).eval()
