@@ -205,6 +205,8 @@ def write_snapshot(target: Any, weights: LeanWeights, tokenizer: Any, quant: str
         "folder": str(folder),
         "files": _folder_files(folder),
         "quant": quant,
+        # Another transformers may read the folder otherwise (config defaults, the tokenizer's class)
+        "transformers": _transformers_version(),
         "config": config,
         "name_or_path": getattr(weights.config, "_name_or_path", str(folder)),
         "generation_eos_token_id": eos,
@@ -233,6 +235,12 @@ def write_snapshot(target: Any, weights: LeanWeights, tokenizer: Any, quant: str
     return path
 
 
+def _transformers_version() -> str:
+    from importlib.metadata import version
+
+    return version("transformers")
+
+
 def _dtype_name(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
@@ -253,7 +261,7 @@ def read_snapshot(folder: str | Path, quant: str) -> tuple[LeanWeights, Any] | N
         snap = json.loads(path.read_text(encoding="utf-8"))
         if snap.get("version") != SNAPSHOT_VERSION or snap.get("folder") != str(folder) or snap.get("quant") != quant:
             return None
-        if snap["files"] != _folder_files(folder):
+        if snap["files"] != _folder_files(folder) or snap["transformers"] != _transformers_version():
             return None
         module, qualname = snap["tokenizer"]
         tokenizer = getattr(importlib.import_module(module), qualname).from_pretrained(folder)

@@ -12,6 +12,7 @@ import torch
 from conftest import VOCAB, tiny_model, tiny_tokenizer
 from test_lean import _gguf_like, _with_biases
 
+from dartspec import lean_weights
 from dartspec.engine import Generator
 from dartspec.lean import LeanTarget
 from dartspec.lean_weights import LeanWeights, load_model, read_snapshot, write_snapshot
@@ -83,10 +84,15 @@ def test_a_snapshot_reuses_the_packed_weight_cache(tmp_path: Path, cache: Path) 
     _assert_same_runtime(fast, slow)
 
 
-def test_a_changed_file_or_a_damaged_snapshot_means_a_full_load(tmp_path: Path, cache: Path) -> None:
+def test_a_changed_file_or_a_damaged_snapshot_means_a_full_load(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     folder = _folder(tmp_path, "llama")
     ref = load_target(str(folder))
     assert read_snapshot(folder, "exact-a16") is not None
+    with monkeypatch.context() as m:  # another transformers may read the folder otherwise
+        m.setattr(lean_weights, "_transformers_version", lambda: "0.0")
+        assert read_snapshot(folder, "exact-a16") is None
     config = folder / "config.json"
     st = config.stat()
     os.utime(config, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # edited in place
