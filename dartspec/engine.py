@@ -351,8 +351,12 @@ class Generator:
                         "each chat message needs a 'role' (system/user/assistant) and a 'content' string"
                     )
             return self.target.encode_chat(items)
-        if items and all(isinstance(t, int) and 0 <= t < self.target.vocab_size for t in items):
-            return items
+        if items and all(isinstance(t, int) for t in items):
+            bad = next((t for t in items if not 0 <= t < self.target.vocab_size), None)
+            if bad is None:
+                return items
+            last = self.target.vocab_size - 1
+            raise DartspecError(f"token id {bad} is outside {self.target.name}'s vocabulary (0-{last})")
         raise DartspecError("the prompt must be a non-empty string, a list of chat messages, or token ids")
 
     def generate(self, prompt: Prompt, **kwargs: Any) -> GenerationResult:

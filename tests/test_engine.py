@@ -182,8 +182,14 @@ def test_stop_strings_truncate_text(target: Target) -> None:
 
 def test_bad_inputs(target: Target) -> None:
     gen = Generator(target)
-    for prompt in ([], [VOCAB + 5], [-1], [{"role": "x", "content": "a"}]):
-        with pytest.raises(DartspecError):
+    for prompt, why in (
+        ([], "non-empty"),
+        ([3, VOCAB + 5], f"token id {VOCAB + 5} is outside .* vocabulary \\(0-{VOCAB - 1}\\)"),
+        ([-1], "token id -1 is outside"),
+        ([{"role": "x", "content": "a"}], "'role'"),
+        ([3, "a"], "non-empty string, a list of chat messages, or token ids"),
+    ):
+        with pytest.raises(DartspecError, match=why):
             gen.generate(prompt, max_new_tokens=5)
     with pytest.raises(DartspecError, match="max_new_tokens"):
         gen.generate([3, 4], max_new_tokens=0)
