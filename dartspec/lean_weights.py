@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dartspec import atomic
+from dartspec import atomic, weight_cache
 
 #: Bump when what a snapshot records (or how the lean runtime reads it) changes.
 SNAPSHOT_VERSION = 1
@@ -205,8 +205,10 @@ def write_snapshot(target: Any, weights: LeanWeights, tokenizer: Any, quant: str
         "folder": str(folder),
         "files": _folder_files(folder),
         "quant": quant,
-        # Another transformers may read the folder otherwise (config defaults, the tokenizer's class)
+        # Another transformers may read the folder otherwise (config defaults, the tokenizer's class); another
+        # packed layout means another packed-weight cache than the one recorded below
         "transformers": _transformers_version(),
+        "packed_version": weight_cache.PACKED_VERSION,
         "config": config,
         "name_or_path": getattr(weights.config, "_name_or_path", str(folder)),
         "generation_eos_token_id": eos,
@@ -262,6 +264,8 @@ def read_snapshot(folder: str | Path, quant: str) -> tuple[LeanWeights, Any] | N
         if snap.get("version") != SNAPSHOT_VERSION or snap.get("folder") != str(folder) or snap.get("quant") != quant:
             return None
         if snap["files"] != _folder_files(folder) or snap["transformers"] != _transformers_version():
+            return None
+        if snap["packed_version"] != weight_cache.PACKED_VERSION:
             return None
         module, qualname = snap["tokenizer"]
         tokenizer = getattr(importlib.import_module(module), qualname).from_pretrained(folder)

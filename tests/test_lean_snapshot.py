@@ -12,7 +12,7 @@ import torch
 from conftest import VOCAB, tiny_model, tiny_tokenizer
 from test_lean import _gguf_like, _with_biases
 
-from dartspec import lean_weights
+from dartspec import lean_weights, weight_cache
 from dartspec.engine import Generator
 from dartspec.lean import LeanTarget
 from dartspec.lean_weights import LeanWeights, load_model, read_snapshot, write_snapshot
@@ -92,6 +92,9 @@ def test_a_changed_file_or_a_damaged_snapshot_means_a_full_load(
     assert read_snapshot(folder, "exact-a16") is not None
     with monkeypatch.context() as m:  # another transformers may read the folder otherwise
         m.setattr(lean_weights, "_transformers_version", lambda: "0.0")
+        assert read_snapshot(folder, "exact-a16") is None
+    with monkeypatch.context() as m:  # a new packed layout: the recorded packed-weight cache is another version's
+        m.setattr(weight_cache, "PACKED_VERSION", weight_cache.PACKED_VERSION + 1)
         assert read_snapshot(folder, "exact-a16") is None
     config = folder / "config.json"
     st = config.stat()
