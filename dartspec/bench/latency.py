@@ -32,7 +32,9 @@ def plain_vs_transformers(
     """Per prompt: seconds and tokens of dartspec plain decoding and of transformers ``generate``."""
     from transformers import AutoModelForCausalLM
 
-    folder = target.config._name_or_path  # (target.model would build a transformers model only to read it)
+    # The text config names the folder (target.model would build a transformers model only to read it), except in a
+    # multimodal model's
+    folder = target.config._name_or_path or target.model.config._name_or_path
     # A separate, untouched model: transformers' own generate with stock layers and its DynamicCache.
     hf_model = AutoModelForCausalLM.from_pretrained(folder, dtype=target.dtype, attn_implementation="sdpa")
     hf_model = hf_model.to(target.device).eval()
