@@ -26,8 +26,14 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "cache"
 
 
-def _folder(tmp_path: Path, arch: str, *, gguf_like: bool = False) -> Path:
+def _folder(tmp_path: Path, arch: str, *, gguf_like: bool = False, untied: bool = False) -> Path:
     model = _with_biases(tiny_model(arch, seed=5).float(), 5)
+    if untied:  # a head of its own: saved under its own name
+        import transformers as tf
+
+        config = tf.LlamaConfig(**{**model.config.to_dict(), "tie_word_embeddings": False})
+        torch.manual_seed(6)
+        model = tf.LlamaForCausalLM(config).float().eval()
     if gguf_like:
         model = _gguf_like(model)
     folder = tmp_path / f"tiny-{arch}"
@@ -72,6 +78,15 @@ def test_a_second_load_reads_the_snapshot_and_builds_the_same_runtime(tmp_path: 
     # The transformers model, loaded when asked for, is the one the slow load had
     with torch.no_grad():
         assert torch.equal(fast.model(_ids()[None]).logits, slow.model(_ids()[None]).logits)
+
+
+def test_an_untied_head_is_read_from_its_own_tensor(tmp_path: Path, cache: Path) -> None:
+    folder = _folder(tmp_path, "llama", untied=True)
+    slow = load_target(str(folder))
+    assert not torch.equal(slow.lm_head_weight(), slow._embed)
+    fast = load_target(str(folder))
+    assert fast._model is None
+    _assert_same_runtime(fast, slow)
 
 
 def test_a_snapshot_reuses_the_packed_weight_cache(tmp_path: Path, cache: Path) -> None:
