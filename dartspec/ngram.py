@@ -36,11 +36,12 @@ class BuildStats:
     seconds: float
 
 
-def tokenizer_identity(tokenizer) -> str:
-    """A short id of a tokenizer's vocabulary: an n-gram of token ids is meaningless under another one."""
+def tokenizer_identity(tokenizer, vocab: dict[str, int] | None = None) -> str:
+    """A short id of a tokenizer's vocabulary (``vocab`` where already listed): an n-gram of token ids is meaningless
+    under another one."""
     import hashlib
 
-    vocab = tokenizer.get_vocab()
+    vocab = tokenizer.get_vocab() if vocab is None else vocab
     h = hashlib.sha256()
     for tok, idx in sorted(vocab.items(), key=lambda kv: kv[1]):
         h.update(f"{idx}:{tok}\n".encode())

@@ -15,6 +15,7 @@ for the Llama / Qwen2 / Qwen3 / Gemma 3 families with quantized weight formats).
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -261,6 +262,12 @@ class CausalRuntime(ABC):
         self.feature_layers: tuple[int, ...] = ()
         self.set_feature_layers(feature_layers)
 
+    @functools.cached_property
+    def vocab(self) -> dict[str, int]:
+        """The tokenizer's vocabulary (token -> id), listed once: the EOS ids, a drafter's target check and its n-gram
+        file's check all read it, and listing it takes 0.05 s (SmolLM2) to 0.25 s (Gemma 3) each time."""
+        return self.tokenizer.get_vocab() if self.tokenizer is not None else {}
+
     def _find_eos_ids(self, generation_config: Any) -> frozenset[int]:
         ids: set[int] = set()
         for source in (self.config, generation_config, self.tokenizer):
@@ -269,7 +276,7 @@ class CausalRuntime(ABC):
                 ids.add(value)
             elif isinstance(value, (list, tuple)):
                 ids.update(int(v) for v in value)
-        vocab = self.tokenizer.get_vocab() if self.tokenizer is not None else {}
+        vocab = self.vocab
         ids.update(vocab[t] for t in _END_OF_TURN_TOKENS if t in vocab)
         return frozenset(ids)
 

@@ -158,7 +158,8 @@ def build_parallel(
         ngram_path = Path(options.ngram)
     else:
         ngram_path = folder / "ngram.bin" if (folder / "ngram.bin").is_file() else None
-    static = NgramModel.load(ngram_path, tokenizer=tokenizer_identity(target.tokenizer)) if ngram_path else None
+    identity = tokenizer_identity(target.tokenizer, getattr(target, "vocab", None)) if ngram_path else ""
+    static = NgramModel.load(ngram_path, tokenizer=identity) if ngram_path else None
     if static is not None and options.ngram_smoothing:
         static = SmoothedNgram(static, options.ngram_smoothing)
     return cls.from_pretrained(

@@ -112,14 +112,22 @@ class DartConfig:
             raise DartspecError(f"{origin} is missing fields: {err}") from None
 
 
+def _vocab(target: Any) -> dict[str, int]:
+    """The target's vocabulary: listed once by a runtime (``CausalRuntime.vocab``), else by its tokenizer."""
+    if hasattr(target, "vocab"):
+        return target.vocab
+    return target.tokenizer.get_vocab() if target.tokenizer is not None else {}
+
+
 def target_fingerprint(target: Any) -> str:
     """A short identity of the target: vocabulary, hidden size, layers (not the weights)."""
     import hashlib
+    import heapq
 
     h = hashlib.sha256()
     h.update(f"{target.vocab_size}/{target.hidden_size}/{target.num_layers}".encode())
-    vocab = target.tokenizer.get_vocab() if target.tokenizer is not None else {}
-    for tok, idx in sorted(vocab.items(), key=lambda kv: kv[1])[:4096]:
+    vocab = _vocab(target)
+    for tok, idx in heapq.nsmallest(4096, vocab.items(), key=lambda kv: kv[1]):  # = sorted(...)[:4096], faster
         h.update(f"{idx}:{tok}\n".encode())
     return h.hexdigest()[:16]
 
