@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -40,6 +41,13 @@ def _int_at_least(minimum: int, what: str) -> Callable[[str], int]:
 
 _positive_int = _int_at_least(1, "a positive integer")
 _count = _int_at_least(0, "a whole number >= 0")
+
+
+def _port(text: str) -> int:
+    value = _int_at_least(1, "a port number (1-65535)")(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number (1-65535), got {text!r}")
+    return value
 
 
 def _tree_size(text: str) -> int | str:
@@ -276,13 +284,13 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 
 def _check_generation_args(args: argparse.Namespace) -> None:
-    """Reject bad sampling values or an unknown drafter before the (slow) model load (``generate``, ``chat``)."""
-    from dartspec.drafters import drafter_names, make_drafter
-    from dartspec.verify import SamplingParams
+    """Reject bad sampling values or an unknown drafter before the (slow) model load (``generate``, ``chat``), and
+    without importing torch: a mistyped option is an error in a fraction of a second, not after seconds of imports."""
+    from dartspec.formats import check_drafter_name
+    from dartspec.sampling import SamplingParams
 
     SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
-    if args.drafter not in drafter_names():
-        make_drafter(args.drafter, None)  # raises the error that lists the known drafters
+    check_drafter_name(args.drafter)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -325,9 +333,9 @@ def _stats_line(result: Any) -> str:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    _check_generation_args(args)
     from dartspec.chat import HELP, run_chat
 
-    _check_generation_args(args)
     target = load_target(args)
     enable_prefix_cache(args, target)
     gen = make_generator(args, target)
@@ -601,6 +609,15 @@ def api_key(args: argparse.Namespace) -> str | None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from dartspec.formats import check_drafter_name
+
+    check_drafter_name(args.drafter)
+    if args.timeout <= 0:
+        raise DartspecError("--timeout must be positive")
+    if args.protect_all and not api_key(args):
+        raise DartspecError("--protect-all needs an API key (--api-key, --api-key-file or DARTSPEC_API_KEY)")
+    # The address is taken before the model loads: a port in use is an error at once, not after the load
+    sock = listen_socket(args.host, args.port)
     try:
         import uvicorn
 
@@ -608,15 +625,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from dartspec.serve.engine import ServeEngine
     except ImportError as err:
         raise DartspecError(f"serving needs {err.name}: pip install 'dartspec[serve]'") from None
-    from dartspec.drafters import NoDrafter, drafter_names, make_drafter
+    from dartspec.drafters import NoDrafter
     from dartspec.engine import Generator
 
-    if args.drafter not in drafter_names():
-        make_drafter(args.drafter, None)  # raises the error that lists the known drafters
-    if args.timeout <= 0:
-        raise DartspecError("--timeout must be positive")
-    if args.protect_all and not api_key(args):
-        raise DartspecError("--protect-all needs an API key (--api-key, --api-key-file or DARTSPEC_API_KEY)")
     serving_threads(args)
     target = load_target(args)
     enable_prefix_cache(args, target)
@@ -638,10 +649,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_kb * 1024,
         aliases=tuple(args.alias),
     )
-    where = f"http://{args.host}:{args.port}/"
+    where = f"http://[{args.host}]:{args.port}/" if ":" in args.host else f"http://{args.host}:{args.port}/"
     _log(f"serving {target.name} with drafter {generator.drafter.name} on {where} (web demo at /)")
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
     return 0
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` as uvicorn binds one (IPv6 where the host has a colon, SO_REUSEADDR), or a
+    one-line error naming the address and why."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family=family)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except (OSError, OverflowError) as exc:
+        sock.close()
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise DartspecError(f"cannot listen on {host}:{port} ({why}): choose another --host or --port") from None
+    return sock
 
 
 def cmd_bench_accuracy(args: argparse.Namespace) -> int:
@@ -847,7 +873,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_target_args(p)
     add_drafter_args(p)
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
-    p.add_argument("--port", type=_positive_int, default=8000)
+    p.add_argument("--port", type=_port, default=8000)
     p.add_argument(
         "--api-key",
         default=None,
@@ -1230,14 +1256,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _quiet_transformers() -> None:
-    """Our own messages say what is happening; transformers' per-load progress bars only add noise."""
-    try:
+    """Our own messages say what is happening; transformers' per-load progress bars only add noise. As defaults of
+    the environment variables transformers reads when first imported (a user's own setting wins), not by importing it
+    here: that would cost a second before a mistyped option's error; where it is imported already, directly."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
         hf_logging.set_verbosity_error()
-    except ImportError:  # pragma: no cover - transformers is a hard dependency
-        pass
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dartspec.errors import DartspecError
+
 RUNTIMES = ("auto", "lean", "hf")
 QUANT_FORMATS = ("none", "fp16", "int8", "exact", "exact-a16")
 QUANT_CHOICES = ("auto", *QUANT_FORMATS)
@@ -51,6 +53,15 @@ DRAFTER_NAMES = tuple(d.name for d in DRAFTERS)
 
 def drafter_kind(name: str) -> DrafterKind | None:
     return next((d for d in DRAFTERS if d.name == name), None)
+
+
+def check_drafter_name(name: str) -> DrafterKind | None:
+    """``name``'s registry line (None for ``auto``, which the target's device resolves); an unknown name is an error
+    that lists the known ones."""
+    kind = drafter_kind(name)
+    if kind is None and name != "auto":
+        raise DartspecError(f"unknown drafter {name!r}: choose one of auto, {', '.join(DRAFTER_NAMES)}")
+    return kind
 
 
 #: Tree builders for a parallel drafter's rows (:func:`dartspec.search.make_tree_builder`).

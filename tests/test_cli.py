@@ -61,6 +61,73 @@ def test_invalid_sampling_values_fail_before_loading(flags: list[str], needle: s
     assert_one_line_error(proc, needle)
 
 
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["generate", "--prompt", "hi", "--temperature", "-1"], "temperature"),
+        (["generate", "--prompt", "hi", "--drafter", "magic"], "unknown drafter 'magic'"),
+        (["chat", "--top-p", "2"], "top_p"),
+        (["serve", "--drafter", "magic"], "unknown drafter 'magic'"),
+    ],
+)
+def test_a_mistyped_option_is_refused_before_torch_is_imported(args: list[str], needle: str) -> None:
+    """A typo costs a fraction of a second, not the seconds of importing torch and transformers."""
+    code = (
+        "import sys\nfrom dartspec.cli import main\ncode = main(sys.argv[1:])\n"
+        "heavy = sorted({'torch', 'transformers'} & set(sys.modules))\n"
+        "assert not heavy, f'imported before the error: {heavy}'\nsys.exit(code)\n"
+    )
+    assert_one_line_error(run_cli(*args, code=code), needle)
+
+
+def test_serve_refuses_an_address_it_cannot_take_before_loading(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        code = (
+            "import sys\nfrom dartspec.cli import main\ncode = main(sys.argv[1:])\n"
+            "assert 'torch' not in sys.modules\nsys.exit(code)\n"
+        )
+        proc = run_cli("serve", "--port", str(port), code=code)
+    assert_one_line_error(proc, f"cannot listen on 127.0.0.1:{port}", "--port")
+    proc = run_cli("serve", "--port", "70000")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "expected a port number (1-65535), got '70000'" in proc.stderr
+
+
+def test_serve_answers_on_the_socket_it_took(tmp_path: Path) -> None:
+    """`dartspec serve` end to end: the address taken before the model loads is the one uvicorn serves on."""
+    import socket
+    import time
+
+    import httpx
+
+    with socket.socket() as probe:  # a free port (released just before the server takes it)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([*CLI, "serve", "--port", str(port)], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None, server.stderr.read() if server.stderr else ""
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the server never answered /health"
+            time.sleep(0.2)
+        body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0}
+        reply = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=60)
+        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
 def test_non_integer_flag_is_a_usage_error() -> None:
     proc = run_cli("generate", "--prompt", "hi", "--max-new-tokens", "zero")
     assert proc.returncode == 2

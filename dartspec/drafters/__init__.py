@@ -9,8 +9,7 @@ from pathlib import Path
 from dartspec.drafters.base import DraftBudget, Drafter, NoDrafter
 from dartspec.drafters.options import DrafterOptions, checkpoint_folder, shipped_checkpoint
 from dartspec.drafters.pld import PromptLookupDrafter
-from dartspec.errors import DartspecError
-from dartspec.formats import DRAFTER_NAMES, DRAFTERS, drafter_kind
+from dartspec.formats import DRAFTER_NAMES, DRAFTERS, check_drafter_name
 from dartspec.runtime import on_cpu
 
 #: The drafters that run a network over the target's features each step (``--tree-size auto`` applies to them).
@@ -72,9 +71,8 @@ def make_drafter(
     :func:`dartspec.drafters.eagle3.build`, ``dart+pld`` in :func:`dartspec.drafters.hybrid.build`)."""
     if name == "auto":
         name = default_drafter(target.device, target.name)
-    kind = drafter_kind(name)
-    if kind is None:
-        raise DartspecError(f"unknown drafter {name!r}: choose one of {', '.join(drafter_names())}")
+    kind = check_drafter_name(name)
+    assert kind is not None  # "auto" was resolved above
     module, _, function = kind.builder.partition(":")
     build = getattr(importlib.import_module(module), function)
     options = DrafterOptions(
