@@ -244,6 +244,9 @@ def dtype_for(args: argparse.Namespace, device_type: str) -> str:
 
 
 def load_target(args: argparse.Namespace):  # -> TargetRuntime (imported lazily: torch import is slow)
+    from dartspec.models import check_model_argument
+
+    check_model_argument(args.model)  # a mistyped model name is an error before torch's import
     import torch
 
     from dartspec.targets import describe
@@ -284,13 +287,15 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 
 def _check_generation_args(args: argparse.Namespace) -> None:
-    """Reject bad sampling values or an unknown drafter before the (slow) model load (``generate``, ``chat``), and
+    """Reject bad sampling values, an unknown drafter or model before the (slow) model load (``generate``, ``chat``), and
     without importing torch: a mistyped option is an error in a fraction of a second, not after seconds of imports."""
     from dartspec.formats import check_drafter_name
+    from dartspec.models import check_model_argument
     from dartspec.sampling import SamplingParams
 
     SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
     check_drafter_name(args.drafter)
+    check_model_argument(args.model)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

@@ -174,23 +174,38 @@ def resolve_model(
         DartspecError: a download or conversion failed, or a cached folder is damaged.
     """
     cache = cache_dir() if cache is None else cache
-    spec = get_model_spec(name_or_path)
-    if spec is not None:
+    kind = check_model_argument(name_or_path)
+    if kind == "known":
+        spec = get_model_spec(name_or_path)
+        assert spec is not None
         return _resolve_known(spec, cache, log)
+    path = Path(name_or_path).expanduser()
+    if kind == "folder":
+        return _resolve_local_folder(path, cache, log)
+    if kind == "gguf":
+        return _resolve_local_gguf(path, cache, log)
+    return _resolve_hub(name_or_path)
 
+
+def check_model_argument(name_or_path: str) -> str:
+    """What ``name_or_path`` names: ``known``, ``folder``, ``gguf`` (a local file) or ``hub``; the errors of
+    :func:`resolve_model` for an argument that is none of them, with nothing read or imported (the command line
+    checks it before importing torch)."""
+    if get_model_spec(name_or_path) is not None:
+        return "known"
     path = Path(name_or_path).expanduser()
     if path.is_dir():
-        return _resolve_local_folder(path, cache, log)
+        return "folder"
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise DartspecError(
                 f"{path} is a file but not a .gguf file: pass a .gguf file or a Hugging Face model folder"
             )
-        return _resolve_local_gguf(path, cache, log)
+        return "gguf"
     if path.suffix.lower() == ".gguf" or name_or_path.startswith(("/", ".", "~")):
         raise DartspecError(f"no such file or folder: {path}")
     if _HUB_ID.match(name_or_path):
-        return _resolve_hub(name_or_path)
+        return "hub"
     raise _unknown_model(name_or_path)
 
 

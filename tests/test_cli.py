@@ -68,6 +68,8 @@ def test_invalid_sampling_values_fail_before_loading(flags: list[str], needle: s
         (["generate", "--prompt", "hi", "--drafter", "magic"], "unknown drafter 'magic'"),
         (["chat", "--top-p", "2"], "top_p"),
         (["serve", "--drafter", "magic"], "unknown drafter 'magic'"),
+        (["generate", "--model", "no-such-model", "--prompt", "hi"], "unknown model 'no-such-model'"),
+        (["chat", "--model", "./missing.gguf"], "no such file or folder"),
     ],
 )
 def test_a_mistyped_option_is_refused_before_torch_is_imported(args: list[str], needle: str) -> None:
