@@ -287,8 +287,9 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 
 def _check_generation_args(args: argparse.Namespace) -> None:
-    """Reject bad sampling values, an unknown drafter or model before the (slow) model load (``generate``, ``chat``), and
-    without importing torch: a mistyped option is an error in a fraction of a second, not after seconds of imports."""
+    """Reject bad sampling values, an unknown drafter or model before the (slow) model load (``generate``, ``chat``)
+    and without importing torch: a mistyped option is an error in a fraction of a second, not after seconds of
+    imports."""
     from dartspec.formats import check_drafter_name
     from dartspec.models import check_model_argument
     from dartspec.sampling import SamplingParams
