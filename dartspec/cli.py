@@ -7,6 +7,7 @@ on stderr with exit status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import socket
@@ -557,6 +558,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.temperature < 0:
         raise DartspecError("--temperature must be >= 0")
+    # Plots need the optional matplotlib: said now, not as an error after minutes of measuring
+    plots = importlib.util.find_spec("matplotlib") is not None
+    if not plots:
+        _log("matplotlib is not installed: tables without plots (pip install 'dartspec[bench]' for them)")
     specs = parse_methods(args.methods, tree_size=args.tree_size)
     prompts = load_prompts(args.dataset, turn=args.turn, limit=args.limit)
     target = load_target(args)
@@ -588,11 +593,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if args.out
         else Path("bench-results") / f"{args.dataset.replace('/', '_')}-t{args.temperature:g}"
     )
-    print(write_results(runs, rows, meta, out))
+    print(write_results(runs, rows, meta, out, plots=plots))
     bad = [r["method"] for r in rows if r["mismatches"]]
     if bad:
         _log(f"MISMATCH: {', '.join(bad)} produced output different from plain greedy decoding")
-    _log(f"saved {out}/results.md, results.json, speedup.png, acceptance.png")
+    _log(f"saved {out}/results.md, results.json" + (", speedup.png, acceptance.png" if plots else ""))
     return 1 if bad else 0
 
 

@@ -123,8 +123,10 @@ def plot(rows: Sequence[dict[str, Any]], out: Path, title: str) -> list[Path]:
     return paths
 
 
-def write_results(runs: Sequence[Run], rows: Sequence[dict[str, Any]], meta: dict[str, Any], out: Path) -> str:
-    """Write results.md, results.json and the plots into ``out``; returns the Markdown table."""
+def write_results(
+    runs: Sequence[Run], rows: Sequence[dict[str, Any]], meta: dict[str, Any], out: Path, *, plots: bool = True
+) -> str:
+    """Write results.md, results.json and (``plots``) the plots into ``out``; returns the Markdown table."""
     out.mkdir(parents=True, exist_ok=True)
     title = f"{meta['model']} · {meta['dataset']} · T={meta['temperature']} · {meta['max_new_tokens']} new tokens"
     table = markdown(rows, title)
@@ -135,5 +137,6 @@ def write_results(runs: Sequence[Run], rows: Sequence[dict[str, Any]], meta: dic
         "runs": [{k: v for k, v in asdict(r).items() if k != "token_ids"} for r in runs],
     }
     (out / "results.json").write_text(json.dumps(payload, indent=1))
-    plot(rows, out, title)
+    if plots:
+        plot(rows, out, title)
     return table
