@@ -7,7 +7,6 @@ on stderr with exit status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import socket
@@ -559,7 +558,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.temperature < 0:
         raise DartspecError("--temperature must be >= 0")
     # Plots need the optional matplotlib: said now, not as an error after minutes of measuring
-    plots = importlib.util.find_spec("matplotlib") is not None
+    try:
+        import matplotlib  # noqa: F401
+
+        plots = True
+    except ImportError:
+        plots = False
     if not plots:
         _log("matplotlib is not installed: tables without plots (pip install 'dartspec[bench]' for them)")
     specs = parse_methods(args.methods, tree_size=args.tree_size)

@@ -130,6 +130,15 @@ def test_serve_answers_on_the_socket_it_took(tmp_path: Path) -> None:
         server.wait(timeout=30)
 
 
+def test_bench_without_matplotlib_writes_its_tables_and_says_why_there_are_no_plots(tmp_path: Path) -> None:
+    code = "import sys\nsys.modules['matplotlib'] = None\nfrom dartspec.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    args = ["bench", "--methods", "ar", "--limit", "1", "--max-new-tokens", "4", "--out", str(tmp_path)]
+    proc = run_cli(*args, code=code)
+    assert proc.returncode == 0, proc.stderr
+    assert "matplotlib is not installed: tables without plots" in proc.stderr and "| ar |" in proc.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "results.md"]
+
+
 def test_non_integer_flag_is_a_usage_error() -> None:
     proc = run_cli("generate", "--prompt", "hi", "--max-new-tokens", "zero")
     assert proc.returncode == 2
