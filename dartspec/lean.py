@@ -414,9 +414,9 @@ class LeanTarget(CausalRuntime):
         def reorder(t: torch.Tensor | None, f: Callable[[torch.Tensor], torch.Tensor] | None) -> torch.Tensor | None:
             return None if t is None else t if f is None else f(t)
 
-        weights_ = [reorder(weights.tensors[f"{r}.weight"], f) for r, f in zip(parts, order, strict=True)]
+        mats = [reorder(weights.tensors[f"{r}.weight"], f) for r, f in zip(parts, order, strict=True)]
         bias = fuse(*(reorder(weights.get(f"{r}.bias"), f) for r, f in zip(parts, order, strict=True)))
-        weight = weights_[0] if len(weights_) == 1 else torch.cat(weights_)  # type: ignore[arg-type]
+        weight = mats[0] if len(mats) == 1 else torch.cat(mats)  # type: ignore[arg-type]
         # The file's groups, reordered as the weights are, where every part has groups: of one kind, concatenated;
         # for the integer-dot kernel also parts of different kinds, each part its own panels (exact.stack). A part
         # without file groups may still be groups the weights show (exact.pack: a Q8_0 value beside Q4_K q and k).

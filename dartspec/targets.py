@@ -94,9 +94,7 @@ def wrap_model(
     graphs = resolve_graphs(cuda_graphs, chosen_runtime, device)
     if chosen_runtime == "hf":
         return Target(model, tokenizer, name=name, feature_layers=feature_layers)
-    # auto: weights that are no integer groups of the kinds exact-a16 keeps (all of them, for a model not from a GGUF
-    # file) get the next format, each on its own.
-    fallback = CPU_DEFAULT_QUANTS[1] if quant == "auto" and chosen == CPU_DEFAULT_QUANTS[0] else None
+    fallback = auto_fallback(chosen) if quant == "auto" else None
     kw: dict[str, Any] = {"name": name, "feature_layers": feature_layers, "cuda_graphs": graphs}
     return LeanTarget(model, tokenizer, quant=chosen, fallback=fallback, **kw)
 
@@ -150,6 +148,7 @@ def load_target(
         target = load_target("smollm2-135m")                 # lean runtime, exact-a16 weights on a CPU
         exact = load_target("smollm2-135m", runtime="hf")     # transformers' modules, fp32
     """
+    from dartspec.lean import LeanTarget
     from dartspec.models import resolve_model
 
     dev = torch.device(device)
@@ -158,18 +157,16 @@ def load_target(
     # builds the same runtime without importing transformers' model code (dartspec.lean_weights).
     snapshot_quant = _snapshot_format(runtime, quant, dev, dtype, cuda_graphs)
     if snapshot_quant is not None:
-        from dartspec.lean import LeanTarget
         from dartspec.lean_weights import read_snapshot
 
         found = read_snapshot(folder, snapshot_quant)
         if found is not None:
             weights, tokenizer = found
-            fallback = CPU_DEFAULT_QUANTS[1] if snapshot_quant == CPU_DEFAULT_QUANTS[0] else None
             return LeanTarget(
                 weights,
                 tokenizer,
                 quant=snapshot_quant,
-                fallback=fallback,
+                fallback=auto_fallback(snapshot_quant),
                 name=name_or_path,
                 feature_layers=feature_layers,
             )
@@ -191,13 +188,17 @@ def load_target(
         feature_layers=feature_layers,
         cuda_graphs=cuda_graphs,
     )
-    from dartspec.lean import LeanTarget
-
     if snapshot_quant is not None and isinstance(target, LeanTarget):
         from dartspec.lean_weights import LeanWeights, write_snapshot
 
         write_snapshot(target, LeanWeights.from_model(model), tokenizer, snapshot_quant)
     return target
+
+
+def auto_fallback(chosen: str) -> str | None:
+    """The format ``--quant auto`` gives the weights ``chosen`` cannot hold: with exact-a16 (integer groups only, all
+    of a model not from a GGUF file), fp16 panels in the same fused blocks, weight by weight; none otherwise."""
+    return CPU_DEFAULT_QUANTS[1] if chosen == CPU_DEFAULT_QUANTS[0] else None
 
 
 def _snapshot_format(
@@ -207,6 +208,6 @@ def _snapshot_format(
     ``--quant auto``, float32), whose choice depends on nothing but the folder and this machine; None otherwise."""
     if runtime not in ("auto", "lean") or quant != "auto" or device.type != "cpu" or dtype != torch.float32:
         return None
-    if cuda_graphs:
+    if cuda_graphs:  # (an error on a CPU, which the full load reports)
         return None
     return CPU_DEFAULT_QUANTS[0] if exact.available() else CPU_DEFAULT_QUANTS[1]

@@ -158,8 +158,10 @@ def build_parallel(
         ngram_path = Path(options.ngram)
     else:
         ngram_path = folder / "ngram.bin" if (folder / "ngram.bin").is_file() else None
-    identity = tokenizer_identity(target.tokenizer, getattr(target, "vocab", None)) if ngram_path else ""
-    static = NgramModel.load(ngram_path, tokenizer=identity) if ngram_path else None
+    static = None
+    if ngram_path:
+        identity = tokenizer_identity(target.tokenizer, getattr(target, "vocab", None))
+        static = NgramModel.load(ngram_path, tokenizer=identity)
     if static is not None and options.ngram_smoothing:
         static = SmoothedNgram(static, options.ngram_smoothing)
     return cls.from_pretrained(
