@@ -1,9 +1,9 @@
 """The tree-aware KV cache shared by every target runtime.
 
 Preallocated per-layer buffers that grow by doubling, never concatenate per step, and keep an arbitrary
-subset of the newest entries (the accepted path of a draft tree) in place. It implements transformers'
-``Cache`` API so the transformers runtime can pass it to the model; the lean runtime calls
-:meth:`TreeKVLayer.update` directly.
+subset of the newest entries (the accepted path of a draft tree) in place. The lean runtime writes the buffers
+itself; the transformers runtime hands its model a view with transformers' ``Cache`` API (``target.CacheView``), so
+this module, and a default CPU load, never import transformers.
 """
 
 from __future__ import annotations
@@ -14,28 +14,24 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
 
 if TYPE_CHECKING:
     from dartspec.exact import SharedPages
 
 
-class TreeKVLayer(CacheLayerMixin):
+class TreeKVLayer:
     """One layer's key/value cache in a preallocated buffer that grows by doubling.
 
     Unlike transformers' DynamicLayer it never concatenates per step, and it can keep an arbitrary
     subset of the newest entries (the accepted path of a draft tree) in place.
     """
 
-    is_sliding = False
-    is_compileable = False
-    is_croppable = True
-
     def __init__(self, capacity: int = 256, epoch: list[int] | None = None) -> None:
-        # Counts every replacement of the buffers (shared by a cache's layers, see TreeKVCache.extend_all): set before
-        # the base class, whose __init__ sets them.
+        # Counts every replacement of the buffers (shared by a cache's layers, see TreeKVCache.extend_all).
         self._epoch = [0] if epoch is None else epoch
-        super().__init__()
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+        self.is_initialized = False
         self.length = 0
         self._capacity = capacity
         # The first positions may live in shared pages (the prefix cache, read-only): ``shared`` is the kernel's
@@ -132,15 +128,6 @@ class TreeKVLayer(CacheLayerMixin):
         self.length = base + q
         return self.keys, self.values, base
 
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.length + query_length, 0
-
-    def get_seq_length(self) -> int:
-        return self.length
-
-    def get_max_length(self) -> int:
-        return -1
-
     def keep(self, base: int, nodes: torch.Tensor) -> None:
         """Keep entries ``base + nodes`` (ascending) as positions ``base, base+1, ...``; drop the rest."""
         n, own = nodes.numel(), base - self.npre
@@ -164,9 +151,6 @@ class TreeKVLayer(CacheLayerMixin):
             self.keys = self.keys.index_select(0, rows)
             self.values = self.values.index_select(0, rows)
 
-    def crop(self, tokens_to_remove: int) -> None:
-        self.truncate(self.length - abs(tokens_to_remove))
-
     def reset(self) -> None:
         self.length = 0
         self.shared, self._pages = None, ()
@@ -186,12 +170,12 @@ class _Buffers(NamedTuple):
     c_keep: bool  # CPU buffers of one batch row, alike in every layer: the C keep applies
 
 
-class TreeKVCache(Cache):
-    """A transformers ``Cache`` whose layers are :class:`TreeKVLayer`."""
+class TreeKVCache:
+    """A model's KV cache: one :class:`TreeKVLayer` per decoder layer."""
 
     def __init__(self, num_layers: int, capacity: int = 256) -> None:
         self._epoch = [0]  # bumped whenever any layer's buffers are replaced
-        super().__init__(layers=[TreeKVLayer(capacity, self._epoch) for _ in range(num_layers)])
+        self.layers = [TreeKVLayer(capacity, self._epoch) for _ in range(num_layers)]
         self._table: _Buffers | None = None  # see _buffers
         self._release: Callable[[], None] | None = None
         #: The shared pages as the batched attention kernel reads them, one ``exact.KV_SLOT`` row per layer (the
@@ -212,7 +196,8 @@ class TreeKVCache(Cache):
         self._release, self.page_slots = release, page_slots
 
     def reset(self) -> None:
-        super().reset()
+        for layer in self.layers:
+            layer.reset()
         self.page_slots = None
         if self._release is not None:
             release, self._release = self._release, None

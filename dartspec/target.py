@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers.cache_utils import Cache, CacheLayerMixin
 
 from dartspec.errors import ContextLengthError
 from dartspec.kernels import rows_first_linear, use_rows_first_linears
@@ -28,7 +29,54 @@ from dartspec.runtime import (
     pad_sequences,
 )
 
-__all__ = ["PREFILL_CHUNK", "Target", "TargetOutput", "TreeKVCache", "TreeKVLayer", "default_feature_layers"]
+__all__ = [
+    "PREFILL_CHUNK",
+    "CacheView",
+    "Target",
+    "TargetOutput",
+    "TreeKVCache",
+    "TreeKVLayer",
+    "default_feature_layers",
+]
+
+
+class _LayerView(CacheLayerMixin):
+    """One :class:`TreeKVLayer` through transformers' cache-layer API (what its attention modules call)."""
+
+    is_sliding = False  # sliding windows are in the masks (Target._masks), not in the cache
+
+    def __init__(self, layer: TreeKVLayer) -> None:
+        # No base __init__: keys, values and is_initialized are the layer's own.
+        self.layer = layer
+
+    keys = property(lambda self: self.layer.keys)
+    values = property(lambda self: self.layer.values)
+    is_initialized = property(lambda self: self.layer.is_initialized)
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.layer.lazy_initialization(key_states, value_states)
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.layer.update(key_states, value_states)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.layer.length + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.layer.length
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+class CacheView(Cache):
+    """A :class:`TreeKVCache` as transformers' ``Cache`` for one forward: the model appends through it; what it
+    wrote stays in the cache. (The cache is no transformers class, so the lean runtime never imports transformers.)"""
+
+    def __init__(self, cache: TreeKVCache) -> None:
+        super().__init__(layers=[_LayerView(layer) for layer in cache.layers])
 
 
 class Target(CausalRuntime):
@@ -154,7 +202,7 @@ class Target(CausalRuntime):
                     input_ids=ids[None],
                     attention_mask=mask,
                     position_ids=positions[None],
-                    past_key_values=cache,
+                    past_key_values=CacheView(cache),
                     use_cache=True,
                 ).last_hidden_state[0]
             feats = torch.cat([self._capture[i][0][0] for i in self.feature_layers], dim=-1) if features else None
@@ -173,7 +221,11 @@ class Target(CausalRuntime):
         mask = self._masks(allowed, positions, key_positions)
         with attention_kernels(ids.device):
             return self.decoder(
-                input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=CacheView(cache),
+                use_cache=True,
             ).last_hidden_state
 
     def _masks(self, allowed: torch.Tensor, positions: torch.Tensor, key_positions: torch.Tensor | None) -> Any:
