@@ -27,9 +27,10 @@ import torch
 from torch import nn
 
 from dartspec import atomic, weight_cache
+from dartspec.tokenizer import LightTokenizer, describe
 
 #: Bump when what a snapshot records (or how the lean runtime reads it) changes.
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2  # 2: the tokenizer without transformers (dartspec.tokenizer)
 #: Per decoder layer, the module attributes whose weights the lean runtime reads (absent ones are skipped).
 LAYER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 LAYER_NORMS = (
@@ -200,6 +201,12 @@ def write_snapshot(target: Any, weights: LeanWeights, tokenizer: Any, quant: str
     config = json.loads(weights.config.to_json_string(use_diff=False))
     eos = getattr(weights.generation_config, "eos_token_id", None)
     cache = getattr(target, "packed_cache", None)
+    path = _snapshot_path(folder, quant)
+    try:
+        light = describe(tokenizer, folder, path.parent / "tokenizers")
+    except OSError as exc:  # its file could not be written: the class below loads the tokenizer, as before
+        warnings.warn(f"could not record the tokenizer for a load without transformers: {exc}", stacklevel=2)
+        light = None
     snapshot = {
         "version": SNAPSHOT_VERSION,
         "folder": str(folder),
@@ -213,6 +220,8 @@ def write_snapshot(target: Any, weights: LeanWeights, tokenizer: Any, quant: str
         "name_or_path": getattr(weights.config, "_name_or_path", str(folder)),
         "generation_eos_token_id": eos,
         "tokenizer": [tok_class.__module__, tok_class.__qualname__],
+        # What the tokenizer answers, for a load without transformers; None: the class above loads it
+        "light_tokenizer": light,
         "tensors": where,
         "rotary": {
             "rope_types": weights.rotary.rope_types,
@@ -228,7 +237,6 @@ def write_snapshot(target: Any, weights: LeanWeights, tokenizer: Any, quant: str
         # The packed-weight cache the runtime read or wrote (None: it has none), for this kernel's panel width
         "packed": {panel_key(quant): [str(cache.path), cache.source] if cache and cache.manifest.is_file() else None},
     }
-    path = _snapshot_path(folder, quant)
     try:
         atomic.write_text(path, json.dumps(snapshot) + "\n")
     except OSError as exc:  # a read-only cache costs later loads their speed, nothing more
@@ -268,7 +276,12 @@ def read_snapshot(folder: str | Path, quant: str) -> tuple[LeanWeights, Any] | N
         if snap["packed_version"] != weight_cache.PACKED_VERSION:
             return None
         module, qualname = snap["tokenizer"]
-        tokenizer = getattr(importlib.import_module(module), qualname).from_pretrained(folder)
+
+        def full_tokenizer() -> Any:
+            return getattr(importlib.import_module(module), qualname).from_pretrained(folder)
+
+        light = snap["light_tokenizer"]
+        tokenizer = full_tokenizer() if light is None else LightTokenizer.from_record(light, folder, full_tokenizer)
         files = _weight_files(folder)
         tensors = {role: files[file][name] for role, (file, name) in snap["tensors"].items()}
         rot = snap["rotary"]

@@ -213,10 +213,14 @@ def test_llamacpp_prompt_lookup_row_counts_its_forwards(smollm2: Target, monkeyp
 def test_the_default_load_from_a_snapshot_is_the_runtime_built_from_transformers(smollm2: Target) -> None:
     """The CPU default's second load of SmolLM2 reads the lean snapshot: the same runtime as one built over
     transformers' model of the same folder (logits bit for bit, tokenizer, EOS ids), without building that model."""
+    import json
+    from pathlib import Path
+
     import torch
 
     from dartspec.lean import LeanTarget
     from dartspec.targets import load_target, wrap_model
+    from dartspec.tokenizer import LightTokenizer
 
     load_target("smollm2-135m")  # writes the snapshot where no earlier load did
     fast = load_target("smollm2-135m")
@@ -225,5 +229,16 @@ def test_the_default_load_from_a_snapshot_is_the_runtime_built_from_transformers
     messages = [{"role": "user", "content": "Write a haiku about tea. Ünïcödé 你好 🙂"}]
     ids = ref.encode_chat(messages)
     assert fast.encode_chat(messages) == ids and fast.decode(ids) == ref.decode(ids)
+    # Its tokenizer is read without transformers (dartspec.tokenizer): transformers' answers on 80 development prompts
+    assert isinstance(fast.tokenizer, LightTokenizer) and fast.tokenizer._full is None
+    dev = Path(__file__).resolve().parents[1] / "docs/bench/cpu-default-dart-pld-2026-11-26/dev80.jsonl"
+    prompts = [json.loads(line)["prompt"] for line in dev.read_text().splitlines()]
+    chats = [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": p}] for p in prompts]
+    assert fast.encode_chats(chats) == ref.encode_chats(chats)
+    for p in prompts:
+        ids = ref.encode(p)
+        assert fast.encode(p) == ids and fast.decode(ids) == ref.decode(ids)
+        assert fast.tokenizer.decode(ids[::-1]) == ref.tokenizer.decode(ids[::-1])  # not only well-formed text
+    assert fast.vocab == ref.vocab and fast.tokenizer._full is None
     assert torch.equal(fast.score_sequence(ids).logits, ref.score_sequence(ids).logits)
     assert (fast.weight_format, fast.eos_token_ids) == (ref.weight_format, ref.eos_token_ids)

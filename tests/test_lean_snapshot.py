@@ -18,6 +18,7 @@ from dartspec.lean import LeanTarget
 from dartspec.lean_weights import LeanWeights, load_model, read_snapshot, write_snapshot
 from dartspec.target import Target
 from dartspec.targets import load_target
+from dartspec.tokenizer import LightTokenizer
 
 
 @pytest.fixture
@@ -73,8 +74,9 @@ def test_a_second_load_reads_the_snapshot_and_builds_the_same_runtime(tmp_path: 
     fast = load_target(str(folder))
     assert isinstance(fast, LeanTarget) and fast._model is None  # no transformers model was built
     _assert_same_runtime(fast, slow)
-    assert type(fast.tokenizer) is type(slow.tokenizer)
+    assert isinstance(fast.tokenizer, LightTokenizer)  # read without transformers (dartspec.tokenizer)
     assert fast.tokenizer("t5 t9 t3")["input_ids"] == slow.tokenizer("t5 t9 t3")["input_ids"]
+    assert fast.decode([5, 9, 1, 3]) == slow.decode([5, 9, 1, 3])
     # The transformers model, loaded when asked for, is the one the slow load had
     with torch.no_grad():
         assert torch.equal(fast.model(_ids()[None]).logits, slow.model(_ids()[None]).logits)
@@ -142,3 +144,27 @@ def test_only_the_cpu_default_loads_from_a_snapshot(tmp_path: Path, cache: Path)
     assert load_target(str(folder), quant="fp16")._model is not None
     assert isinstance(load_target(str(folder), runtime="hf"), Target)
     assert load_target(str(folder), dtype=torch.float64)._model is not None
+
+
+def test_a_load_from_a_snapshot_never_imports_transformers(tmp_path: Path, cache: Path) -> None:
+    """What makes it fast (importing transformers alone takes ~1 s on 2 cores): checked in a fresh process, which
+    generates and reads the vocabulary; asking for the transformers model then imports it."""
+    import subprocess
+    import sys
+
+    folder = _folder(tmp_path, "qwen2")
+    slow = load_target(str(folder))
+    want = Generator(slow).generate(_ids()[:8].tolist(), max_new_tokens=6).token_ids
+    code = f"""
+import sys
+from dartspec.engine import Generator
+from dartspec.targets import load_target
+t = load_target({str(folder)!r})
+got = Generator(t).generate({_ids()[:8].tolist()}, max_new_tokens=6).token_ids
+print(got, t.decode(got) == {slow.decode(want)!r}, len(t.vocab), t._model is None, "transformers" in sys.modules)
+t.model
+print("transformers" in sys.modules)
+"""
+    env = {**os.environ, "DARTSPEC_CACHE": str(cache)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.split("\n")[:2] == [f"{want} True {len(slow.vocab)} True False", "True"]
