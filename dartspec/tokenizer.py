@@ -164,8 +164,9 @@ class LightTokenizer:
         encodings = self.backend.encode_batch(list(text), add_special_tokens=add_special_tokens)
         return {"input_ids": [e.ids for e in encodings]}
 
-    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        return self.backend.decode([int(t) for t in token_ids], skip_special_tokens=skip_special_tokens)
+    def decode(self, token_ids: int | Sequence[int], skip_special_tokens: bool = False) -> str:
+        ids = [int(token_ids)] if isinstance(token_ids, int) else [int(t) for t in token_ids]
+        return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def get_vocab(self) -> dict[str, int]:
         return self.backend.get_vocab(with_added_tokens=True)
@@ -252,6 +253,10 @@ def describe(tokenizer: Any, folder: Path, store: Path) -> dict[str, Any] | None
     if template is not None and not isinstance(template, str):
         return None
     special = dict(getattr(tokenizer, "special_tokens_map", {}))
+    if not all(
+        isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v)) for v in special.values()
+    ):
+        return None  # the record is JSON: tokens as text
     eos = getattr(tokenizer, "eos_token_id", None)
     serialized = backend.to_str()
     own = folder / "tokenizer.json"

@@ -143,6 +143,7 @@ def test_the_rest_of_the_tokenizer_is_transformers_loaded_on_first_use(hf, folde
     assert tok.apply_chat_template(batch, tokenize=False) == hf.apply_chat_template(batch, tokenize=False)
     named = [{"role": "user", "content": "hi", "name": "ann"}]
     assert tok.apply_chat_template(named, tokenize=False) == hf.apply_chat_template(named, tokenize=False)
+    assert tok.decode(5) == hf.decode(5)  # one id, as transformers takes it
     assert tok.convert_ids_to_tokens([5, 6]) == hf.convert_ids_to_tokens([5, 6])
     assert tok.pad_token_id == hf.pad_token_id
     assert loads == [1]
@@ -179,6 +180,14 @@ def test_no_record_where_any_answer_would_differ(
     with monkeypatch.context() as m:  # special tokens read wrongly: the chat renders otherwise
         m.setattr(light_module, "_settings", lambda r: {**_settings_of(r), "special_tokens": {}})
         assert describe(hf, folder, tmp_path) is None
+
+    class TokenObjects:  # special tokens that are not text (the record is JSON)
+        special_tokens_map = {"bos_token": object()}  # noqa: RUF012
+
+        def __getattr__(self, name: str):
+            return getattr(hf, name)
+
+    assert describe(TokenObjects(), folder, tmp_path) is None
     splitting = AutoTokenizer.from_pretrained(folder, split_special_tokens=True)
     assert describe(splitting, folder, tmp_path) is None
     # A decode that cleans up spaces (transformers does so for models other than BPE) is not reproduced.
