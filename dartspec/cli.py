@@ -12,6 +12,7 @@ import os
 import socket
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from dartspec.errors import DartspecError
@@ -299,8 +300,32 @@ def _check_generation_args(args: argparse.Namespace) -> None:
     check_model_argument(args.model)
 
 
+def _read_prompt(args: argparse.Namespace) -> Any:
+    """The prompt ``generate`` decodes: ``--prompt`` text (``-``: standard input) or ``--prompt-file``; with
+    ``--system``, the system and user messages (``--chat`` only). Read before the model loads, so a missing file or
+    bad input costs no load."""
+    if args.prompt_file is not None:
+        try:
+            text = Path(args.prompt_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise DartspecError(f"cannot read --prompt-file {args.prompt_file}: {err}") from None
+    elif args.prompt == "-":
+        try:
+            text = sys.stdin.read()
+        except UnicodeDecodeError as err:
+            raise DartspecError(f"standard input is not UTF-8 text ({err})") from None
+    else:
+        text = args.prompt
+    if args.system is None:
+        return text
+    if not args.chat:
+        raise DartspecError("--system needs --chat (a system message is part of the chat template)")
+    return [{"role": "system", "content": args.system}, {"role": "user", "content": text}]
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     _check_generation_args(args)
+    prompt = _read_prompt(args)
     target = load_target(args)
     gen = make_generator(args, target)
     kwargs = dict(
@@ -313,11 +338,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         chat=args.chat,
     )
     if args.json:
-        result = gen.generate(args.prompt, **kwargs)
+        result = gen.generate(prompt, **kwargs)
         print(json.dumps(result.as_dict(), ensure_ascii=False))
         return 0
     result = None
-    for event in gen.stream(args.prompt, **kwargs):
+    for event in gen.stream(prompt, **kwargs):
         sys.stdout.write(event.text)
         sys.stdout.flush()
         result = event.result or result
@@ -866,8 +891,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("generate", help="generate text, streamed as it is accepted")
     add_target_args(p)
-    p.add_argument("--prompt", required=True, help="the prompt text")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="the prompt text; - reads it from standard input")
+    source.add_argument("--prompt-file", help="read the prompt from this UTF-8 text file")
     p.add_argument("--chat", action="store_true", help="wrap the prompt as a user turn in the chat template")
+    p.add_argument("--system", default=None, help="with --chat: a system message before the prompt")
     add_drafter_args(p)
     add_sampling_args(p)
     p.add_argument("--stop", action="append", help="stop string (repeatable)")

@@ -225,6 +225,37 @@ def test_generate_streams_same_text_as_json(tiny_model_dir: Path) -> None:
 
 
 @pytest.mark.slow
+def test_generate_reads_the_prompt_from_stdin_or_a_file_and_takes_a_system_message(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    common = ["generate", "--model", str(tiny_model_dir), "--max-new-tokens", "8", "--json"]
+    text = "Hello there, ünïcode 🙂\nsecond line"
+    (tmp_path / "prompt.txt").write_text(text, encoding="utf-8")
+    given = run_cli(*common, "--prompt", text)
+    piped = subprocess.run([*CLI, *common, "--prompt", "-"], input=text, capture_output=True, text=True, timeout=600)
+    from_file = run_cli(*common, "--prompt-file", str(tmp_path / "prompt.txt"))
+    assert given.returncode == piped.returncode == from_file.returncode == 0, piped.stderr + from_file.stderr
+    from dartspec.engine import Generator
+    from dartspec.targets import load_target
+
+    target = load_target(str(tiny_model_dir))
+    runs = [json.loads(proc.stdout) for proc in (given, piped, from_file)]
+    assert [r["prompt_tokens"] for r in runs] == [len(target.encode(text))] * 3
+    assert runs[0]["token_ids"] == runs[1]["token_ids"] == runs[2]["token_ids"]
+    # --system: the prompt and tokens the Python API gives for the two messages
+    system = run_cli(*common, "--chat", "--system", "Answer in French.", "--prompt", text)
+    assert system.returncode == 0, system.stderr
+    messages = [{"role": "system", "content": "Answer in French."}, {"role": "user", "content": text}]
+    want = Generator(target).generate(messages, max_new_tokens=8)
+    got = json.loads(system.stdout)
+    assert (got["prompt_tokens"], got["token_ids"]) == (len(target.encode_chat(messages)), want.token_ids)
+    assert_one_line_error(run_cli(*common, "--system", "x", "--prompt", text), "--system needs --chat")
+    assert_one_line_error(run_cli(*common, "--prompt-file", str(tmp_path / "none.txt")), "cannot read --prompt-file")
+    (tmp_path / "latin1.txt").write_bytes(b"caf\xe9")
+    assert_one_line_error(run_cli(*common, "--prompt-file", str(tmp_path / "latin1.txt")), "cannot read --prompt-file")
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("flags", "needle"),
     [
