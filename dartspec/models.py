@@ -82,7 +82,7 @@ _REGISTRY: tuple[ModelSpec, ...] = (
         chat=True,
         label="SmolLM2-135M",
         download="93 MB",
-        convert_estimate="~30 s",
+        convert_estimate="~15 s",
         gguf_size=98_362_432,
         gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     ),

@@ -230,6 +230,32 @@ def test_gguf_conversion_produces_loadable_folder_with_chat_template(converted: 
     assert [p.name for p in converted.parent.iterdir()] == [converted.name]
 
 
+def test_the_conversion_reads_the_file_once_and_equals_transformers_own_load(converted: Path, tiny_gguf: Path) -> None:
+    """transformers opens a GGUF three times in a conversion; within it one reader serves them all (restored after,
+    an error included), and what comes out is what transformers loads from the file with readers of its own."""
+    import gguf
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    original = gguf.GGUFReader
+    with model_cache._one_reader_per_file():
+        first = gguf.GGUFReader(tiny_gguf)
+        assert gguf.GGUFReader(str(tiny_gguf)) is first
+    assert gguf.GGUFReader is original and gguf.GGUFReader(tiny_gguf) is not first
+    with pytest.raises(RuntimeError), model_cache._one_reader_per_file():
+        raise RuntimeError
+    assert gguf.GGUFReader is original
+    reference = AutoModelForCausalLM.from_pretrained(tiny_gguf.parent, gguf_file=tiny_gguf.name, dtype=torch.float32)
+    saved = load_file(converted / "model.safetensors")
+    expected = {k: v for k, v in reference.state_dict().items() if k in saved}
+    assert set(expected) == set(saved) and all(torch.equal(saved[k], v) for k, v in expected.items())
+    text = "<|im_start|>user\nhello world<|im_end|>"
+    ours = AutoTokenizer.from_pretrained(converted)
+    theirs = AutoTokenizer.from_pretrained(tiny_gguf.parent, gguf_file=tiny_gguf.name)
+    assert ours(text)["input_ids"] == theirs(text)["input_ids"]
+
+
 def test_second_resolve_reuses_cache_without_converting(
     converted: Path, tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
