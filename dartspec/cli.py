@@ -293,9 +293,10 @@ def _check_generation_args(args: argparse.Namespace) -> None:
     imports."""
     from dartspec.formats import check_drafter_name
     from dartspec.models import check_model_argument
-    from dartspec.sampling import SamplingParams
+    from dartspec.sampling import SamplingParams, check_logprobs
 
     SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+    check_logprobs(getattr(args, "logprobs", None))
     check_drafter_name(args.drafter)
     check_model_argument(args.model)
 
@@ -316,6 +317,8 @@ def _read_prompt(args: argparse.Namespace) -> Any:
             raise DartspecError(f"standard input is not UTF-8 text ({err})") from None
     else:
         text = args.prompt
+    if args.logprobs is not None and not args.json:
+        raise DartspecError("--logprobs needs --json (they are listed in its output)")
     if args.system is None:
         return text
     if not args.chat:
@@ -336,6 +339,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         seed=args.seed,
         stop=args.stop or (),
         chat=args.chat,
+        logprobs=args.logprobs,
     )
     if args.json:
         result = gen.generate(prompt, **kwargs)
@@ -900,6 +904,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_args(p)
     p.add_argument("--stop", action="append", help="stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object with text and stats instead of streaming")
+    p.add_argument(
+        "--logprobs",
+        type=int,
+        default=None,
+        metavar="K",
+        help="with --json: each token's log-probability under the model, with its K most likely alternatives (0-20)",
+    )
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("chat", help="a conversation on the terminal, answers streamed as they are accepted")

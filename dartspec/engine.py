@@ -19,10 +19,20 @@ from dartspec.drafters.base import DraftBudget, Drafter, NoDrafter
 from dartspec.errors import ContextLengthError, DartspecError
 from dartspec.kv_cache import TreeKVCache
 from dartspec.runtime import TargetOutput, TargetRuntime, on_cpu, sync
+from dartspec.sampling import MAX_TOP_LOGPROBS, check_logprobs
 from dartspec.tree import Tree
 from dartspec.verify import SamplingParams, Verifier
 
-__all__ = ["GenerationResult", "GenerationStats", "Generator", "SequenceState", "StepEvent", "sync"]
+__all__ = [
+    "MAX_TOP_LOGPROBS",
+    "GenerationResult",
+    "GenerationStats",
+    "Generator",
+    "SequenceState",
+    "StepEvent",
+    "TokenLogprob",
+    "sync",
+]
 
 Prompt = str | Sequence[dict[str, str]] | Sequence[int]
 
@@ -91,21 +101,55 @@ class GenerationStats:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """A committed token's log-probability under the target's own distribution at its position (before temperature,
+    top-p and top-k: the logits the verifier read), and the ``top`` most likely tokens there, ``(token_id,
+    logprob)`` in descending order (as many as asked for)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"token_id": self.token_id, "logprob": self.logprob, "top": [list(t) for t in self.top]}
+
+
+def token_logprobs(logits: torch.Tensor, tokens: Sequence[int], top: int) -> list[TokenLogprob]:
+    """Each token's log-probability in the matching row of ``logits`` ``(rows, vocab)``, with the ``top`` most likely
+    tokens of that row."""
+    logp = torch.log_softmax(logits.to(torch.float64), dim=-1)
+    index = torch.tensor(list(tokens), device=logp.device)
+    chosen = logp.gather(1, index[:, None])[:, 0].tolist()
+    if top == 0:
+        return [TokenLogprob(t, lp) for t, lp in zip(tokens, chosen, strict=True)]
+    values, ids = logp.topk(top, dim=-1)
+    return [
+        TokenLogprob(t, lp, tuple(zip(i, v, strict=True)))
+        for t, lp, i, v in zip(tokens, chosen, ids.tolist(), values.tolist(), strict=True)
+    ]
+
+
+@dataclass(frozen=True)
 class GenerationResult:
-    """The finished generation: text, token ids (EOS included if produced), why it stopped, stats."""
+    """The finished generation: text, token ids (EOS included if produced), why it stopped, stats, and where asked
+    for (``logprobs``), each token's log-probabilities."""
 
     text: str
     token_ids: list[int]
     finish_reason: str  # "stop" (EOS or stop string) or "length"
     stats: GenerationStats
+    logprobs: list[TokenLogprob] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "text": self.text,
             "token_ids": self.token_ids,
             "finish_reason": self.finish_reason,
             **self.stats.as_dict(),
         }
+        if self.logprobs is not None:
+            out["logprobs"] = [lp.as_dict() for lp in self.logprobs]
+        return out
 
 
 @dataclass(frozen=True)
@@ -119,12 +163,14 @@ class StepEvent:
         text: new text that is safe to show (held back while it may still become a stop string or
             an incomplete UTF-8 character).
         result: set on the last event only.
+        logprobs: the log-probabilities of ``token_ids``, where the generation was asked for them.
     """
 
     token_ids: list[int]
     drafted: int
     text: str
     result: GenerationResult | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 class _Clock:
@@ -241,6 +287,9 @@ class SequenceState:
     shown: int = 0
     drafted: int = 0
     result: GenerationResult | None = None
+    #: Alternatives per token's log-probabilities (0: the token's alone), or None: none taken.
+    top_logprobs: int | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # of ``new``, where taken
 
 
 def default_tree_size(device: Any, feature_drafter: bool = False) -> int:
@@ -396,16 +445,19 @@ class Generator:
         stop: Sequence[str] = (),
         chat: bool | None = None,
         own_state: bool = False,
+        logprobs: int | None = None,
     ) -> SequenceState:
         """Check the request, prefill the prompt and take the first token: a sequence for :meth:`emit` and
         :meth:`advance`. ``prompt``: text (``chat`` applies the chat template), chat messages or token ids;
         ``stop``: strings that end the text (not included). ``own_state``: the sequence gets a KV cache and a
         drafter (:meth:`~dartspec.drafters.base.Drafter.fork`) of its own, so that it can be stepped beside others
         (:meth:`advance_many`); otherwise it uses the runtime's cache and the generator's drafter (one sequence at
-        a time, their buffers and learned settings reused)."""
+        a time, their buffers and learned settings reused). ``logprobs``: take each committed token's
+        log-probability with that many alternatives (0 to :data:`MAX_TOP_LOGPROBS`; None: none)."""
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise DartspecError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        check_logprobs(logprobs)
         prompt_ids = self.encode(prompt, chat)
         target, drafter = self.target, self.drafter
         room = target.max_context - len(prompt_ids)
@@ -433,6 +485,7 @@ class Generator:
         first = verifier.next_token(out.logits[0], None if out.argmax is None else out.argmax[0])
         stats.target_forwards = 1
         stats.times["prefill"] = time.perf_counter() - started
+        taken = [] if logprobs is None else token_logprobs(out.logits[:1], [first], logprobs)
         return SequenceState(
             prompt_ids=list(prompt_ids),
             limit=min(max_new_tokens, room),
@@ -447,6 +500,8 @@ class Generator:
             committed=[*prompt_ids, first],
             new=[first],
             clock=_Clock(stats.times),
+            top_logprobs=logprobs,
+            logprobs=taken,
         )
 
     def emit(self, seq: SequenceState, text: bool = True) -> StepEvent:
@@ -461,11 +516,15 @@ class Generator:
             stats.new_tokens = len(new)
             stats.seconds = time.perf_counter() - seq.started
             stats.extra.update(seq.drafter.report())
-            seq.result = GenerationResult(final_text, new, finish, stats)
+            logprobs = seq.logprobs[: len(new)] if seq.top_logprobs is not None else None
+            seq.result = GenerationResult(final_text, new, finish, stats, logprobs)
             last = new[seq.shown :]
-            return StepEvent(last, min(seq.drafted, len(last)), seq.text.delta(final_text, True), seq.result)
+            last_logprobs = logprobs[seq.shown :] if logprobs is not None else None
+            delta = seq.text.delta(final_text, True)
+            return StepEvent(last, min(seq.drafted, len(last)), delta, seq.result, last_logprobs)
         shown = seq.text.delta(seq.text.current(seq.new), False) if text else ""
-        event = StepEvent(seq.new[seq.shown :], seq.drafted, shown)
+        logprobs = seq.logprobs[seq.shown :] if seq.top_logprobs is not None else None
+        event = StepEvent(seq.new[seq.shown :], seq.drafted, shown, logprobs=logprobs)
         seq.shown = len(seq.new)
         seq.clock.lap("other")
         return event
@@ -522,6 +581,9 @@ class Generator:
         seq.stats.record_step(tree.max_depth, acc.accepted_drafts, tree.size)
         seq.committed.extend(acc.tokens)
         seq.new.extend(acc.tokens)
+        if seq.top_logprobs is not None:  # token i of the path was chosen from the logits of its node i
+            rows = out.logits.index_select(0, torch.tensor(acc.path, device=out.logits.device))
+            seq.logprobs.extend(token_logprobs(rows, acc.tokens, seq.top_logprobs))
         seq.drafted = acc.accepted_drafts
         seq.clock.lap("other")
 

@@ -9,7 +9,16 @@ from dataclasses import dataclass
 
 from dartspec.errors import DartspecError
 
-__all__ = ["SamplingParams"]
+__all__ = ["MAX_TOP_LOGPROBS", "SamplingParams", "check_logprobs"]
+
+#: The most alternatives a token's log-probabilities list (OpenAI's ``top_logprobs`` limit).
+MAX_TOP_LOGPROBS = 20
+
+
+def check_logprobs(logprobs: object) -> None:
+    """``logprobs`` asks for each token's log-probability with that many alternatives (None: none)."""
+    if logprobs is not None and not (type(logprobs) is int and 0 <= logprobs <= MAX_TOP_LOGPROBS):
+        raise DartspecError(f"logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {logprobs!r}")
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,9 @@ def test_invalid_sampling_values_fail_before_loading(flags: list[str], needle: s
         (["serve", "--drafter", "magic"], "unknown drafter 'magic'"),
         (["generate", "--model", "no-such-model", "--prompt", "hi"], "unknown model 'no-such-model'"),
         (["chat", "--model", "./missing.gguf"], "no such file or folder"),
+        (["generate", "--prompt", "hi", "--json", "--logprobs", "21"], "logprobs must be an integer from 0 to 20"),
+        (["generate", "--prompt", "hi", "--logprobs", "2"], "--logprobs needs --json"),
+        (["generate", "--prompt-file", "/no/such/prompt.txt"], "cannot read --prompt-file"),
     ],
 )
 def test_a_mistyped_option_is_refused_before_torch_is_imported(args: list[str], needle: str) -> None:
@@ -212,6 +215,10 @@ def test_generate_json_output(tiny_model_dir: Path) -> None:
     assert set(data["times"]) >= {"draft", "tree", "verify", "other"}
     assert data["new_tokens"] == len(data["token_ids"]) <= 12
     assert data["tau"] == pytest.approx(data["new_tokens"] / data["target_forwards"], rel=1e-3)
+    assert "logprobs" not in data
+    with_logprobs = run_cli(*proc.args[3:], "--logprobs", "2")
+    logprobs = json.loads(with_logprobs.stdout)["logprobs"]
+    assert [lp["token_id"] for lp in logprobs] == data["token_ids"] and all(len(lp["top"]) == 2 for lp in logprobs)
 
 
 @pytest.mark.slow

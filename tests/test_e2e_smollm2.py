@@ -242,3 +242,24 @@ def test_the_default_load_from_a_snapshot_is_the_runtime_built_from_transformers
     assert fast.vocab == ref.vocab and fast.tokenizer._full is None
     assert torch.equal(fast.score_sequence(ids).logits, ref.score_sequence(ids).logits)
     assert (fast.weight_format, fast.eos_token_ids) == (ref.weight_format, ref.eos_token_ids)
+
+
+def test_logprobs_of_the_cpu_default_are_plain_decodings_and_near_transformers(smollm2: Target) -> None:
+    """SmolLM2 on the CPU default (lean exact-a16, DART with lookup spans): each token's log-probability equals plain
+    decoding's bit for bit whatever was accepted, and is within the format's rounding of transformers' fp32 forward."""
+    import torch
+
+    from dartspec.methods import GeneratorSpec, build_generator
+    from dartspec.targets import load_target
+
+    target = load_target("smollm2-135m")
+    ids = target.encode_chat([{"role": "user", "content": "Write a Python function that reverses a string."}])
+    spec = build_generator(target, GeneratorSpec(drafter="auto")).generate(ids, max_new_tokens=48, logprobs=3)
+    plain = Generator(target).generate(ids, max_new_tokens=48, logprobs=3)
+    assert spec.token_ids == plain.token_ids and spec.stats.tau > 1.3
+    assert spec.logprobs == plain.logprobs
+    with torch.no_grad():
+        logits = smollm2.model(torch.tensor([ids + plain.token_ids])).logits[0].double()
+    ref = torch.log_softmax(logits, -1)[len(ids) - 1 : len(ids) - 1 + len(plain.token_ids)]
+    got = torch.tensor([lp.logprob for lp in plain.logprobs], dtype=torch.float64)
+    assert torch.allclose(got, ref.gather(1, torch.tensor(plain.token_ids)[:, None])[:, 0], atol=0.01)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -191,8 +192,11 @@ HI = [{"role": "user", "content": "t5"}]
         ("chat/completions", {"messages": HI, "presence_penalty": 0.5}, "presence_penalty", "not supported"),
         ("chat/completions", {"messages": HI, "frequency_penalty": -1}, "frequency_penalty", "not supported"),
         ("chat/completions", {"messages": HI, "logit_bias": {"5": 10}}, "logit_bias", "not supported"),
-        ("chat/completions", {"messages": HI, "logprobs": True}, "logprobs", "not supported"),
-        ("completions", {"prompt": "t5", "logprobs": 2}, "logprobs", "not supported"),
+        ("chat/completions", {"messages": HI, "top_logprobs": 2}, "top_logprobs", "needs logprobs: true"),
+        ("chat/completions", {"messages": HI, "logprobs": True, "top_logprobs": 21}, "top_logprobs", "less than or"),
+        ("chat/completions", {"messages": HI, "logprobs": 3}, "logprobs", "valid boolean"),
+        ("completions", {"prompt": "t5", "logprobs": 6}, "logprobs", "less than or equal to 5"),
+        ("completions", {"prompt": "t5", "logprobs": True}, "logprobs", "valid integer"),
         ("chat/completions", {"messages": HI, "tools": [{"type": "function"}]}, "tools", "not supported"),
         ("chat/completions", {"messages": HI, "response_format": {"type": "json_object"}}, "response_format", "not"),
         (
@@ -242,6 +246,50 @@ def test_content_parts_developer_role_and_defaults_of_unsupported_fields_are_acc
     ]
     assert answers[0]["choices"][0]["message"] == answers[1]["choices"][0]["message"]
     assert answers[0]["usage"]["prompt_tokens"] == answers[1]["usage"]["prompt_tokens"]
+
+
+def test_logprobs_are_the_engines_in_openais_shapes(url: str) -> None:
+    """Chat (``logprobs`` + ``top_logprobs``) and completions (``logprobs: N``), whole and streamed: the values the
+    engine gives for the same prompt (which tests/test_logprobs.py checks against transformers' forward)."""
+    target = make_target()  # the same weights as the server's
+    ids = target.encode_chat(prompt(4))
+    want = Generator(target).generate(ids, max_new_tokens=10, logprobs=2)
+
+    def text(token: int) -> str:
+        return target.tokenizer.decode([token], skip_special_tokens=False)
+
+    api = client(url)
+    whole = api.chat.completions.create(
+        model="tiny", messages=prompt(4), max_tokens=10, temperature=0, logprobs=True, top_logprobs=2
+    )
+    content = whole.choices[0].logprobs.content
+    assert [c.token for c in content] == [text(lp.token_id) for lp in want.logprobs]
+    assert [c.logprob for c in content] == pytest.approx([lp.logprob for lp in want.logprobs], abs=1e-9)
+    assert [[t.token for t in c.top_logprobs] for c in content] == [
+        [text(t) for t, _ in lp.top] for lp in want.logprobs
+    ]
+    assert all(c.bytes == list(c.token.encode()) for c in content)
+    streamed = api.chat.completions.create(
+        model="tiny", messages=prompt(4), max_tokens=10, temperature=0, logprobs=True, top_logprobs=2, stream=True
+    )
+    parts = [c for chunk in streamed for choice in chunk.choices if choice.logprobs for c in choice.logprobs.content]
+    assert [p.model_dump() for p in parts] == [c.model_dump() for c in content]
+    assert api.chat.completions.create(model="tiny", messages=prompt(4), max_tokens=4).choices[0].logprobs is None
+    # The legacy completions shape
+    plain = target.encode("t5 t6 t7")
+    want = Generator(target).generate(plain, max_new_tokens=6, logprobs=1)
+    body = {"prompt": "t5 t6 t7", "max_tokens": 6, "temperature": 0, "logprobs": 1}
+    done = httpx.post(f"{url}/v1/completions", json=body).json()["choices"][0]["logprobs"]
+    assert done["tokens"] == [text(lp.token_id) for lp in want.logprobs]
+    assert done["token_logprobs"] == pytest.approx([lp.logprob for lp in want.logprobs], abs=1e-9)
+    assert done["top_logprobs"] == [{text(t): pytest.approx(v, abs=1e-9) for t, v in lp.top} for lp in want.logprobs]
+    lengths = [len(t) for t in done["tokens"]]
+    assert done["text_offset"] == [sum(lengths[:i]) for i in range(len(lengths))]
+    with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    pieces = [e["choices"][0]["logprobs"] for e in events if e["choices"][0].get("logprobs")]
+    joined = {k: [x for piece in pieces for x in piece[k]] for k in done}
+    assert joined == done
 
 
 def test_malformed_json(url: str) -> None:

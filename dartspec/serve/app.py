@@ -26,7 +26,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from dartspec.engine import StepEvent
+from dartspec.engine import StepEvent, TokenLogprob
 from dartspec.errors import DartspecError
 from dartspec.serve.engine import GenerationTimeout, Job, QueueFull, ServeEngine
 from dartspec.serve.schema import (
@@ -38,6 +38,7 @@ from dartspec.serve.schema import (
     error_body,
     error_response,
     is_union_tag,
+    logprobs_body,
     role_chunk,
     usage,
 )
@@ -159,8 +160,17 @@ class Served:
     # thread because a fast tokenizer must not be used from two threads at once.
     tokenizer_thread: ThreadPoolExecutor
 
-    async def tokenized(self, fn: Any, *args: Any) -> list[int]:
+    async def tokenized(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.tokenizer_thread, fn, *args)
+
+    async def logprobs(self, logprobs: list[TokenLogprob], chat: bool, offset: int = 0) -> dict[str, Any]:
+        """OpenAI's logprobs object of these tokens (their texts decoded on the tokenizer's thread)."""
+        tokenizer = self.engine.target.tokenizer
+
+        def text(token: int) -> str:
+            return tokenizer.decode([token], skip_special_tokens=False)
+
+        return await self.tokenized(logprobs_body, logprobs, chat, text, offset)
 
 
 def create_app(
@@ -285,6 +295,7 @@ async def _serve(
     problem = _check(engine, req, ids, "messages" if chat else "prompt")
     if problem:
         return error_response(400, problem[0], param=problem[1])
+    asked = req.logprobs_asked()
     job = Job(
         prompt_ids=ids,
         max_tokens=req.max_completion_tokens or req.max_tokens or served.default_max_tokens,
@@ -293,6 +304,7 @@ async def _serve(
         seed=req.seed,
         stop=[req.stop] if isinstance(req.stop, str) else list(req.stop or []),
         plain=bool(req.dartspec and req.dartspec.drafter == "none"),
+        logprobs=asked,
     )
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     if req.stream:
@@ -304,13 +316,15 @@ async def _serve(
         except Exception as err:
             await events.aclose()
             return _failure(err)
-        stream = _sse(engine.model_name, rid, chat, first, events, job, request)
+        stream = _sse(served, rid, chat, first, events, job, request)
         return StreamingResponse(stream, media_type="text/event-stream")
     try:
         text, result = await unless_gone(request, engine.complete(job))
     except Exception as err:
         return _failure(err)
     choice: dict[str, Any] = {"index": 0, "finish_reason": result.finish_reason, "logprobs": None}
+    if result.logprobs is not None:
+        choice["logprobs"] = await served.logprobs(result.logprobs, chat)
     if chat:
         choice["message"] = {"role": "assistant", "content": text}
     else:
@@ -341,6 +355,8 @@ def _failure(err: Exception) -> Response:
 def _check(engine: ServeEngine, req: CommonRequest, ids: list[int], prompt_param: str) -> tuple[str, str] | None:
     if req.n != 1:
         return "only n=1 is supported", "n"
+    if isinstance(req, ChatRequest) and req.top_logprobs is not None and not req.logprobs:
+        return "top_logprobs needs logprobs: true", "top_logprobs"
     for name, asks in UNSUPPORTED.items():
         if asks(getattr(req, name)):
             return f"{name} is not supported by this server (leave it out or at its default)", name
@@ -360,7 +376,7 @@ def _check(engine: ServeEngine, req: CommonRequest, ids: list[int], prompt_param
 
 
 async def _sse(
-    model: str,
+    served: Served,
     rid: str,
     chat: bool,
     first: StepEvent | None,
@@ -368,7 +384,7 @@ async def _sse(
     job: Job,
     request: Request,
 ) -> AsyncIterator[str]:
-    created = int(time.time())
+    created, model, offset = int(time.time()), served.engine.model_name, 0
     try:
         if chat:
             yield f"data: {json.dumps(role_chunk(rid, created, model))}\n\n"
@@ -386,7 +402,11 @@ async def _sse(
                 break
             # The last step may commit tokens that show no text (EOS); its chunk still counts them.
             if ev.text or ev.token_ids or ev.result is None:
-                yield chunk(model, rid, created, chat, ev.text, None, ev)
+                logprobs = None
+                if ev.logprobs is not None:  # a completion's offsets count the characters of its tokens so far
+                    logprobs = await served.logprobs(ev.logprobs, chat, offset)
+                    offset += sum(len(t) for t in logprobs.get("tokens", ()))
+                yield chunk(model, rid, created, chat, ev.text, None, ev, logprobs=logprobs)
             if ev.result is not None:
                 yield chunk(model, rid, created, chat, "", ev.result.finish_reason, usage=usage(ev.result))
         yield "data: [DONE]\n\n"

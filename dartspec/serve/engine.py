@@ -65,6 +65,7 @@ class Job:
     seed: int | None = None
     stop: Sequence[str] = ()
     plain: bool = False  # run without the drafter (the web page's comparison switch)
+    logprobs: int | None = None  # each token's log-probability with this many alternatives (None: none)
     cancel: threading.Event = field(default_factory=threading.Event)
 
 
@@ -236,6 +237,7 @@ class ServeEngine:
                 seed=job.seed,
                 stop=job.stop,
                 own_state=True,
+                logprobs=job.logprobs,
             )
         except BaseException as err:
             request.send(err)

@@ -4,13 +4,13 @@ pieces of an answer (streamed chunks, usage with dartspec's own extra fields).""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal
 
 from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from dartspec.engine import GenerationResult, StepEvent
+from dartspec.engine import MAX_TOP_LOGPROBS, GenerationResult, StepEvent, TokenLogprob
 
 MAX_MESSAGES = 256
 MAX_STOP_CHARS = 256
@@ -80,10 +80,12 @@ class CommonRequest(BaseModel):
     presence_penalty: StrictFloat | StrictInt = 0
     frequency_penalty: StrictFloat | StrictInt = 0
     logit_bias: dict[str, Any] | None = None
-    logprobs: StrictBool | StrictInt | None = None
-    top_logprobs: StrictInt | None = None
     tools: list[Any] | None = None
     response_format: dict[str, Any] | None = None
+
+    def logprobs_asked(self) -> int | None:
+        """Alternatives per token's log-probabilities the request asks for, or None: none (each endpoint's fields)."""
+        return None
 
 
 #: Request fields this server does not implement, and whether a request's value asks for them.
@@ -91,19 +93,61 @@ UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     "presence_penalty": lambda v: v != 0,
     "frequency_penalty": lambda v: v != 0,
     "logit_bias": bool,
-    "logprobs": lambda v: v not in (None, False, 0),
-    "top_logprobs": lambda v: v not in (None, 0),
     "tools": bool,
     "response_format": lambda v: v is not None and v.get("type", "text") != "text",
 }
 
 
+#: The most alternatives a completion's ``logprobs`` asks for (OpenAI's limit for the legacy endpoint).
+MAX_COMPLETION_LOGPROBS = 5
+
+
 class ChatRequest(CommonRequest):
     messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
+    # Each token's log-probability, with top_logprobs alternatives (OpenAI's chat fields)
+    logprobs: StrictBool | None = None
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    def logprobs_asked(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class CompletionRequest(CommonRequest):
     prompt: Text
+    # OpenAI's legacy field: each token's log-probability with this many alternatives
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
+
+    def logprobs_asked(self) -> int | None:
+        return self.logprobs
+
+
+def logprobs_body(
+    logprobs: Sequence[TokenLogprob], chat: bool, token_text: Callable[[int], str], offset: int = 0
+) -> dict[str, Any]:
+    """Tokens' log-probabilities in OpenAI's shape: for chat ``{"content": [{"token", "logprob", "bytes",
+    "top_logprobs"}]}``, for completions ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}`` (offsets
+    from ``offset``, the characters of the answer before these tokens). A token's text is its id decoded alone, its
+    bytes that text's UTF-8 (a token holding part of a character shows U+FFFD)."""
+    texts = {t: token_text(t) for lp in logprobs for t in (lp.token_id, *(i for i, _ in lp.top))}
+    if chat:
+
+        def entry(token: int, value: float) -> dict[str, Any]:
+            return {"token": texts[token], "logprob": value, "bytes": list(texts[token].encode("utf-8"))}
+
+        content = [
+            {**entry(lp.token_id, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]} for lp in logprobs
+        ]
+        return {"content": content}
+    offsets = []
+    for lp in logprobs:
+        offsets.append(offset)
+        offset += len(texts[lp.token_id])
+    return {
+        "tokens": [texts[lp.token_id] for lp in logprobs],
+        "token_logprobs": [lp.logprob for lp in logprobs],
+        "top_logprobs": [{texts[t]: v for t, v in lp.top} for lp in logprobs],
+        "text_offset": offsets,
+    }
 
 
 def error_body(message: str, kind: str, param: str | None, code: str | None) -> dict[str, Any]:
@@ -165,12 +209,15 @@ def chunk(
     finish: str | None,
     ev: StepEvent | None = None,
     usage: dict[str, Any] | None = None,
+    logprobs: dict[str, Any] | None = None,
 ) -> str:
-    """One server-sent event of a streamed answer."""
+    """One server-sent event of a streamed answer (``logprobs``: of its tokens, where the request asked)."""
     if chat:
         choice: dict[str, Any] = {"index": 0, "delta": {"content": text} if text else {}}
     else:
         choice = {"index": 0, "text": text}
+    if logprobs is not None:
+        choice["logprobs"] = logprobs
     choice["finish_reason"] = finish
     body: dict[str, Any] = {
         "id": rid,
