@@ -275,6 +275,14 @@ def test_logprobs_are_the_engines_in_openais_shapes(url: str) -> None:
     parts = [c for chunk in streamed for choice in chunk.choices if choice.logprobs for c in choice.logprobs.content]
     assert [p.model_dump() for p in parts] == [c.model_dump() for c in content]
     assert api.chat.completions.create(model="tiny", messages=prompt(4), max_tokens=4).choices[0].logprobs is None
+
+    def ask(i: int) -> list[float]:
+        out = api.chat.completions.create(model="tiny", messages=prompt(i), max_tokens=10, temperature=0, logprobs=True)
+        return [c.logprob for c in out.choices[0].logprobs.content]
+
+    with ThreadPoolExecutor(4) as pool:  # decoded together in batched steps: each its own numbers
+        together = list(pool.map(ask, range(4)))
+    assert together == [pytest.approx(ask(i), abs=1e-9) for i in range(4)]
     # The legacy completions shape
     plain = target.encode("t5 t6 t7")
     want = Generator(target).generate(plain, max_new_tokens=6, logprobs=1)
