@@ -403,7 +403,7 @@ async def _sse(
             # The last step may commit tokens that show no text (EOS); its chunk still counts them.
             if ev.text or ev.token_ids or ev.result is None:
                 logprobs = None
-                if ev.logprobs is not None:  # a completion's offsets count the characters of its tokens so far
+                if ev.logprobs:  # (a completion's offsets count the characters of its tokens so far)
                     logprobs = await served.logprobs(ev.logprobs, chat, offset)
                     offset += sum(len(t) for t in logprobs.get("tokens", ()))
                 yield chunk(model, rid, created, chat, ev.text, None, ev, logprobs=logprobs)
