@@ -178,7 +178,9 @@ HI = [{"role": "user", "content": "t5"}]
         ("chat/completions", {"messages": HI, "seed": 1.5}, "seed", "valid integer"),
         ("chat/completions", {"messages": HI, "stop": 123}, "stop", "valid string"),
         ("chat/completions", {"messages": HI, "stream": "yes"}, "stream", "valid boolean"),
-        ("chat/completions", {"messages": HI, "n": 2}, "n", "only n=1"),
+        ("chat/completions", {"messages": HI, "n": 9}, "n", "less than or equal to 8"),
+        ("chat/completions", {"messages": HI, "n": 0}, "n", "greater than or equal to 1"),
+        ("completions", {"prompt": "t5", "n": 2, "seed": 2**63 - 1}, "seed", "with n=2 the seed must be at most"),
         ("chat/completions", {"messages": [{"role": "wizard", "content": "t5"}]}, "messages.0.role", "Input should be"),
         ("chat/completions", {"messages": []}, "messages", "at least 1"),
         ("chat/completions", {"messages": [{"role": "user", "content": "t5 " * 600}]}, "messages", "context window"),
@@ -300,6 +302,43 @@ def test_logprobs_are_the_engines_in_openais_shapes(url: str) -> None:
     assert joined == done
 
 
+def test_n_choices_are_the_answers_of_n_requests_seeded_one_apart(url: str) -> None:
+    """``n``: choice i is what a lone request with seed + i answers (decoded together, in the batch), whole and
+    streamed; greedy choices agree; the usage counts the prompt once and every choice's tokens."""
+    api = client(url)
+
+    def one(seed: int) -> str:
+        out = api.chat.completions.create(model="tiny", messages=prompt(2), max_tokens=10, temperature=1.0, seed=seed)
+        return out.choices[0].message.content
+
+    many = api.chat.completions.create(model="tiny", messages=prompt(2), max_tokens=10, temperature=1.0, seed=7, n=3)
+    assert [c.index for c in many.choices] == [0, 1, 2]
+    texts = [c.message.content for c in many.choices]
+    assert texts == [one(7), one(8), one(9)] and len(set(texts)) > 1
+    lone = api.chat.completions.create(model="tiny", messages=prompt(2), max_tokens=10, temperature=1.0, seed=7)
+    assert many.usage.prompt_tokens == lone.usage.prompt_tokens
+    assert many.usage.completion_tokens > lone.usage.completion_tokens
+    streamed = api.chat.completions.create(
+        model="tiny", messages=prompt(2), max_tokens=10, temperature=1.0, seed=7, n=3, stream=True, logprobs=True
+    )
+    parts: dict[int, str] = {0: "", 1: "", 2: ""}
+    roles, finished, usages, logprobs = set(), set(), [], {0: 0, 1: 0, 2: 0}
+    for event in streamed:
+        if event.usage is not None:
+            usages.append(event.usage)
+        for c in event.choices:
+            parts[c.index] += c.delta.content or ""
+            roles |= {c.index} if c.delta.role else set()
+            finished |= {c.index} if c.finish_reason else set()
+            logprobs[c.index] += len(c.logprobs.content) if c.logprobs else 0
+    assert list(parts.values()) == texts and roles == finished == {0, 1, 2}
+    assert [u.completion_tokens for u in usages] == [many.usage.completion_tokens]  # once, when the last is done
+    assert sum(logprobs.values()) == many.usage.completion_tokens
+    greedy = httpx.post(f"{url}/v1/completions", json={"prompt": "t5 t6", "max_tokens": 6, "temperature": 0, "n": 2})
+    assert [c["index"] for c in greedy.json()["choices"]] == [0, 1]
+    assert greedy.json()["choices"][0]["text"] == greedy.json()["choices"][1]["text"]
+
+
 def test_malformed_json(url: str) -> None:
     r = httpx.post(f"{url}/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
@@ -375,6 +414,27 @@ def test_clients_that_give_up_free_their_queue_place_and_the_engine() -> None:
         metrics = httpx.get(f"{u}/metrics").text
         assert "dartspec_cancelled_requests_total 2.0" in metrics and "dartspec_in_flight 0.0" in metrics
         assert "dartspec_rejected_requests_total 0.0" in metrics
+
+
+def test_a_client_that_leaves_a_request_of_n_choices_stops_all_of_them() -> None:
+    """Streamed or not, the n sequences of a request that its client gave up leave the batch (nothing keeps
+    decoding for nobody), and a request of more choices than the queue has room for is a 429."""
+    with serving(SlowDrafter(), max_queue=1, max_batch=2) as u:
+        long = {"messages": prompt(2), "max_tokens": 480, "temperature": 0.5, "seed": 1, "n": 2}
+        chat = f"{u}/v1/chat/completions"
+        with httpx.Client(timeout=30) as h:
+            with h.stream("POST", chat, json={**long, "stream": True}) as running:
+                lines = running.iter_lines()
+                assert next(lines).startswith("data: ")
+                wait_until(u, "dartspec_in_flight", 2)
+            wait_until(u, "dartspec_in_flight", 0)
+            with pytest.raises(httpx.ReadTimeout):
+                h.post(chat, json=long, timeout=1.0)
+            wait_until(u, "dartspec_in_flight", 0)
+            crowd = h.post(chat, json={**long, "n": 4, "max_tokens": 3})
+            assert crowd.status_code == 429 and crowd.json()["error"]["type"] == "rate_limit_error"
+            assert h.post(chat, json={**long, "max_tokens": 3}).status_code == 200  # nothing left behind
+            wait_until(u, "dartspec_in_flight", 0)
 
 
 def test_a_request_cancelled_as_its_event_arrives_is_cancelled() -> None:

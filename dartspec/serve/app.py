@@ -12,11 +12,12 @@ import asyncio
 import json
 import logging
 import secrets
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Any, TypeVar
 
@@ -26,10 +27,11 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from dartspec.engine import StepEvent, TokenLogprob
+from dartspec.engine import GenerationResult, StepEvent, TokenLogprob
 from dartspec.errors import DartspecError
 from dartspec.serve.engine import GenerationTimeout, Job, QueueFull, ServeEngine
 from dartspec.serve.schema import (
+    MAX_SEED,
     UNSUPPORTED,
     ChatRequest,
     CommonRequest,
@@ -295,8 +297,7 @@ async def _serve(
     problem = _check(engine, req, ids, "messages" if chat else "prompt")
     if problem:
         return error_response(400, problem[0], param=problem[1])
-    asked = req.logprobs_asked()
-    job = Job(
+    base = Job(
         prompt_ids=ids,
         max_tokens=req.max_completion_tokens or req.max_tokens or served.default_max_tokens,
         temperature=float(req.temperature),
@@ -304,39 +305,59 @@ async def _serve(
         seed=req.seed,
         stop=[req.stop] if isinstance(req.stop, str) else list(req.stop or []),
         plain=bool(req.dartspec and req.dartspec.drafter == "none"),
-        logprobs=asked,
+        logprobs=req.logprobs_asked(),
     )
+    # n choices are n sequences in the batch; a seeded request's choice i samples with seed + i (reproducible, and
+    # not n copies of one answer), an unseeded one's each with its own draw
+    jobs = [base] + [
+        replace(base, seed=None if req.seed is None else req.seed + i, cancel=threading.Event())
+        for i in range(1, req.n)
+    ]
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     if req.stream:
-        events = engine.run(job)
-        try:  # start the generation now, so a full queue is a 429 and not a broken stream
-            first = await unless_gone(request, anext(events))
-        except StopAsyncIteration:
-            first = None
+        streams = [engine.run(job) for job in jobs]
+        try:  # start the generations now, so a full queue is a 429 and not a broken stream
+            firsts = await unless_gone(request, asyncio.gather(*(_first(events) for events in streams)))
         except Exception as err:
-            await events.aclose()
+            for events in streams:
+                await events.aclose()
             return _failure(err)
-        stream = _sse(served, rid, chat, first, events, job, request)
+        stream = _sse(served, rid, chat, list(zip(firsts, streams, strict=True)), jobs, request)
         return StreamingResponse(stream, media_type="text/event-stream")
+    tasks = [asyncio.ensure_future(engine.complete(job)) for job in jobs]
     try:
-        text, result = await unless_gone(request, engine.complete(job))
+        outs = await unless_gone(request, asyncio.gather(*tasks))
     except Exception as err:
+        for task in tasks:  # a choice that failed ends the others (their runs cancel their jobs)
+            task.cancel()
+        await asyncio.wait(tasks)
         return _failure(err)
-    choice: dict[str, Any] = {"index": 0, "finish_reason": result.finish_reason, "logprobs": None}
-    if result.logprobs is not None:
-        choice["logprobs"] = await served.logprobs(result.logprobs, chat)
-    if chat:
-        choice["message"] = {"role": "assistant", "content": text}
-    else:
-        choice["text"] = text
+    choices = []
+    for index, (text, result) in enumerate(outs):
+        choice: dict[str, Any] = {"index": index, "finish_reason": result.finish_reason, "logprobs": None}
+        if result.logprobs is not None:
+            choice["logprobs"] = await served.logprobs(result.logprobs, chat)
+        if chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        choices.append(choice)
     return {
         "id": rid,
         "object": "chat.completion" if chat else "text_completion",
         "created": int(time.time()),
         "model": engine.model_name,
-        "choices": [choice],
-        "usage": usage(result),
+        "choices": choices,
+        "usage": usage(*(result for _, result in outs)),
     }
+
+
+async def _first(events: AsyncIterator[StepEvent]) -> StepEvent | None:
+    """A stream's first event (its prefill done), or None where it ended without one."""
+    try:
+        return await anext(events)
+    except StopAsyncIteration:
+        return None
 
 
 def _failure(err: Exception) -> Response:
@@ -353,8 +374,9 @@ def _failure(err: Exception) -> Response:
 
 
 def _check(engine: ServeEngine, req: CommonRequest, ids: list[int], prompt_param: str) -> tuple[str, str] | None:
-    if req.n != 1:
-        return "only n=1 is supported", "n"
+    if req.seed is not None and req.seed + req.n - 1 > MAX_SEED:
+        most = MAX_SEED - req.n + 1
+        return f"with n={req.n} the seed must be at most {most} (choice i samples with seed + i)", "seed"
     if isinstance(req, ChatRequest) and req.top_logprobs is not None and not req.logprobs:
         return "top_logprobs needs logprobs: true", "top_logprobs"
     for name, asks in UNSUPPORTED.items():
@@ -379,37 +401,36 @@ async def _sse(
     served: Served,
     rid: str,
     chat: bool,
-    first: StepEvent | None,
-    events: AsyncIterator[StepEvent],
-    job: Job,
+    starts: list[tuple[StepEvent | None, AsyncIterator[StepEvent]]],
+    jobs: list[Job],
     request: Request,
 ) -> AsyncIterator[str]:
-    created, model, offset = int(time.time()), served.engine.model_name, 0
+    """The server-sent events of a request's choices (``starts``: each one's first event and the rest), in the order
+    their steps come; the last choice to finish carries the usage of all."""
+    created, model = int(time.time()), served.engine.model_name
+    offsets = [0] * len(starts)  # a completion's offsets count the characters of its tokens so far
+    results: list[GenerationResult] = []
+    events = _merged(starts)
     try:
         if chat:
-            yield f"data: {json.dumps(role_chunk(rid, created, model))}\n\n"
-        pending = [first] if first is not None else []
-        while True:
-            if pending:
-                ev = pending.pop()
-            else:
-                try:
-                    ev = await anext(events)
-                except StopAsyncIteration:
-                    break
+            for index in range(len(starts)):
+                yield f"data: {json.dumps(role_chunk(rid, created, model, index))}\n\n"
+        async for index, ev in events:
             if await request.is_disconnected():
-                job.cancel.set()
                 break
             # The last step may commit tokens that show no text (EOS); its chunk still counts them.
             if ev.text or ev.token_ids or ev.result is None:
                 logprobs = None
-                if ev.logprobs:  # (a completion's offsets count the characters of its tokens so far)
-                    logprobs = await served.logprobs(ev.logprobs, chat, offset)
-                    offset += sum(len(t) for t in logprobs.get("tokens", ()))
-                yield chunk(model, rid, created, chat, ev.text, None, ev, logprobs=logprobs)
+                if ev.logprobs:
+                    logprobs = await served.logprobs(ev.logprobs, chat, offsets[index])
+                    offsets[index] += sum(len(t) for t in logprobs.get("tokens", ()))
+                yield chunk(model, rid, created, chat, ev.text, None, ev, logprobs=logprobs, index=index)
             if ev.result is not None:
-                yield chunk(model, rid, created, chat, "", ev.result.finish_reason, usage=usage(ev.result))
-        yield "data: [DONE]\n\n"
+                results.append(ev.result)
+                total = usage(*results) if len(results) == len(starts) else None
+                yield chunk(model, rid, created, chat, "", ev.result.finish_reason, usage=total, index=index)
+        else:
+            yield "data: [DONE]\n\n"
     except GenerationTimeout as err:
         # The status line is long gone: the error travels as an event, and the missing [DONE] tells
         # clients the answer is incomplete.
@@ -419,5 +440,51 @@ async def _sse(
         message = f"internal error: {type(err).__name__}: {err}"
         yield f"data: {json.dumps(error_body(message, 'server_error', None, 'internal_error'))}\n\n"
     finally:
-        job.cancel.set()
+        for job in jobs:
+            job.cancel.set()
         await events.aclose()
+
+
+async def _merged(
+    starts: list[tuple[StepEvent | None, AsyncIterator[StepEvent]]],
+) -> AsyncIterator[tuple[int, StepEvent]]:
+    """``(choice, event)`` of every stream as it comes; a stream's error is raised here. Closing it ends them all."""
+    if len(starts) == 1:  # one choice: its own stream, no tasks
+        first, events = starts[0]
+        try:
+            if first is not None:
+                yield 0, first
+            async for ev in events:
+                yield 0, ev
+        finally:
+            await events.aclose()
+        return
+    queue: asyncio.Queue[tuple[int, StepEvent | BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, first: StepEvent | None, events: AsyncIterator[StepEvent]) -> None:
+        try:
+            if first is not None:
+                await queue.put((index, first))
+            async for ev in events:
+                await queue.put((index, ev))
+            await queue.put((index, None))
+        except Exception as err:
+            await queue.put((index, err))
+        finally:
+            await events.aclose()
+
+    tasks = [asyncio.create_task(pump(i, first, events)) for i, (first, events) in enumerate(starts)]
+    try:
+        running = len(tasks)
+        while running:
+            index, item = await queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

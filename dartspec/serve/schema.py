@@ -63,6 +63,12 @@ class DartspecOptions(BaseModel):
     drafter: Literal["default", "none"] = "default"
 
 
+#: The most choices one request may ask for (``n``): each is a sequence in the batch.
+MAX_CHOICES = 8
+#: The largest seed (a 64-bit signed integer, what torch's generators take).
+MAX_SEED = 2**63 - 1
+
+
 class CommonRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -71,10 +77,10 @@ class CommonRequest(BaseModel):
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
     temperature: StrictFloat | StrictInt = 1.0
     top_p: StrictFloat | StrictInt = 1.0
-    seed: StrictInt | None = Field(default=None, ge=0, le=2**63 - 1)
+    seed: StrictInt | None = Field(default=None, ge=0, le=MAX_SEED)
     stop: StopText | list[StopText] | None = None
     stream: StrictBool = False
-    n: StrictInt = 1
+    n: StrictInt = Field(default=1, ge=1, le=MAX_CHOICES)
     dartspec: DartspecOptions | None = None
     # Accepted at their defaults only (see UNSUPPORTED): ignoring them would give other text than asked for.
     presence_penalty: StrictFloat | StrictInt = 0
@@ -175,27 +181,31 @@ def is_union_tag(part: object) -> bool:
     return isinstance(part, str) and (part in ("str", "int", "float", "bool") or "[" in part)
 
 
-def role_chunk(rid: str, created: int, model: str) -> dict[str, Any]:
+def role_chunk(rid: str, created: int, model: str, index: int = 0) -> dict[str, Any]:
     return {
         "id": rid,
         "object": "chat.completion.chunk",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+        "choices": [{"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
     }
 
 
-def usage(result: GenerationResult) -> dict[str, Any]:
-    s = result.stats
+def usage(*results: GenerationResult) -> dict[str, Any]:
+    """OpenAI's usage of a request's choices (the prompt counted once), and dartspec's figures over all of them
+    (tokens per second: all their tokens over the longest one's time, as they decoded together)."""
+    stats = [r.stats for r in results]
+    prompt, completion = stats[0].prompt_tokens, sum(s.new_tokens for s in stats)
+    forwards, seconds = sum(s.target_forwards for s in stats), max(s.seconds for s in stats)
     return {
-        "prompt_tokens": s.prompt_tokens,
-        "completion_tokens": s.new_tokens,
-        "total_tokens": s.prompt_tokens + s.new_tokens,
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
         "dartspec": {
-            "target_forwards": s.target_forwards,
-            "accepted_draft_tokens": s.draft_tokens_accepted,
-            "tau": round(s.tau, 4),
-            "tokens_per_s": round(s.tokens_per_s, 2),
+            "target_forwards": forwards,
+            "accepted_draft_tokens": sum(s.draft_tokens_accepted for s in stats),
+            "tau": round(completion / forwards if forwards else 0.0, 4),
+            "tokens_per_s": round(completion / seconds if seconds > 0 else 0.0, 2),
         },
     }
 
@@ -210,12 +220,14 @@ def chunk(
     ev: StepEvent | None = None,
     usage: dict[str, Any] | None = None,
     logprobs: dict[str, Any] | None = None,
+    index: int = 0,
 ) -> str:
-    """One server-sent event of a streamed answer (``logprobs``: of its tokens, where the request asked)."""
+    """One server-sent event of a streamed answer's choice ``index`` (``logprobs``: of its tokens, where the request
+    asked)."""
     if chat:
-        choice: dict[str, Any] = {"index": 0, "delta": {"content": text} if text else {}}
+        choice: dict[str, Any] = {"index": index, "delta": {"content": text} if text else {}}
     else:
-        choice = {"index": 0, "text": text}
+        choice = {"index": index, "text": text}
     if logprobs is not None:
         choice["logprobs"] = logprobs
     choice["finish_reason"] = finish
