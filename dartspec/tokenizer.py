@@ -47,6 +47,7 @@ _PROBES = (
     "a     b      c\u00a0d\u200be",
     "   ",
     "I'm sure they'll say \"it's fine\" -- won't they?",
+    "spaces before marks , . ? ! and 's n't 'm 've 're ' (what a decode's clean-up would remove)",
 )
 _CONVERSATIONS = (
     [{"role": "user", "content": "What is 2 + 2?"}],
@@ -244,7 +245,8 @@ def describe(tokenizer: Any, folder: Path, store: Path) -> dict[str, Any] | None
     if getattr(tokenizer, "split_special_tokens", False):
         return None
     cleans = bool(getattr(tokenizer, "clean_up_tokenization_spaces", False))
-    if cleans and type(backend.model).__name__ != "BPE":  # transformers skips the clean-up for BPE models
+    forced = getattr(tokenizer, "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", False)
+    if cleans and (type(backend.model).__name__ != "BPE" or forced):  # transformers skips it for BPE models
         return None
     try:
         template = tokenizer.get_chat_template() if getattr(tokenizer, "chat_template", None) else None

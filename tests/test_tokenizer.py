@@ -188,6 +188,13 @@ def test_no_record_where_any_answer_would_differ(
             return getattr(hf, name)
 
     assert describe(TokenObjects(), folder, tmp_path) is None
+    forced = AutoTokenizer.from_pretrained(
+        folder,
+        clean_up_tokenization_spaces=True,
+        clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output=True,
+    )
+    assert forced.decode(forced(" a , b")["input_ids"], skip_special_tokens=True) == " a, b"  # it cleans up
+    assert describe(forced, folder, tmp_path) is None
     splitting = AutoTokenizer.from_pretrained(folder, split_special_tokens=True)
     assert describe(splitting, folder, tmp_path) is None
     # A decode that cleans up spaces (transformers does so for models other than BPE) is not reproduced.
