@@ -431,8 +431,9 @@ def test_a_client_that_leaves_a_request_of_n_choices_stops_all_of_them() -> None
             with pytest.raises(httpx.ReadTimeout):
                 h.post(chat, json=long, timeout=1.0)
             wait_until(u, "dartspec_in_flight", 0)
-            crowd = h.post(chat, json={**long, "n": 4, "max_tokens": 3})
-            assert crowd.status_code == 429 and crowd.json()["error"]["type"] == "rate_limit_error"
+            for stream in (False, True):
+                crowd = h.post(chat, json={**long, "n": 4, "max_tokens": 3, "stream": stream})
+                assert crowd.status_code == 429 and crowd.json()["error"]["type"] == "rate_limit_error"
             # Nothing is left behind: the choices it had started leave the batch at its next step (until then they
             # still hold their places, so a request right after may find the queue full for a moment).
             deadline = time.time() + 10

@@ -316,9 +316,13 @@ async def _serve(
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     if req.stream:
         streams = [engine.run(job) for job in jobs]
+        starting = [asyncio.ensure_future(_first(events)) for events in streams]
         try:  # start the generations now, so a full queue is a 429 and not a broken stream
-            firsts = await unless_gone(request, asyncio.gather(*(_first(events) for events in streams)))
+            firsts = await unless_gone(request, asyncio.gather(*starting))
         except Exception as err:
+            for task in starting:  # the other choices' starts end first (a generator cannot close mid-step)
+                task.cancel()
+            await asyncio.wait(starting)
             for events in streams:
                 await events.aclose()
             return _failure(err)
