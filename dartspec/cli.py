@@ -317,8 +317,6 @@ def _read_prompt(args: argparse.Namespace) -> Any:
             raise DartspecError(f"standard input is not UTF-8 text ({err})") from None
     else:
         text = args.prompt
-    if args.logprobs is not None and not args.json:
-        raise DartspecError("--logprobs needs --json (they are listed in its output)")
     if args.system is None:
         return text
     if not args.chat:
@@ -328,6 +326,8 @@ def _read_prompt(args: argparse.Namespace) -> Any:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     _check_generation_args(args)
+    if args.logprobs is not None and not args.json:
+        raise DartspecError("--logprobs needs --json (they are listed in its output)")
     prompt = _read_prompt(args)
     target = load_target(args)
     gen = make_generator(args, target)

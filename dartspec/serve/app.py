@@ -453,16 +453,6 @@ async def _merged(
     starts: list[tuple[StepEvent | None, AsyncIterator[StepEvent]]],
 ) -> AsyncIterator[tuple[int, StepEvent]]:
     """``(choice, event)`` of every stream as it comes; a stream's error is raised here. Closing it ends them all."""
-    if len(starts) == 1:  # one choice: its own stream, no tasks
-        first, events = starts[0]
-        try:
-            if first is not None:
-                yield 0, first
-            async for ev in events:
-                yield 0, ev
-        finally:
-            await events.aclose()
-        return
     queue: asyncio.Queue[tuple[int, StepEvent | BaseException | None]] = asyncio.Queue()
 
     async def pump(index: int, first: StepEvent | None, events: AsyncIterator[StepEvent]) -> None:
