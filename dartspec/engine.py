@@ -9,7 +9,7 @@ drafter that proposes the root alone.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +19,7 @@ from dartspec.drafters.base import DraftBudget, Drafter, NoDrafter
 from dartspec.errors import ContextLengthError, DartspecError
 from dartspec.kv_cache import TreeKVCache
 from dartspec.runtime import TargetOutput, TargetRuntime, on_cpu, sync
-from dartspec.sampling import MAX_TOP_LOGPROBS, check_logprobs
+from dartspec.sampling import MAX_TOP_LOGPROBS, Penalties, check_logprobs
 from dartspec.tree import Tree
 from dartspec.verify import SamplingParams, Verifier
 
@@ -446,6 +446,10 @@ class Generator:
         chat: bool | None = None,
         own_state: bool = False,
         logprobs: int | None = None,
+        repetition_penalty: float = 1.0,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        logit_bias: Mapping[int, float] | None = None,
     ) -> SequenceState:
         """Check the request, prefill the prompt and take the first token: a sequence for :meth:`emit` and
         :meth:`advance`. ``prompt``: text (``chat`` applies the chat template), chat messages or token ids;
@@ -453,20 +457,29 @@ class Generator:
         drafter (:meth:`~dartspec.drafters.base.Drafter.fork`) of its own, so that it can be stepped beside others
         (:meth:`advance_many`); otherwise it uses the runtime's cache and the generator's drafter (one sequence at
         a time, their buffers and learned settings reused). ``logprobs``: take each committed token's
-        log-probability with that many alternatives (0 to :data:`MAX_TOP_LOGPROBS`; None: none)."""
-        params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+        log-probability with that many alternatives (0 to :data:`MAX_TOP_LOGPROBS`; None: none): the target's own,
+        before penalties and temperature. ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``,
+        ``logit_bias`` (token id -> bias): :class:`~dartspec.sampling.Penalties`; greedy decoding takes the argmax of
+        the penalised logits."""
+        penalties = Penalties(repetition_penalty, presence_penalty, frequency_penalty, logit_bias or ())  # type: ignore[arg-type]
+        params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, penalties=penalties)
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise DartspecError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         check_logprobs(logprobs)
-        prompt_ids = self.encode(prompt, chat)
         target, drafter = self.target, self.drafter
+        bad = next((t for t, _ in penalties.logit_bias if t >= target.vocab_size), None)
+        if bad is not None:
+            raise DartspecError(
+                f"logit_bias names token {bad}, outside {target.name}'s vocabulary (0-{target.vocab_size - 1})"
+            )
+        prompt_ids = self.encode(prompt, chat)
         room = target.max_context - len(prompt_ids)
         if room < 1:
             raise ContextLengthError(
                 f"the prompt is {len(prompt_ids)} tokens but {target.name} has a context window of "
                 f"{target.max_context} tokens"
             )
-        verifier = Verifier(params, sampled_drafts=self.sampled_drafts)
+        verifier = Verifier(params, sampled_drafts=self.sampled_drafts, prompt_ids=prompt_ids)
         stats = GenerationStats(prompt_tokens=len(prompt_ids))
         plain = self.max_draft_temperature is not None and params.temperature > self.max_draft_temperature
         if plain:  # say why a generator with a drafter did not draft (--json, the CLI's stats line)

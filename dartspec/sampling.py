@@ -1,15 +1,17 @@
-"""What a request asks of the target's distribution (temperature, top-p, top-k, seed), checked without torch: the
-command line refuses bad values before it imports anything heavy (:mod:`dartspec.verify` warps and samples with
-them)."""
+"""What a request asks of the target's distribution (temperature, top-p, top-k, seed, penalties and logit bias),
+checked without torch: the command line refuses bad values before it imports anything heavy (:mod:`dartspec.verify`
+warps and samples with them, :mod:`dartspec.penalties` applies the penalties)."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import numbers
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 from dartspec.errors import DartspecError
 
-__all__ = ["MAX_TOP_LOGPROBS", "SamplingParams", "check_logprobs"]
+__all__ = ["MAX_LOGIT_BIAS", "MAX_PENALTY", "MAX_TOP_LOGPROBS", "Penalties", "SamplingParams", "check_logprobs"]
 
 #: The most alternatives a token's log-probabilities list (OpenAI's ``top_logprobs`` limit).
 MAX_TOP_LOGPROBS = 20
@@ -21,17 +23,86 @@ def check_logprobs(logprobs: object) -> None:
         raise DartspecError(f"logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {logprobs!r}")
 
 
+#: The largest presence / frequency penalty and logit bias, either sign (OpenAI's ranges).
+MAX_PENALTY = 2.0
+MAX_LOGIT_BIAS = 100.0
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class Penalties:
+    """Changes to the target's logits before temperature, top-k and top-p, in the order of transformers and vLLM:
+
+    1. ``logit_bias``: added to the named tokens' logits (OpenAI's; ``(token_id, bias)`` pairs, or give a mapping);
+    2. ``repetition``: for every token in the prompt or the answer so far, a positive logit divided by it, a negative
+       one multiplied (transformers' and vLLM's ``repetition_penalty``; 1 = off);
+    3. ``frequency`` and ``presence``: subtracted, the first once per time the token occurs in the answer so far, the
+       second once if it occurs there at all (OpenAI's ``frequency_penalty`` / ``presence_penalty``; as in vLLM they
+       count the answer, not the prompt).
+
+    Speculative decoding stays lossless under them: the verifier applies them to each tree node's logits with the
+    history up to that node (:mod:`dartspec.penalties`), so what it accepts is what plain decoding with the same
+    penalties would produce.
+    """
+
+    repetition: float = 1.0
+    presence: float = 0.0
+    frequency: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not (_number(self.repetition) and self.repetition > 0):
+            raise DartspecError(f"repetition_penalty must be a finite number > 0 (1 = off), got {self.repetition!r}")
+        for name, value in (("presence_penalty", self.presence), ("frequency_penalty", self.frequency)):
+            if not (_number(value) and abs(value) <= MAX_PENALTY):
+                raise DartspecError(f"{name} must be a number from -{MAX_PENALTY:g} to {MAX_PENALTY:g}, got {value!r}")
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
+
+    @property
+    def active(self) -> bool:
+        """Whether anything changes the logits (False: the verifier skips this stage altogether)."""
+        return self.repetition != 1 or self.presence != 0 or self.frequency != 0 or bool(self.logit_bias)
+
+
+def _bias_pairs(bias: object) -> tuple[tuple[int, float], ...]:
+    """``(token_id, bias)`` pairs sorted by id from a mapping or pairs, each checked (a bias of 0 dropped)."""
+    items: Iterable[object] = bias.items() if isinstance(bias, Mapping) else bias  # type: ignore[assignment]
+    try:
+        pairs = [tuple(item) for item in items]  # type: ignore[arg-type]
+    except TypeError:
+        raise DartspecError(f"logit_bias must map token ids to biases, got {bias!r}") from None
+    out: dict[int, float] = {}
+    for pair in pairs:
+        if len(pair) != 2:
+            raise DartspecError(f"logit_bias must map token ids to biases, got {bias!r}")
+        token, value = pair
+        if not (isinstance(token, numbers.Integral) and not isinstance(token, bool) and token >= 0):
+            raise DartspecError(f"a logit_bias token must be a token id (an integer >= 0), got {token!r}")
+        token = int(token)
+        if not (_number(value) and abs(value) <= MAX_LOGIT_BIAS):
+            limit = f"{MAX_LOGIT_BIAS:g}"
+            raise DartspecError(f"a logit_bias value must be a number from -{limit} to {limit}, got {value!r}")
+        if token in out:
+            raise DartspecError(f"logit_bias names token {token} twice")
+        out[token] = float(value)
+    return tuple(sorted((t, v) for t, v in out.items() if v != 0))
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How the target's next-token distribution is warped; ``temperature == 0`` means greedy.
 
-    The order is the one transformers uses: temperature, then top-k, then top-p.
+    The order is the one transformers uses: the penalties (:class:`Penalties`), temperature, then top-k, then top-p.
     """
 
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    penalties: Penalties = field(default_factory=Penalties)
 
     def __post_init__(self) -> None:
         if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)):
@@ -44,6 +115,8 @@ class SamplingParams:
             raise DartspecError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
         if self.seed is not None and not (isinstance(self.seed, int) and self.seed >= 0):
             raise DartspecError(f"seed must be a non-negative integer, got {self.seed!r}")
+        if not isinstance(self.penalties, Penalties):
+            raise DartspecError(f"penalties must be a dartspec.sampling.Penalties, got {self.penalties!r}")
 
     @property
     def greedy(self) -> bool:

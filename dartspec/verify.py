@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from dartspec.penalties import PenaltyState
 from dartspec.sampling import SamplingParams
 from dartspec.tree import DraftSampling, Tree
 
@@ -83,11 +84,13 @@ class Acceptance:
 class Verifier:
     """Accepts the longest path of a tree that the target would have produced itself."""
 
-    def __init__(self, params: SamplingParams, *, sampled_drafts: bool = False) -> None:
+    def __init__(self, params: SamplingParams, *, sampled_drafts: bool = False, prompt_ids: Sequence[int] = ()) -> None:
         """``sampled_drafts``: a sampled request's drafter may draw its tree (:attr:`draft_sampling`, seeded with the
         request), whose draws this verifier then tests by rejection; False: drafts are matched, and a seed gives
-        plain sampling's tokens."""
+        plain sampling's tokens. ``prompt_ids``: the history the repetition penalty starts from (with penalties,
+        the verifier keeps the answer's history itself: every token it returns is taken as committed)."""
         self.params = params
+        self.penalties = PenaltyState(params.penalties, prompt_ids) if params.penalties.active else None
         self._rng = torch.Generator(device="cpu")
         self._rng.manual_seed(params.seed if params.seed is not None else torch.seed())
         self.draft_sampling = None
@@ -101,6 +104,13 @@ class Verifier:
     def next_token(self, logits: torch.Tensor, argmax: torch.Tensor | None = None) -> int:
         """One token from one row of logits (used after prefill, where there is no tree); ``argmax``: the row's
         argmax where the runtime took it already."""
+        if self.penalties is None:
+            return self._choose(logits, argmax)
+        token = self._choose(self.penalties(logits[None])[0])
+        self.penalties.commit([token])
+        return token
+
+    def _choose(self, logits: torch.Tensor, argmax: torch.Tensor | None = None) -> int:
         if self.params.greedy:
             return int(logits.argmax() if argmax is None else argmax)
         return sample(warp(logits, self.params), self._uniform())
@@ -108,6 +118,13 @@ class Verifier:
     def accept(self, tree: Tree, logits: torch.Tensor, argmax: torch.Tensor | None = None) -> Acceptance:
         """Walk ``tree`` with the target's ``logits`` (row i = distribution after node i); ``argmax``: each row's
         argmax where the runtime took it already (:attr:`TargetOutput.argmax`)."""
+        if self.penalties is None:
+            return self._walk(tree, logits, argmax)
+        acc = self._walk(tree, self.penalties(logits, tree))  # each row with its path's history
+        self.penalties.commit(acc.tokens)
+        return acc
+
+    def _walk(self, tree: Tree, logits: torch.Tensor, argmax: torch.Tensor | None = None) -> Acceptance:
         if tree.proposals and not self.params.greedy:
             return self._accept_by_rejection(tree, logits)
         greedy = None
@@ -117,7 +134,7 @@ class Verifier:
         path = [0]
         tokens: list[int] = []
         while True:
-            token = greedy[node] if greedy is not None else self.next_token(logits[node])
+            token = greedy[node] if greedy is not None else self._choose(logits[node])
             tokens.append(token)
             child = tree.child_with_token(node, token)
             if child is None:

@@ -1,0 +1,229 @@
+"""Penalties and logit bias: each tree row is adjusted as plain decoding would adjust it after that row's path, greedy
+output equals transformers' ``generate`` with the same repetition penalty and bias, and with any drafter the
+committed tokens (greedy and seeded sampling) equal a naive loop's that applies the penalties itself."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from conftest import VOCAB, tiny_target
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_engine import RandomDrafter
+from test_verify import _sampled_tree
+
+from dartspec.drafters import PromptLookupDrafter
+from dartspec.engine import Generator
+from dartspec.errors import DartspecError
+from dartspec.penalties import PenaltyState
+from dartspec.sampling import Penalties, SamplingParams
+from dartspec.target import Target
+from dartspec.tree import Tree
+from dartspec.verify import Verifier, sample, warp
+
+PROMPT = [5, 9, 3, 17, 5, 9, 3, 17, 5, 9, 40, 2, 33, 5, 9]
+
+
+def naive(logits: torch.Tensor, penalties: Penalties, prompt: list[int], answer: list[int]) -> torch.Tensor:
+    """One row adjusted from its whole history, written out as the definitions say (float64)."""
+    x = logits.to(torch.float64).clone()
+    for token, bias in penalties.logit_bias:
+        x[token] += bias
+    for token in set(prompt) | set(answer):
+        x[token] = x[token] * penalties.repetition if x[token] < 0 else x[token] / penalties.repetition
+    for token, count in Counter(answer).items():
+        x[token] -= penalties.frequency * count + penalties.presence
+    return x
+
+
+def random_tree(rng: np.random.Generator, size: int, alphabet: int) -> Tree:
+    """A tree of ``size`` nodes with tokens from a small alphabet (paths repeat tokens) and distinct siblings."""
+    tokens, parents, children = [int(rng.integers(alphabet))], [-1], [set()]
+    while len(tokens) < size:
+        parent = int(rng.integers(len(tokens)))
+        token = int(rng.integers(alphabet))
+        if token in children[parent]:
+            continue
+        children[parent].add(token)
+        tokens.append(token)
+        parents.append(parent)
+        children.append(set())
+    return Tree(np.array(tokens), np.array(parents))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    size=st.integers(1, 12),
+    repetition=st.sampled_from([1.0, 0.7, 1.3]),
+    presence=st.sampled_from([0.0, -0.5, 1.5]),
+    frequency=st.sampled_from([0.0, 0.4, -2.0]),
+    bias=st.booleans(),
+)
+def test_each_row_is_adjusted_with_its_own_path(
+    seed: int, size: int, repetition: float, presence: float, frequency: float, bias: bool
+) -> None:
+    rng = np.random.default_rng(seed)
+    penalties = Penalties(repetition, presence, frequency, {3: 2.5, 7: -100} if bias else ())
+    prompt = rng.integers(0, 12, size=5).tolist()
+    answer = rng.integers(0, 12, size=int(rng.integers(0, 6))).tolist()
+    state = PenaltyState(penalties, prompt)
+    state.commit(answer[:2])  # before the vectors exist ...
+    state(torch.zeros(1, 16))
+    state.commit(answer[2:])  # ... and after
+    tree = random_tree(rng, size, alphabet=6)
+    logits = torch.randn(size, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)) * 3
+    got = state(logits, tree)
+    for i in range(size):
+        path = [int(tree.tokens[j]) for j in tree.path_to(i)[1:]]  # the root is committed already
+        want = naive(logits[i], penalties, prompt, answer + path)
+        assert torch.allclose(got[i], want, atol=1e-12), (i, path)
+    assert torch.equal(state(logits[:1]), got[:1])  # no tree: the committed history alone
+
+
+@pytest.fixture(scope="module", params=["llama", "gemma3"])
+def target(request: pytest.FixtureRequest) -> Target:
+    return tiny_target(request.param, seed=3)
+
+
+def drafters(reference: list[int]) -> list:
+    return [None, PromptLookupDrafter(min_ngram=1), RandomDrafter(seed=2, reference=reference, oracle_rate=0.8)]
+
+
+@pytest.mark.parametrize(
+    "settings_",
+    [
+        dict(repetition_penalty=3.0),
+        dict(logit_bias={9: -100.0, 33: -100.0, 45: 2.0}),
+        dict(repetition_penalty=0.8, logit_bias={9: -100.0, 33: -100.0, 62: 4.0}),  # the bias first, then the penalty
+    ],
+)
+def test_greedy_equals_transformers_generate(target: Target, settings_: dict) -> None:
+    hf = {"repetition_penalty": settings_.get("repetition_penalty", 1.0)}
+    if "logit_bias" in settings_:
+        hf["sequence_bias"] = {(t,): b for t, b in settings_["logit_bias"].items()}
+    ref = target.model.generate(
+        torch.tensor([PROMPT]),
+        attention_mask=torch.ones(1, len(PROMPT), dtype=torch.long),
+        do_sample=False,
+        max_new_tokens=24,
+        eos_token_id=1,
+        pad_token_id=0,
+        **hf,
+    )[0, len(PROMPT) :].tolist()
+    plain = Generator(target).generate(PROMPT, max_new_tokens=24)
+    assert plain.token_ids != ref  # the settings change this answer (else the test could not fail)
+    for drafter in drafters(ref):
+        got = Generator(target, drafter, tree_size=6, max_depth=4).generate(PROMPT, max_new_tokens=24, **settings_)
+        assert got.token_ids == ref, drafter
+
+
+def naive_decode(
+    target: Target, penalties: Penalties, n: int, temperature: float, seed: int
+) -> tuple[list[int], list[float]]:
+    """Plain decoding written out: transformers' forward over the whole sequence each step, the penalties applied by
+    :func:`naive`, the argmax or an inverse-CDF draw from the verifier's generator seeded as it seeds it; with each
+    token's log-probability under the unpenalised forward."""
+    rng = torch.Generator().manual_seed(seed)
+    params = SamplingParams(temperature=temperature, seed=seed)
+    answer: list[int] = []
+    logprobs: list[float] = []
+    while len(answer) < n and (not answer or answer[-1] != 1):
+        with torch.no_grad():
+            logits = target.model(torch.tensor([PROMPT + answer])).logits[0, -1]
+        x = naive(logits, penalties, PROMPT, answer)
+        if temperature == 0:
+            answer.append(int(x.argmax()))
+        else:
+            answer.append(sample(warp(x, params), float(torch.rand((), generator=rng, dtype=torch.float64))))
+        logprobs.append(float(torch.log_softmax(logits.to(torch.float64), -1)[answer[-1]]))
+    return answer, logprobs
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_any_drafter_commits_what_a_naive_penalised_loop_does(target: Target, temperature: float) -> None:
+    penalties = Penalties(repetition=1.2, presence=0.6, frequency=0.9, logit_bias={40: 1.5})
+    ref, ref_logprobs = naive_decode(target, penalties, 24, temperature, seed=11)
+    kwargs = dict(
+        repetition_penalty=1.2,
+        presence_penalty=0.6,
+        frequency_penalty=0.9,
+        logit_bias={40: 1.5},
+        temperature=temperature,
+    )
+    for drafter in drafters(ref):
+        gen = Generator(target, drafter, tree_size=6, max_depth=4)
+        out = gen.generate(PROMPT, max_new_tokens=24, seed=11, logprobs=0, **kwargs)
+        assert out.token_ids == ref, drafter
+        if isinstance(drafter, RandomDrafter):  # paths of several tokens were adjusted and accepted
+            assert len(out.stats.depth_accepted) > 1 and out.stats.depth_accepted[1] > 0
+        # log-probabilities stay the target's own, before the penalties (up to Gemma's float32 rotary tables)
+        assert [lp.logprob for lp in out.logprobs] == pytest.approx(ref_logprobs, abs=1e-6)
+    # the frequency penalty alone: the answer repeats its tokens less than without it
+    free = Generator(target).generate(PROMPT, max_new_tokens=24, temperature=temperature, seed=11).token_ids
+    assert max(Counter(ref).values()) < max(Counter(free).values())
+
+
+def test_rejection_tests_under_penalties_keep_the_penalised_distribution_exactly() -> None:
+    """Sampled trees (drafts drawn from a drafter's distributions, tested by rejection) walk the penalised rows: the
+    joint law of the first two committed tokens equals the exact penalised one, the second token's penalties
+    counting the first (a chi-square test over all pairs; a token biased to -100 never comes)."""
+    vocab, prompt = 5, [0, 2]  # the tree's root (token 0) is committed: it is the prompt's last token
+    penalties = Penalties(repetition=1.5, presence=0.3, frequency=1.2, logit_bias={4: -100.0})
+    params = SamplingParams(temperature=0.9, seed=0, penalties=penalties)
+    rng = np.random.default_rng(7)
+    root_logits = torch.tensor(rng.normal(size=vocab) * 1.5)
+    after = torch.tensor(rng.normal(size=(vocab, vocab)) * 1.5)  # the target's row after each first token
+    q_root, q_deep = rng.dirichlet(np.ones(vocab)), rng.dirichlet(np.ones(vocab))
+    p_root = warp(naive(root_logits, penalties, prompt, []), params).numpy()
+    exact = p_root[:, None] * np.stack(
+        [warp(naive(after[a], penalties, prompt, [a]), params).numpy() for a in range(vocab)]
+    )
+    counts = np.zeros((vocab, vocab))
+    n, accepted = 8000, 0
+    for i in range(n):
+        verifier = Verifier(SamplingParams(temperature=0.9, seed=i, penalties=penalties), prompt_ids=prompt)
+        tree = _sampled_tree(rng, q_root, q_deep, fixed=int(np.argmax(p_root)))
+        acc = verifier.accept(tree, torch.stack([root_logits, *(after[t] for t in tree.tokens[1:])]))
+        toks = acc.tokens[:2]
+        if len(toks) == 1:
+            toks = [toks[0], verifier.next_token(after[toks[0]])]
+        counts[toks[0], toks[1]] += 1
+        accepted += acc.accepted_drafts > 0
+    mask = exact > 1e-9
+    assert counts[~mask].sum() == 0 and counts[4].sum() == 0 and counts[:, 4].sum() == 0
+    expected = exact[mask] * n
+    chi2 = float(((counts[mask] - expected) ** 2 / expected).sum())
+    from scipy.stats import chi2 as chi2_dist
+
+    assert chi2_dist.sf(chi2, df=mask.sum() - 1) > 1e-3, chi2
+    assert accepted > n / 4  # the draws were tested, not bypassed
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(repetition_penalty=0),
+        dict(presence_penalty=2.5),
+        dict(frequency_penalty=float("inf")),
+        dict(logit_bias={VOCAB: 1.0}),
+        dict(logit_bias={3: 101}),
+        dict(logit_bias={"3": 1}),
+        dict(logit_bias={True: 1}),
+    ],
+)
+def test_bad_penalties_are_refused(bad: dict) -> None:
+    target = tiny_target("llama", seed=3, layers=2)
+    with pytest.raises(DartspecError):
+        Generator(target).generate(PROMPT, max_new_tokens=2, **bad)
+
+
+def test_no_penalties_means_no_penalty_stage() -> None:
+    assert not Penalties().active and not Penalties(logit_bias={3: 0.0}).active
+    assert Penalties(logit_bias=[(4, 1), (2, -1.5)]).logit_bias == ((2, -1.5), (4, 1.0))
+    assert Penalties(logit_bias={np.int64(2): 1}).logit_bias == ((2, 1.0),)
+    with pytest.raises(DartspecError, match="twice"):
+        Penalties(logit_bias=[(2, 1), (2, 3)])
