@@ -285,6 +285,52 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument(
+        "--repetition-penalty",
+        type=float,
+        default=1.0,
+        help="divide the positive logits of tokens in the prompt or answer so far by this, multiply the negative "
+        "ones (transformers' repetition_penalty; 1 = off)",
+    )
+    p.add_argument(
+        "--presence-penalty",
+        type=float,
+        default=0.0,
+        help="subtract this from the logits of tokens the answer holds (OpenAI's; -2 to 2, 0 = off)",
+    )
+    p.add_argument(
+        "--frequency-penalty",
+        type=float,
+        default=0.0,
+        help="subtract this times the token's count in the answer (OpenAI's; -2 to 2, 0 = off)",
+    )
+    p.add_argument(
+        "--logit-bias",
+        action="append",
+        default=[],
+        metavar="ID=BIAS",
+        help="add BIAS (-100 to 100) to token ID's logit (repeatable; -100 bans the token in effect)",
+    )
+
+
+def _penalty_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The penalty options as :meth:`~dartspec.engine.Generator.start` takes them, checked (no torch needed)."""
+    from dartspec.sampling import Penalties
+
+    bias: list[tuple[int, float]] = []
+    for item in args.logit_bias:
+        token, _, value = item.partition("=")
+        try:
+            bias.append((int(token), float(value)))
+        except ValueError:  # no '=' leaves the value empty
+            raise DartspecError(f"--logit-bias takes ID=BIAS (e.g. 42=-100), got {item!r}") from None
+    Penalties(args.repetition_penalty, args.presence_penalty, args.frequency_penalty, bias)
+    return {
+        "repetition_penalty": args.repetition_penalty,
+        "presence_penalty": args.presence_penalty,
+        "frequency_penalty": args.frequency_penalty,
+        "logit_bias": dict(bias),
+    }
 
 
 def _check_generation_args(args: argparse.Namespace) -> None:
@@ -296,6 +342,7 @@ def _check_generation_args(args: argparse.Namespace) -> None:
     from dartspec.sampling import SamplingParams, check_logprobs
 
     SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+    _penalty_args(args)
     check_logprobs(getattr(args, "logprobs", None))
     check_drafter_name(args.drafter)
     check_model_argument(args.model)
@@ -340,6 +387,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         stop=args.stop or (),
         chat=args.chat,
         logprobs=args.logprobs,
+        **_penalty_args(args),
     )
     if args.json:
         result = gen.generate(prompt, **kwargs)
@@ -400,6 +448,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         top_p=args.top_p,
         top_k=args.top_k,
         stop=args.stop or (),
+        **_penalty_args(args),
     )
     return 0
 

@@ -73,6 +73,12 @@ def test_invalid_sampling_values_fail_before_loading(flags: list[str], needle: s
         (["generate", "--prompt", "hi", "--json", "--logprobs", "21"], "logprobs must be an integer from 0 to 20"),
         (["generate", "--prompt", "hi", "--logprobs", "2"], "--logprobs needs --json"),
         (["generate", "--prompt-file", "/no/such/prompt.txt"], "cannot read --prompt-file"),
+        (["generate", "--prompt", "hi", "--repetition-penalty", "0"], "repetition_penalty must be"),
+        (["generate", "--prompt", "hi", "--presence-penalty", "3"], "presence_penalty must be a number from -2 to 2"),
+        (["chat", "--frequency-penalty", "nan"], "frequency_penalty must be"),
+        (["generate", "--prompt", "hi", "--logit-bias", "42"], "--logit-bias takes ID=BIAS"),
+        (["generate", "--prompt", "hi", "--logit-bias", "x=1"], "--logit-bias takes ID=BIAS"),
+        (["generate", "--prompt", "hi", "--logit-bias", "42=-200"], "logit_bias value must be a number from -100"),
     ],
 )
 def test_a_mistyped_option_is_refused_before_torch_is_imported(args: list[str], needle: str) -> None:
@@ -229,6 +235,32 @@ def test_generate_streams_same_text_as_json(tiny_model_dir: Path) -> None:
     assert streamed.returncode == 0 and as_json.returncode == 0
     assert streamed.stdout.rstrip("\n") == json.loads(as_json.stdout)["text"]
     assert "tok/s" in streamed.stderr and "tau" in streamed.stderr
+
+
+def test_generate_takes_penalties_and_logit_bias(tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The options reach the engine: the same tokens as the Python API given the same settings, which differ from the
+    unpenalised answer; a bias naming a token outside the vocabulary is a one-line error."""
+    from dartspec.engine import Generator
+    from dartspec.targets import load_target
+
+    common = ["generate", "--model", str(tiny_model_dir), "--prompt", "Hello there", "--max-new-tokens", "12", "--json"]
+    target = load_target(str(tiny_model_dir))
+    plain = Generator(target).generate("Hello there", max_new_tokens=12).token_ids
+    banned = sorted(set(plain))[:2]
+    flags = ["--repetition-penalty", "1.5", "--frequency-penalty", "0.5", "--presence-penalty", "-0.5"]
+    flags += [f for t in banned for f in ("--logit-bias", f"{t}=-100")]
+    proc = run_in_process(capsys, *common, *flags)
+    assert proc.returncode == 0, proc.stderr
+    settings = dict(repetition_penalty=1.5, frequency_penalty=0.5, presence_penalty=-0.5)
+    want = (
+        Generator(target)
+        .generate("Hello there", max_new_tokens=12, logit_bias={t: -100 for t in banned}, **settings)
+        .token_ids
+    )
+    got = json.loads(proc.stdout)["token_ids"]
+    assert got == want != plain and not set(got) & set(banned)
+    bad = run_in_process(capsys, *common, "--logit-bias", f"{target.vocab_size}=1")
+    assert_one_line_error(bad, f"logit_bias names token {target.vocab_size}, outside")
 
 
 @pytest.mark.slow

@@ -190,10 +190,14 @@ HI = [{"role": "user", "content": "t5"}]
         ("chat/completions", {"messages": HI, "seed": 2**70}, "seed", "less than or equal to"),
         ("chat/completions", {"messages": HI, "stop": "x" * 300}, "stop", "at most 256 characters"),
         ("chat/completions", {"messages": HI * 300}, "messages", "at most 256 items"),
+        ("chat/completions", {"messages": HI, "presence_penalty": 2.5}, "presence_penalty", "less than or equal to 2"),
+        ("chat/completions", {"messages": HI, "frequency_penalty": -3}, "frequency_penalty", "greater than or equal"),
+        ("chat/completions", {"messages": HI, "repetition_penalty": 0}, "repetition_penalty", "greater than 0"),
+        ("chat/completions", {"messages": HI, "logit_bias": {"t5": 10}}, "logit_bias", "keys must be token ids"),
+        ("chat/completions", {"messages": HI, "logit_bias": {"5": 101}}, "logit_bias", "from -100 to 100"),
+        ("completions", {"prompt": "t5", "logit_bias": {"96": 1}}, "logit_bias", "outside tiny's vocabulary (0-95)"),
+        ("chat/completions", {"messages": HI, "logit_bias": {"5": "up"}}, "logit_bias.5", "valid number"),
         # What the server does not implement is refused, not ignored (the text would not be what was asked for).
-        ("chat/completions", {"messages": HI, "presence_penalty": 0.5}, "presence_penalty", "not supported"),
-        ("chat/completions", {"messages": HI, "frequency_penalty": -1}, "frequency_penalty", "not supported"),
-        ("chat/completions", {"messages": HI, "logit_bias": {"5": 10}}, "logit_bias", "not supported"),
         ("chat/completions", {"messages": HI, "top_logprobs": 2}, "top_logprobs", "needs logprobs: true"),
         ("chat/completions", {"messages": HI, "logprobs": True, "top_logprobs": 21}, "top_logprobs", "less than or"),
         ("chat/completions", {"messages": HI, "logprobs": 3}, "logprobs", "valid boolean"),
@@ -248,6 +252,42 @@ def test_content_parts_developer_role_and_defaults_of_unsupported_fields_are_acc
     ]
     assert answers[0]["choices"][0]["message"] == answers[1]["choices"][0]["message"]
     assert answers[0]["usage"]["prompt_tokens"] == answers[1]["usage"]["prompt_tokens"]
+
+
+def test_penalties_and_logit_bias_give_the_engines_answer(url: str) -> None:
+    """OpenAI's presence / frequency penalties and logit_bias, and vLLM's repetition_penalty (an extra field), whole
+    and streamed, greedy and seeded with two choices: the tokens the engine gives for the same settings."""
+    target = make_target()  # the same weights as the server's
+    ids = target.encode_chat(prompt(2))
+    settings = dict(presence_penalty=0.4, frequency_penalty=0.8, repetition_penalty=1.3, logit_bias={6: -100, 7: 3.5})
+    plain = Generator(target).generate(ids, max_new_tokens=12).token_ids
+    api = client(url)
+    body = dict(
+        model="tiny",
+        messages=prompt(2),
+        max_tokens=12,
+        presence_penalty=0.4,
+        frequency_penalty=0.8,
+        logit_bias={"6": -100, "7": 3.5},
+        extra_body={"repetition_penalty": 1.3},
+        logprobs=True,
+    )
+    for temperature, n in ((0.0, 1), (0.9, 2)):
+        want = [
+            Generator(target).generate(ids, max_new_tokens=12, temperature=temperature, seed=5 + i, **settings)
+            for i in range(n)
+        ]
+        got = api.chat.completions.create(**body, temperature=temperature, seed=5, n=n)
+        tokens = [[target.vocab[lp.token] for lp in c.logprobs.content] for c in got.choices]
+        assert tokens == [w.token_ids for w in want]
+        assert all(6 not in t for t in tokens)
+        streamed = [[], []]
+        for chunk in api.chat.completions.create(**body, temperature=temperature, seed=5, n=n, stream=True):
+            for c in chunk.choices:
+                streamed[c.index] += [target.vocab[lp.token] for lp in (c.logprobs.content if c.logprobs else [])]
+        assert streamed[:n] == tokens
+        if temperature == 0:
+            assert tokens[0] != plain  # the settings changed the answer (else the test could not fail)
 
 
 def test_logprobs_are_the_engines_in_openais_shapes(url: str) -> None:

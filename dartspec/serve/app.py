@@ -306,6 +306,7 @@ async def _serve(
         stop=[req.stop] if isinstance(req.stop, str) else list(req.stop or []),
         plain=bool(req.dartspec and req.dartspec.drafter == "none"),
         logprobs=req.logprobs_asked(),
+        penalties=req.penalties(),
     )
     # n choices are n sequences in the batch; a seeded request's choice i samples with seed + i (reproducible, and
     # not n copies of one answer), an unseeded one's each with its own draw
@@ -386,6 +387,15 @@ def _check(engine: ServeEngine, req: CommonRequest, ids: list[int], prompt_param
     for name, asks in UNSUPPORTED.items():
         if asks(getattr(req, name)):
             return f"{name} is not supported by this server (leave it out or at its default)", name
+    try:
+        penalties = req.penalties()
+    except DartspecError as err:  # the message names the field
+        fields = ("repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias")
+        return str(err), next((f for f in fields if f in str(err)), "logit_bias")
+    vocab = engine.target.vocab_size
+    bad = next((t for t, _ in penalties.logit_bias if t >= vocab), None)
+    if bad is not None:
+        return f"logit_bias names token {bad}, outside {engine.model_name}'s vocabulary (0-{vocab - 1})", "logit_bias"
     if not 0 <= req.temperature <= 2:
         return f"temperature must be between 0 and 2, got {req.temperature}", "temperature"
     if not 0 < req.top_p <= 1:

@@ -25,6 +25,7 @@ from dartspec.engine import GenerationResult, Generator, SequenceState, StepEven
 from dartspec.errors import DartspecError
 from dartspec.prefix_cache import positions_read
 from dartspec.runtime import on_cpu
+from dartspec.sampling import Penalties
 from dartspec.serve.metrics import Metrics
 
 
@@ -66,6 +67,7 @@ class Job:
     stop: Sequence[str] = ()
     plain: bool = False  # run without the drafter (the web page's comparison switch)
     logprobs: int | None = None  # each token's log-probability with this many alternatives (None: none)
+    penalties: Penalties = field(default_factory=Penalties)
     cancel: threading.Event = field(default_factory=threading.Event)
 
 
@@ -238,6 +240,10 @@ class ServeEngine:
                 stop=job.stop,
                 own_state=True,
                 logprobs=job.logprobs,
+                repetition_penalty=job.penalties.repetition,
+                presence_penalty=job.penalties.presence,
+                frequency_penalty=job.penalties.frequency,
+                logit_bias=dict(job.penalties.logit_bias),
             )
         except BaseException as err:
             request.send(err)

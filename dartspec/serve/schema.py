@@ -11,6 +11,8 @@ from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 from dartspec.engine import MAX_TOP_LOGPROBS, GenerationResult, StepEvent, TokenLogprob
+from dartspec.errors import DartspecError
+from dartspec.sampling import MAX_PENALTY, Penalties
 
 MAX_MESSAGES = 256
 MAX_STOP_CHARS = 256
@@ -82,10 +84,13 @@ class CommonRequest(BaseModel):
     stream: StrictBool = False
     n: StrictInt = Field(default=1, ge=1, le=MAX_CHOICES)
     dartspec: DartspecOptions | None = None
+    # Penalties and logit bias (dartspec.sampling.Penalties; repetition_penalty is vLLM's extension); token ids as
+    # strings in logit_bias, as OpenAI's clients send them
+    presence_penalty: StrictFloat | StrictInt = Field(default=0, ge=-MAX_PENALTY, le=MAX_PENALTY)
+    frequency_penalty: StrictFloat | StrictInt = Field(default=0, ge=-MAX_PENALTY, le=MAX_PENALTY)
+    repetition_penalty: StrictFloat | StrictInt = Field(default=1, gt=0)
+    logit_bias: dict[str, StrictFloat | StrictInt] | None = None
     # Accepted at their defaults only (see UNSUPPORTED): ignoring them would give other text than asked for.
-    presence_penalty: StrictFloat | StrictInt = 0
-    frequency_penalty: StrictFloat | StrictInt = 0
-    logit_bias: dict[str, Any] | None = None
     tools: list[Any] | None = None
     response_format: dict[str, Any] | None = None
 
@@ -93,12 +98,18 @@ class CommonRequest(BaseModel):
         """Alternatives per token's log-probabilities the request asks for, or None: none (each endpoint's fields)."""
         return None
 
+    def penalties(self) -> Penalties:
+        """The request's penalties and logit bias, checked (a :class:`DartspecError` says what is wrong)."""
+        bias = []
+        for key, value in (self.logit_bias or {}).items():
+            if not key.strip().isdigit():
+                raise DartspecError(f'logit_bias keys must be token ids (e.g. "50256"), got {key!r}')
+            bias.append((int(key), value))
+        return Penalties(self.repetition_penalty, self.presence_penalty, self.frequency_penalty, bias)
+
 
 #: Request fields this server does not implement, and whether a request's value asks for them.
 UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
-    "presence_penalty": lambda v: v != 0,
-    "frequency_penalty": lambda v: v != 0,
-    "logit_bias": bool,
     "tools": bool,
     "response_format": lambda v: v is not None and v.get("type", "text") != "text",
 }
