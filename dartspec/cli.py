@@ -285,6 +285,10 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
     p.add_argument("--seed", type=int, default=None)
+    add_penalty_args(p)
+
+
+def add_penalty_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--repetition-penalty",
         type=float,
@@ -311,6 +315,15 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
         metavar="ID=BIAS",
         help="add BIAS (-100 to 100) to token ID's logit (repeatable; -100 bans the token in effect)",
     )
+
+
+#: The penalty options' values that change nothing.
+_PENALTY_DEFAULTS: dict[str, Any] = {
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "logit_bias": {},
+}
 
 
 def _penalty_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -635,6 +648,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.temperature < 0:
         raise DartspecError("--temperature must be >= 0")
+    penalties = _penalty_args(args)
     # Plots need the optional matplotlib: said now, not as an error after minutes of measuring
     try:
         import matplotlib  # noqa: F401
@@ -654,6 +668,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         seed=args.seed,
+        penalties=penalties,
         progress=lambda items, n: tqdm(items, total=n, desc="bench", unit="prompt"),
     )
     rows = summarize(runs)
@@ -662,6 +677,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "dataset": args.dataset,
         "prompts": len(prompts),
         "temperature": args.temperature,
+        **{k: v for k, v in penalties.items() if v != _PENALTY_DEFAULTS[k]},
         "max_new_tokens": args.max_new_tokens,
         "methods": [r["method"] for r in rows],
         "device": str(target.device),
@@ -670,11 +686,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "machine": platform.platform(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
-    out = (
-        Path(args.out)
-        if args.out
-        else Path("bench-results") / f"{args.dataset.replace('/', '_')}-t{args.temperature:g}"
-    )
+    penalised = "-penalties" if any(k in meta for k in _PENALTY_DEFAULTS) else ""
+    default_out = Path("bench-results") / f"{args.dataset.replace('/', '_')}-t{args.temperature:g}{penalised}"
+    out = Path(args.out) if args.out else default_out
     print(write_results(runs, rows, meta, out, plots=plots))
     bad = [r["method"] for r in rows if r["mismatches"]]
     if bad:
@@ -1171,6 +1185,7 @@ def build_parser() -> argparse.ArgumentParser:
     bp.add_argument("--max-new-tokens", type=_positive_int, default=256)
     bp.add_argument("--temperature", type=float, default=0.0)
     bp.add_argument("--seed", type=int, default=0)
+    add_penalty_args(bp)
     bp.add_argument(
         "--tree-size",
         type=_tree_size,

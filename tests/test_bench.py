@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from dartspec.bench.report import markdown, summarize, write_results
-from dartspec.bench.suite import MethodSpec, Run, load_prompts, parse_methods, run_suite
+from dartspec.bench.suite import MethodSpec, Run, encode_prompts, load_prompts, parse_methods, run_suite
+from dartspec.engine import Generator
 from dartspec.errors import DartspecError
 from dartspec.target import Target
 
@@ -102,6 +103,27 @@ def test_sampling_runs_skip_the_token_comparison(llama_target: Target) -> None:
     runs = run_suite(llama_target, [MethodSpec("pld", "pld")], PROMPTS[:1], max_new_tokens=6, temperature=1.0)
     assert [r.method for r in runs] == ["ar", "pld"]  # plain decoding is added as the reference
     assert all(r.matches_ar is None for r in runs)
+
+
+def test_penalties_reach_every_row_and_hf_generate_takes_its_own_names(llama_target: Target) -> None:
+    """With a repetition penalty and a logit bias every row decodes under them (the engine's tokens) and transformers'
+    row gives the same tokens (its repetition_penalty and sequence_bias); peers that cannot apply a penalty refuse."""
+    from dartspec.bench.suite import make_runner
+
+    penalties = {"repetition_penalty": 2.0, "logit_bias": {9: -100.0}, "presence_penalty": 0.0}
+    specs = [MethodSpec("pld", "pld"), MethodSpec("hf-ar", "hf-ar")]
+    runs = run_suite(llama_target, specs, PROMPTS, max_new_tokens=8, penalties=penalties)
+    rows = {r["method"]: r for r in summarize(runs)}
+    assert rows["pld"]["mismatches"] == 0 and rows["hf-ar"]["mismatches"] == 0
+    for run in runs:
+        if run.method == "ar":
+            ids = dict(encode_prompts(llama_target, PROMPTS))[run.prompt]
+            want = Generator(llama_target).generate(ids, max_new_tokens=8, repetition_penalty=2.0, logit_bias={9: -100})
+            assert run.token_ids == want.token_ids != Generator(llama_target).generate(ids, max_new_tokens=8).token_ids
+    with pytest.raises(DartspecError, match="no presence or frequency penalty"):
+        make_runner(MethodSpec("hf-ar", "hf-ar"), llama_target, {"frequency_penalty": 0.5})
+    with pytest.raises(DartspecError, match="cannot apply dartspec's penalties"):
+        make_runner(MethodSpec("llamacpp-ar", "llamacpp-ar"), llama_target, {"repetition_penalty": 1.1})
 
 
 def test_search_speed_report(tmp_path: Path) -> None:

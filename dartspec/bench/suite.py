@@ -11,7 +11,7 @@ summarises and writes.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -223,11 +223,16 @@ class Run:
 Runner = Callable[[list[int], int, float, int], Run]
 
 
-def make_runner(spec: MethodSpec, target: Any) -> Runner:
-    """A function ``(prompt ids, max new tokens, temperature, seed) -> Run`` for ``spec``."""
+def make_runner(spec: MethodSpec, target: Any, penalties: Mapping[str, Any] | None = None) -> Runner:
+    """A function ``(prompt ids, max new tokens, temperature, seed) -> Run`` for ``spec``; ``penalties``: keyword
+    arguments of :meth:`dartspec.engine.Generator.start` (``repetition_penalty``, ``logit_bias``, ...) every run
+    takes (a peer that cannot apply them as dartspec does is refused)."""
+    penalties = {k: v for k, v in (penalties or {}).items() if v != _NO_PENALTY[k]}
     if spec.kind in ("hf-ar", "hf-pld"):
-        return _hf_runner(spec, target)
+        return _hf_runner(spec, target, penalties)
     if spec.kind in ("llamacpp-ar", "llamacpp-pld"):
+        if penalties:  # its repeat_penalty reads the last 64 tokens only, its presence / frequency the prompt too
+            raise DartspecError(f"{spec.kind} cannot apply dartspec's penalties as they are defined: leave them out")
         return _llamacpp_runner(target, spec)
     from dartspec.methods import build_generator
 
@@ -238,7 +243,7 @@ def make_runner(spec: MethodSpec, target: Any) -> Runner:
     runtime = describe(target)
 
     def run(ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> Run:
-        res = gen.generate(ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+        res = gen.generate(ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, **penalties)
         s = res.stats
         return Run(
             "",
@@ -255,8 +260,27 @@ def make_runner(spec: MethodSpec, target: Any) -> Runner:
     return run
 
 
-def _hf_runner(spec: MethodSpec, target: Any) -> Runner:
+#: Penalty settings that change nothing.
+_NO_PENALTY: dict[str, Any] = {
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "logit_bias": {},
+}
+
+
+def _hf_runner(spec: MethodSpec, target: Any, penalties: Mapping[str, Any]) -> Runner:
+    """transformers' ``generate``: its ``repetition_penalty`` and ``sequence_bias`` are dartspec's repetition penalty
+    and logit bias; it has no presence or frequency penalty."""
     import torch
+
+    if "presence_penalty" in penalties or "frequency_penalty" in penalties:
+        raise DartspecError(f"{spec.kind} has no presence or frequency penalty (transformers' generate lacks them)")
+    extra: dict[str, Any] = {}
+    if "repetition_penalty" in penalties:
+        extra["repetition_penalty"] = penalties["repetition_penalty"]
+    if "logit_bias" in penalties:
+        extra["sequence_bias"] = {(int(t),): float(b) for t, b in penalties["logit_bias"].items()}
 
     def run(ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> Run:
         kw: dict[str, Any] = {"do_sample": False}
@@ -265,6 +289,7 @@ def _hf_runner(spec: MethodSpec, target: Any) -> Runner:
             kw = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
         if spec.kind == "hf-pld":
             kw["prompt_lookup_num_tokens"] = 10
+        kw.update(extra)
         x = torch.tensor([ids], device=target.device)
         start = time.perf_counter()
         with torch.inference_mode():
@@ -394,8 +419,10 @@ def run_suite(
     seed: int = 0,
     runners: dict[str, Runner] | None = None,
     progress: Callable[[Iterable[Any], int], Iterable[Any]] | None = None,
+    penalties: Mapping[str, Any] | None = None,
 ) -> list[Run]:
-    """Run every method on every prompt (rotating order); plain decoding is added as the reference.
+    """Run every method on every prompt (rotating order); plain decoding is added as the reference. ``penalties``:
+    every row decodes with them (:func:`make_runner`).
 
     Every runtime that drafted rows run on (rows may name ``runtime=`` / ``quant=``) gets a plain-decoding row
     of its own, their reference for losslessness.
@@ -424,7 +451,7 @@ def run_suite(
             plain.add(own)
     for s in specs:
         if s.label not in runners:  # not setdefault: building a runner loads a drafter or a peer
-            runners[s.label] = make_runner(s, targets[s.label])
+            runners[s.label] = make_runner(s, targets[s.label], penalties)
     encoded = encode_prompts(target, prompts)
     for s in specs:  # warm-up: first-call allocations and lazy initialisation stay out of the timings
         runners[s.label](encoded[0][1], 8, temperature, seed)
