@@ -21,6 +21,10 @@ candidate rejected the bonus token is drawn from r. Each test is one speculative
 so the committed token is an exact draw from the target's distribution; a draft is kept with probability sum_x
 min(r, q_i) instead of r(x), up to 1.75x more often at temperature 1 on SmolLM2 (BENCHMARKS.md). Each test takes a
 uniform of its own, so the seed no longer gives plain sampling's tokens.
+
+Penalties and a logit bias (:class:`~dartspec.sampling.Penalties`) are applied to the rows before any of this, each
+row with the history up to its own node (:mod:`dartspec.penalties`): what is walked is then the distribution plain
+decoding under the same penalties would sample from, so every rule above stays exact.
 """
 
 from __future__ import annotations
