@@ -284,6 +284,7 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below this times the top one's probability")
     p.add_argument("--seed", type=int, default=None)
     add_penalty_args(p)
 
@@ -354,7 +355,7 @@ def _check_generation_args(args: argparse.Namespace) -> None:
     from dartspec.models import check_model_argument
     from dartspec.sampling import SamplingParams, check_logprobs
 
-    SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+    SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed, min_p=args.min_p)
     _penalty_args(args)
     check_logprobs(getattr(args, "logprobs", None))
     check_drafter_name(args.drafter)
@@ -396,6 +397,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         top_p=args.top_p,
         top_k=args.top_k,
+        min_p=args.min_p,
         seed=args.seed,
         stop=args.stop or (),
         chat=args.chat,
@@ -460,6 +462,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         top_p=args.top_p,
         top_k=args.top_k,
+        min_p=args.min_p,
         stop=args.stop or (),
         **_penalty_args(args),
     )

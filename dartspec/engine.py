@@ -417,7 +417,8 @@ class Generator:
 
     def stream(self, prompt: Prompt, **params: Any) -> Iterator[StepEvent]:
         """Yield a :class:`StepEvent` per target forward; the last one carries the result. Keyword arguments as
-        for :meth:`start` (``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop``, ``chat``).
+        for :meth:`start` (``max_new_tokens``, ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``seed``, ``stop``,
+        ``chat``, the penalties).
 
         Closing the iterator early (e.g. a client disconnect) simply ends the generation.
         """
@@ -441,6 +442,7 @@ class Generator:
         temperature: float = 0.0,
         top_p: float = 1.0,
         top_k: int = 0,
+        min_p: float = 0.0,
         seed: int | None = None,
         stop: Sequence[str] = (),
         chat: bool | None = None,
@@ -462,7 +464,9 @@ class Generator:
         ``logit_bias`` (token id -> bias): :class:`~dartspec.sampling.Penalties`; greedy decoding takes the argmax of
         the penalised logits."""
         penalties = Penalties(repetition_penalty, presence_penalty, frequency_penalty, logit_bias or ())  # type: ignore[arg-type]
-        params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, penalties=penalties)
+        params = SamplingParams(
+            temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, penalties=penalties, min_p=min_p
+        )
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise DartspecError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         check_logprobs(logprobs)

@@ -95,7 +95,8 @@ def _bias_pairs(bias: object) -> tuple[tuple[int, float], ...]:
 class SamplingParams:
     """How the target's next-token distribution is warped; ``temperature == 0`` means greedy.
 
-    The order is the one transformers uses: the penalties (:class:`Penalties`), temperature, then top-k, then top-p.
+    The order is the one transformers uses: the penalties (:class:`Penalties`), temperature, then top-k, then top-p,
+    then min-p (tokens less likely than ``min_p`` times the most likely one dropped; 0 = off).
     """
 
     temperature: float = 0.0
@@ -103,6 +104,7 @@ class SamplingParams:
     top_k: int = 0
     seed: int | None = None
     penalties: Penalties = field(default_factory=Penalties)
+    min_p: float = 0.0
 
     def __post_init__(self) -> None:
         if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)):
@@ -113,6 +115,8 @@ class SamplingParams:
             raise DartspecError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not (isinstance(self.top_k, int) and self.top_k >= 0):
             raise DartspecError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if not (_number(self.min_p) and 0 <= self.min_p <= 1):
+            raise DartspecError(f"min_p must be in [0, 1] (0 = off), got {self.min_p!r}")
         if self.seed is not None and not (isinstance(self.seed, int) and self.seed >= 0):
             raise DartspecError(f"seed must be a non-negative integer, got {self.seed!r}")
         if not isinstance(self.penalties, Penalties):

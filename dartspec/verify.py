@@ -55,6 +55,9 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         drop[0] = False
         probs = probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
         probs = probs / probs.sum()
+    if params.min_p > 0:  # the most likely token always stays
+        probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
+        probs = probs / probs.sum()
     return probs
 
 

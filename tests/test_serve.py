@@ -197,6 +197,8 @@ HI = [{"role": "user", "content": "t5"}]
         ("chat/completions", {"messages": HI, "logit_bias": {"5": 101}}, "logit_bias", "from -100 to 100"),
         ("completions", {"prompt": "t5", "logit_bias": {"96": 1}}, "logit_bias", "outside tiny's vocabulary (0-95)"),
         ("chat/completions", {"messages": HI, "logit_bias": {"5": "up"}}, "logit_bias.5", "valid number"),
+        ("chat/completions", {"messages": HI, "top_k": -2}, "top_k", "greater than or equal to -1"),
+        ("completions", {"prompt": "t5", "min_p": 1.5}, "min_p", "less than or equal to 1"),
         # What the server does not implement is refused, not ignored (the text would not be what was asked for).
         ("chat/completions", {"messages": HI, "top_logprobs": 2}, "top_logprobs", "needs logprobs: true"),
         ("chat/completions", {"messages": HI, "logprobs": True, "top_logprobs": 21}, "top_logprobs", "less than or"),
@@ -288,6 +290,23 @@ def test_penalties_and_logit_bias_give_the_engines_answer(url: str) -> None:
         assert streamed[:n] == tokens
         if temperature == 0:
             assert tokens[0] != plain  # the settings changed the answer (else the test could not fail)
+
+
+def test_top_k_and_min_p_give_the_engines_answer(url: str) -> None:
+    """vLLM's top_k (-1 = off) and min_p: a seeded sampled completion is the engine's for the same settings."""
+    target = make_target()
+    ids = target.encode("t5 t6 t7")
+    for top_k, min_p in ((3, 0.0), (0, 0.8), (-1, 0.9)):
+        body = {"prompt": "t5 t6 t7", "max_tokens": 10, "temperature": 1.5, "seed": 3, "top_k": top_k, "min_p": min_p}
+        got = httpx.post(f"{url}/v1/completions", json={**body, "logprobs": 0}, timeout=60).json()
+        tokens = [target.vocab[t] for t in got["choices"][0]["logprobs"]["tokens"]]
+        want = Generator(target).generate(
+            ids, max_new_tokens=10, temperature=1.5, seed=3, top_k=max(top_k, 0), min_p=min_p
+        )
+        assert tokens == want.token_ids
+    free = Generator(target).generate(ids, max_new_tokens=10, temperature=1.5, seed=3).token_ids
+    for changed in (dict(top_k=3), dict(min_p=0.8)):  # each setting changes the answer (else the test could not fail)
+        assert free != Generator(target).generate(ids, max_new_tokens=10, temperature=1.5, seed=3, **changed).token_ids
 
 
 def test_logprobs_are_the_engines_in_openais_shapes(url: str) -> None:

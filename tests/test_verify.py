@@ -25,6 +25,8 @@ from dartspec.verify import SamplingParams, Verifier, sample, warp
         ({"top_k": -1}, "top_k"),
         ({"top_k": 2.5}, "top_k"),
         ({"seed": -3}, "seed"),
+        ({"min_p": -0.1}, "min_p"),
+        ({"min_p": 1.5}, "min_p"),
     ],
 )
 def test_invalid_sampling_params(kwargs: dict, needle: str) -> None:
@@ -58,6 +60,29 @@ def test_warp_matches_reference(t: float, k: int, p: float) -> None:
     logits = np.random.default_rng(0).normal(size=9) * 2
     got = warp(torch.tensor(logits), SamplingParams(temperature=t, top_k=k, top_p=p)).numpy()
     np.testing.assert_allclose(got, brute_warp(logits, t, k, p), atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("t", "k", "p", "m"), [(1.0, 0, 1.0, 0.1), (0.7, 5, 1.0, 0.3), (1.3, 0, 0.9, 0.05), (0.5, 6, 0.8, 0.5)]
+)
+def test_warp_matches_transformers_warpers(t: float, k: int, p: float, m: float) -> None:
+    """Independent reference: transformers' temperature, top-k, top-p and min-p warpers in its own order."""
+    from transformers.generation.logits_process import (
+        MinPLogitsWarper,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    logits = torch.tensor(np.random.default_rng(3).normal(size=(1, 40)) * 2)
+    scores = TemperatureLogitsWarper(t)(None, logits.clone())
+    warpers = ((TopKLogitsWarper, k, k > 0), (TopPLogitsWarper, p, p < 1), (MinPLogitsWarper, m, m > 0))
+    for warper, value, on in warpers:
+        scores = warper(value)(None, scores) if on else scores
+    want = torch.softmax(scores, -1)[0]
+    got = warp(logits[0], SamplingParams(temperature=t, top_k=k, top_p=p, min_p=m))
+    assert int((got > 0).sum()) < 40 and torch.equal(got > 0, want > 0)
+    assert torch.allclose(got, want, atol=1e-12)
 
 
 def test_inverse_cdf_sampling() -> None:

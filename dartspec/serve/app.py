@@ -302,6 +302,8 @@ async def _serve(
         max_tokens=req.max_completion_tokens or req.max_tokens or served.default_max_tokens,
         temperature=float(req.temperature),
         top_p=float(req.top_p),
+        top_k=max(req.top_k, 0),
+        min_p=float(req.min_p),
         seed=req.seed,
         stop=[req.stop] if isinstance(req.stop, str) else list(req.stop or []),
         plain=bool(req.dartspec and req.dartspec.drafter == "none"),

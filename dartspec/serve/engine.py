@@ -63,6 +63,8 @@ class Job:
     max_tokens: int
     temperature: float = 0.0
     top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
     seed: int | None = None
     stop: Sequence[str] = ()
     plain: bool = False  # run without the drafter (the web page's comparison switch)
@@ -236,6 +238,8 @@ class ServeEngine:
                 max_new_tokens=job.max_tokens,
                 temperature=job.temperature,
                 top_p=job.top_p,
+                top_k=job.top_k,
+                min_p=job.min_p,
                 seed=job.seed,
                 stop=job.stop,
                 own_state=True,
