@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from dartspec.constraint import JsonConstraint, check_response_format
 from dartspec.drafters.base import DraftBudget, Drafter, NoDrafter
 from dartspec.errors import ContextLengthError, DartspecError
 from dartspec.kv_cache import TreeKVCache
@@ -452,6 +453,7 @@ class Generator:
         presence_penalty: float = 0.0,
         frequency_penalty: float = 0.0,
         logit_bias: Mapping[int, float] | None = None,
+        response_format: str = "text",
     ) -> SequenceState:
         """Check the request, prefill the prompt and take the first token: a sequence for :meth:`emit` and
         :meth:`advance`. ``prompt``: text (``chat`` applies the chat template), chat messages or token ids;
@@ -462,7 +464,9 @@ class Generator:
         log-probability with that many alternatives (0 to :data:`MAX_TOP_LOGPROBS`; None: none): the target's own,
         before penalties and temperature. ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``,
         ``logit_bias`` (token id -> bias): :class:`~dartspec.sampling.Penalties`; greedy decoding takes the argmax of
-        the penalised logits."""
+        the penalised logits. ``response_format="json_object"``: the answer is a JSON object, decoded under the
+        constraint of :mod:`dartspec.constraint` (greedy: the most likely allowed token; sampling: the target's
+        distribution restricted to the allowed tokens), and ends where the object does."""
         penalties = Penalties(repetition_penalty, presence_penalty, frequency_penalty, logit_bias or ())  # type: ignore[arg-type]
         params = SamplingParams(
             temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, penalties=penalties, min_p=min_p
@@ -470,6 +474,7 @@ class Generator:
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise DartspecError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         check_logprobs(logprobs)
+        check_response_format(response_format)
         target, drafter = self.target, self.drafter
         bad = next((t for t, _ in penalties.logit_bias if t >= target.vocab_size), None)
         if bad is not None:
@@ -483,7 +488,8 @@ class Generator:
                 f"the prompt is {len(prompt_ids)} tokens but {target.name} has a context window of "
                 f"{target.max_context} tokens"
             )
-        verifier = Verifier(params, sampled_drafts=self.sampled_drafts, prompt_ids=prompt_ids)
+        constraint = JsonConstraint(target.token_texts) if response_format == "json_object" else None
+        verifier = Verifier(params, sampled_drafts=self.sampled_drafts, prompt_ids=prompt_ids, constraint=constraint)
         stats = GenerationStats(prompt_tokens=len(prompt_ids))
         plain = self.max_draft_temperature is not None and params.temperature > self.max_draft_temperature
         if plain:  # say why a generator with a drafter did not draft (--json, the CLI's stats line)

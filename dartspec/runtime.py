@@ -32,6 +32,7 @@ from dartspec.kv_cache import TreeKVCache
 from dartspec.tree import Tree
 
 if TYPE_CHECKING:
+    from dartspec.constraint import TokenTexts
     from dartspec.cuda_graphs import StepGraphs
     from dartspec.prefix_cache import PrefixCache
 
@@ -116,6 +117,9 @@ class TargetRuntime(Protocol):
     def encode_chats(self, conversations: Sequence[Sequence[dict[str, str]]]) -> list[list[int]]: ...
 
     def decode(self, token_ids: Sequence[int]) -> str: ...
+
+    @property
+    def token_texts(self) -> TokenTexts: ...
 
 
 @runtime_checkable
@@ -267,6 +271,14 @@ class CausalRuntime(ABC):
         """The tokenizer's vocabulary (token -> id), listed once: the EOS ids, a drafter's target check and its n-gram
         file's check all read it, and listing it takes 0.05 s (SmolLM2) to 0.25 s (Gemma 3) each time."""
         return self.tokenizer.get_vocab() if self.tokenizer is not None else {}
+
+    @functools.cached_property
+    def token_texts(self) -> TokenTexts:
+        """The bytes each token adds to a decoded text, listed once (on the first constrained request: ~0.5 s for
+        SmolLM2's 49K tokens)."""
+        from dartspec.constraint import TokenTexts
+
+        return TokenTexts.of(self.decode, self.vocab_size, self.eos_token_ids, anchor=self.encode("a")[-1])
 
     def _find_eos_ids(self, generation_config: Any) -> frozenset[int]:
         ids: set[int] = set()

@@ -125,3 +125,8 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def truncates(self) -> bool:
+        """Whether top-k, top-p or min-p cut the distribution (its tail then depends on which tokens are allowed)."""
+        return self.top_k > 0 or self.top_p < 1 or self.min_p > 0

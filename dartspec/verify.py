@@ -36,6 +36,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from dartspec import json_grammar as jg
+from dartspec.constraint import JsonConstraint, stuck_error
 from dartspec.penalties import PenaltyState
 from dartspec.sampling import SamplingParams
 from dartspec.tree import DraftSampling, Tree
@@ -91,13 +93,23 @@ class Acceptance:
 class Verifier:
     """Accepts the longest path of a tree that the target would have produced itself."""
 
-    def __init__(self, params: SamplingParams, *, sampled_drafts: bool = False, prompt_ids: Sequence[int] = ()) -> None:
+    def __init__(
+        self,
+        params: SamplingParams,
+        *,
+        sampled_drafts: bool = False,
+        prompt_ids: Sequence[int] = (),
+        constraint: JsonConstraint | None = None,
+    ) -> None:
         """``sampled_drafts``: a sampled request's drafter may draw its tree (:attr:`draft_sampling`, seeded with the
         request), whose draws this verifier then tests by rejection; False: drafts are matched, and a seed gives
         plain sampling's tokens. ``prompt_ids``: the history the repetition penalty starts from (with penalties,
-        the verifier keeps the answer's history itself: every token it returns is taken as committed)."""
+        the verifier keeps the answer's history itself: every token it returns is taken as committed).
+        ``constraint``: the answer must follow it (:mod:`dartspec.constraint`); every token returned is committed to
+        it too. Sampled trees are then walked by matching (their proposals ignored: still exact)."""
         self.params = params
         self.penalties = PenaltyState(params.penalties, prompt_ids) if params.penalties.active else None
+        self.constraint = constraint
         self._rng = torch.Generator(device="cpu")
         self._rng.manual_seed(params.seed if params.seed is not None else torch.seed())
         self.draft_sampling = None
@@ -111,41 +123,69 @@ class Verifier:
     def next_token(self, logits: torch.Tensor, argmax: torch.Tensor | None = None) -> int:
         """One token from one row of logits (used after prefill, where there is no tree); ``argmax``: the row's
         argmax where the runtime took it already."""
-        if self.penalties is None:
-            return self._choose(logits, argmax)
-        token = self._choose(self.penalties(logits[None])[0])
-        self.penalties.commit([token])
+        if self.penalties is not None:
+            logits, argmax = self.penalties(logits[None])[0], None
+        token = self._choose(logits, None if argmax is None else int(argmax), self._state())
+        self._commit([token])
         return token
 
-    def _choose(self, logits: torch.Tensor, argmax: torch.Tensor | None = None) -> int:
+    def _state(self) -> jg.State | None:
+        return None if self.constraint is None else self.constraint.state
+
+    def _commit(self, tokens: list[int]) -> None:
+        if self.penalties is not None:
+            self.penalties.commit(tokens)
+        if self.constraint is not None:
+            self.constraint.commit(tokens)
+
+    def _choose(self, logits: torch.Tensor, argmax: int | None = None, state: jg.State | None = None) -> int:
+        """One token from one row: the argmax or a draw, among the tokens the constraint allows after ``state``."""
+        constraint = self.constraint
         if self.params.greedy:
-            return int(logits.argmax() if argmax is None else argmax)
-        return sample(warp(logits, self.params), self._uniform())
+            if constraint is None:
+                return int(logits.argmax()) if argmax is None else argmax
+            return constraint.greedy(logits, state, argmax)  # type: ignore[arg-type]
+        if constraint is None:
+            return sample(warp(logits, self.params), self._uniform())
+        if self.params.truncates:  # top-k / top-p / min-p over the allowed tokens only: the whole mask needed
+            allowed = constraint.mask(state, logits.shape[-1], logits.device)  # type: ignore[arg-type]
+            if not bool(allowed.any()):
+                raise stuck_error()
+            return sample(warp(logits.masked_fill(~allowed, -math.inf), self.params), self._uniform())
+        probs = warp(logits, self.params)
+        return constraint.sample(probs, state, lambda p: sample(p, self._uniform()))  # type: ignore[arg-type]
 
     def accept(self, tree: Tree, logits: torch.Tensor, argmax: torch.Tensor | None = None) -> Acceptance:
         """Walk ``tree`` with the target's ``logits`` (row i = distribution after node i); ``argmax``: each row's
         argmax where the runtime took it already (:attr:`TargetOutput.argmax`)."""
-        if self.penalties is None:
-            return self._walk(tree, logits, argmax)
-        acc = self._walk(tree, self.penalties(logits, tree))  # each row with its path's history
-        self.penalties.commit(acc.tokens)
+        if self.penalties is not None:
+            logits, argmax = self.penalties(logits, tree), None  # each row with its path's history
+        acc = self._walk(tree, logits, argmax)
+        self._commit(acc.tokens)
         return acc
 
     def _walk(self, tree: Tree, logits: torch.Tensor, argmax: torch.Tensor | None = None) -> Acceptance:
-        if tree.proposals and not self.params.greedy:
+        constraint = self.constraint
+        if tree.proposals and not self.params.greedy and constraint is None:
             return self._accept_by_rejection(tree, logits)
         greedy = None
         if self.params.greedy:
             greedy = (logits.argmax(-1) if argmax is None else argmax).tolist()
+        state = self._state()
         node = 0
         path = [0]
         tokens: list[int] = []
         while True:
-            token = greedy[node] if greedy is not None else self._choose(logits[node])
+            if greedy is not None and constraint is None:
+                token = greedy[node]
+            else:
+                token = self._choose(logits[node], None if greedy is None else greedy[node], state)
             tokens.append(token)
             child = tree.child_with_token(node, token)
             if child is None:
                 return Acceptance(path, tokens)
+            if constraint is not None:  # the grammar state at the child: after the token just chosen
+                state = constraint.after(state, token)  # type: ignore[arg-type]
             node = child
             path.append(child)
 

@@ -1,0 +1,164 @@
+"""Constrained decoding to JSON (OpenAI's ``response_format: {"type": "json_object"}``), lossless under speculation.
+
+The answer must be a JSON object: a token is allowed where the text so far plus its bytes is still a prefix of one
+(:mod:`dartspec.json_grammar`), EOS only once the object is whole, and nothing after it. The verifier asks this at each
+tree node it walks, with the grammar state after that node's own path, and picks the target's choice among the
+allowed tokens exactly as plain decoding would: greedy takes the most likely allowed token, sampling draws from the
+target's distribution restricted to them. So drafts never change the answer, they only skip forwards (a draft the
+grammar forbids is simply not accepted).
+
+Checking is lazy: greedy tries the most likely tokens in order (almost always the first or second), sampling draws and
+redraws without a rejected token (exact for the restricted distribution); only when many are refused is the whole
+vocabulary checked for that grammar state, once per state (most tokens are ruled out by their first byte, and inside a
+string only those holding a quote, a backslash or a control byte need a look).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from dartspec import json_grammar as jg
+from dartspec.errors import DartspecError
+
+#: The response formats a request may ask for.
+RESPONSE_FORMATS = ("text", "json_object")
+#: Most likely tokens greedy decoding tries before it checks the whole vocabulary.
+GREEDY_TRIES = 32
+#: Draws refused before sampling checks the whole vocabulary.
+SAMPLE_TRIES = 16
+#: Grammar states whose whole-vocabulary masks a sequence keeps.
+MASK_CACHE = 256
+
+
+def check_response_format(value: object) -> None:
+    if value not in RESPONSE_FORMATS:
+        raise DartspecError(f"response_format must be one of {', '.join(RESPONSE_FORMATS)}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class TokenTexts:
+    """The UTF-8 bytes each token adds to a decoded text (what a grammar reads), for a whole vocabulary. Special tokens
+    (decoded to nothing) and ids past the tokenizer are empty: never allowed as text."""
+
+    pieces: tuple[bytes, ...]
+    eos: frozenset[int]
+    by_first_byte: dict[int, np.ndarray]  # first byte -> token ids starting with it
+    string_safe: np.ndarray  # bool per token: non-empty, no quote, backslash or control byte (free inside a string)
+
+    @classmethod
+    def of(cls, decode: Callable[[Sequence[int]], str], size: int, eos: frozenset[int], anchor: int) -> TokenTexts:
+        """Each token decoded after ``anchor`` (so a SentencePiece token keeps the space a lone decode strips), the
+        anchor's own text taken off; a piece of a multi-byte character decodes to U+FFFD, whose bytes (all >= 0x80)
+        the grammar allows where that character's would be (inside strings)."""
+        head = decode([anchor])
+        pieces = []
+        for token in range(size):
+            text = decode([anchor, token])
+            pieces.append((text[len(head) :] if text.startswith(head) else decode([token])).encode())
+        firsts: dict[int, list[int]] = {}
+        safe = np.zeros(size, dtype=bool)
+        for token, piece in enumerate(pieces):
+            if piece:
+                firsts.setdefault(piece[0], []).append(token)
+                safe[token] = min(piece) >= 0x20 and b'"' not in piece and b"\\" not in piece
+        for token in eos:
+            if token < size:
+                safe[token] = False
+        groups = {b: np.array(ids, dtype=np.int64) for b, ids in firsts.items()}
+        return cls(tuple(pieces), frozenset(eos), groups, safe)
+
+
+class JsonConstraint:
+    """One sequence's constraint: the grammar state after its committed answer, and which tokens may follow a state."""
+
+    def __init__(self, texts: TokenTexts, object_only: bool = True) -> None:
+        self.texts = texts
+        self.state: jg.State = jg.start(object_only)
+        self._masks: dict[jg.State, torch.Tensor] = {}
+
+    def after(self, state: jg.State, token: int) -> jg.State | None:
+        """The state after ``token``, or None where it is not allowed there (EOS: allowed once the value is whole,
+        and leaves the state as it is)."""
+        if token in self.texts.eos:
+            return state if jg.complete(state) else None
+        if not 0 <= token < len(self.texts.pieces) or not self.texts.pieces[token]:
+            return None
+        return jg.advance(state, self.texts.pieces[token])
+
+    def commit(self, tokens: Sequence[int]) -> None:
+        for token in tokens:
+            state = self.after(self.state, token)
+            assert state is not None, "a committed token the constraint refused"
+            self.state = state
+
+    def mask(self, state: jg.State, width: int, device: torch.device) -> torch.Tensor:
+        """Whether each token of a ``width``-wide row is allowed after ``state`` (the whole vocabulary checked)."""
+        key = state
+        if key not in self._masks:
+            if len(self._masks) >= MASK_CACHE:
+                self._masks.clear()
+            self._masks[key] = self._whole_mask(state)
+        mask = self._masks[key]
+        out = torch.zeros(width, dtype=torch.bool, device=device)
+        n = min(width, len(mask))
+        out[:n] = mask[:n].to(device)
+        return out
+
+    def _whole_mask(self, state: jg.State) -> torch.Tensor:
+        texts = self.texts
+        allowed = np.zeros(len(texts.pieces), dtype=bool)
+        if state[1] == jg.STRING:  # tokens without a quote, backslash or control byte just extend the string
+            allowed |= texts.string_safe
+            candidates = np.flatnonzero(~texts.string_safe)
+        else:
+            firsts = [b for b in texts.by_first_byte if jg.advance(state, bytes([b])) is not None]
+            groups = [texts.by_first_byte[b] for b in firsts]
+            candidates = np.concatenate(groups) if groups else np.zeros(0, dtype=np.int64)
+        for token in candidates.tolist():
+            if not allowed[token] and self.after(state, token) is not None:
+                allowed[token] = True
+        for token in texts.eos:
+            if token < len(allowed):
+                allowed[token] = jg.complete(state)
+        return torch.from_numpy(allowed)
+
+    def greedy(self, row: torch.Tensor, state: jg.State, argmax: int | None = None) -> int:
+        """The most likely token of ``row`` allowed after ``state``."""
+        first = int(row.argmax()) if argmax is None else argmax
+        if self.after(state, first) is not None:
+            return first
+        for token in torch.topk(row, min(GREEDY_TRIES, row.shape[-1])).indices.tolist():
+            if self.after(state, token) is not None:
+                return token  # the first allowed in descending order: topk breaks ties by index, as argmax does
+        allowed = self.mask(state, row.shape[-1], row.device)
+        if not bool(allowed.any()):
+            raise stuck_error()
+        return int(row.masked_fill(~allowed, -torch.inf).argmax())
+
+    def sample(self, probs: torch.Tensor, state: jg.State, draw: Callable[[torch.Tensor], int]) -> int:
+        """A draw from ``probs`` restricted to the tokens allowed after ``state``: draw, and while the token is refused
+        draw again without it (each refusal conditions on the rest, so the result has exactly the restricted law);
+        after :data:`SAMPLE_TRIES` refusals, one draw from the whole-vocabulary restriction. ``draw(probs)`` takes one
+        token by the verifier's generator."""
+        for _ in range(SAMPLE_TRIES):
+            token = draw(probs)
+            if self.after(state, token) is not None:
+                return token
+            probs = probs.clone()
+            probs[token] = 0.0
+            if not bool(probs.sum() > 0):
+                raise stuck_error()
+        allowed = self.mask(state, probs.shape[-1], probs.device)
+        probs = probs.masked_fill(~allowed, 0.0)
+        if not bool(probs.sum() > 0):
+            raise stuck_error()
+        return draw(probs)
+
+
+def stuck_error() -> DartspecError:
+    """No token may continue the answer: the vocabulary cannot write what the grammar needs next."""
+    return DartspecError("no token of the vocabulary continues the JSON answer here; ask for text instead")

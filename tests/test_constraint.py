@@ -1,0 +1,233 @@
+"""JSON-constrained decoding: token masks equal a brute-force check of every token against the text so far, the lazy
+greedy and sampling choices are the masked argmax and the masked law, and with any drafter the engine commits what a
+naive constrained loop over transformers' forward commits (greedy and seeded sampling)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+import torch
+from conftest import VOCAB, tiny_target
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_engine import RandomDrafter
+
+from dartspec import json_grammar as jg
+from dartspec.constraint import SAMPLE_TRIES, JsonConstraint, TokenTexts
+from dartspec.drafters import PromptLookupDrafter
+from dartspec.engine import Generator
+from dartspec.errors import DartspecError
+from dartspec.sampling import SamplingParams
+from dartspec.target import Target
+from dartspec.verify import Verifier, sample, warp
+
+EOS = 1
+# A vocabulary of JSON pieces (ids 2..): single characters, multi-closers, keys with their colon, quote-carrying and
+# escape-carrying pieces, whitespace runs and words; id 0 a special token (decodes to nothing), 1 EOS.
+_PIECES = [
+    *'{}[]",: \n-+.0123456789eEabfilnrstuxyz\\/\t',
+    '"}',
+    "}}",
+    "]}",
+    "}]",
+    "},",
+    '",',
+    '":',
+    '{"',
+    '["',
+    '"a":',
+    ' "b": ',
+    ", ",
+    ": ",
+    "\n  ",
+    "  ",
+    "true",
+    "false",
+    "null",
+    "12",
+    "3.5",
+    "1e3",
+    "-0",
+    '\\"',
+    "\\n",
+    "\\u00e9",
+    "\\u",
+    "00",
+    "ab",
+    "cat",
+    " and",
+    "é",
+    "\x01",
+    '"]}',
+]
+PIECES = ["", "", *_PIECES] + [f"w{i}" for i in range(VOCAB - 2 - len(_PIECES))]
+assert len(PIECES) == VOCAB
+
+
+def fake_decode(ids: Sequence[int]) -> str:
+    return "".join(PIECES[i] for i in ids)
+
+
+def texts() -> TokenTexts:
+    return TokenTexts.of(fake_decode, VOCAB, frozenset({EOS}), anchor=PIECES.index("ab"))
+
+
+def brute_allowed(prefix: str, object_only: bool = True) -> np.ndarray:
+    """Every token checked against the whole text so far, from the start (no incremental state, no shortcuts)."""
+    out = np.zeros(VOCAB, dtype=bool)
+    whole = jg.advance(jg.start(object_only), prefix.encode())
+    for token in range(VOCAB):
+        if token == EOS:
+            out[token] = whole is not None and jg.complete(whole)
+        elif PIECES[token]:
+            out[token] = jg.advance(jg.start(object_only), (prefix + PIECES[token]).encode()) is not None
+    return out
+
+
+def random_prefix(rng: np.random.Generator, steps: int) -> list[int]:
+    """A valid answer prefix: tokens drawn among the allowed ones (brute force)."""
+    ids: list[int] = []
+    for _ in range(steps):
+        allowed = np.flatnonzero(brute_allowed(fake_decode(ids)))
+        allowed = allowed[allowed != EOS]
+        if not len(allowed):
+            break
+        ids.append(int(rng.choice(allowed)))
+    return ids
+
+
+def test_token_texts_keep_each_tokens_bytes() -> None:
+    t = texts()
+    assert t.pieces[2] == b"{" and t.pieces[0] == b"" and t.pieces[PIECES.index("é")] == "é".encode()
+    assert not t.string_safe[PIECES.index('"}')] and not t.string_safe[PIECES.index("\n")]
+    assert t.string_safe[PIECES.index("cat")] and not t.string_safe[EOS] and not t.string_safe[0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**16), steps=st.integers(0, 25))
+def test_masks_equal_a_brute_force_check_of_every_token(seed: int, steps: int) -> None:
+    constraint = JsonConstraint(texts())
+    ids = random_prefix(np.random.default_rng(seed), steps)
+    constraint.commit(ids)
+    got = constraint.mask(constraint.state, VOCAB + 4, torch.device("cpu"))
+    want = brute_allowed(fake_decode(ids))
+    assert got[:VOCAB].numpy().tolist() == want.tolist() and not got[VOCAB:].any()
+    for token in range(VOCAB):
+        assert (constraint.after(constraint.state, token) is not None) == want[token]
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**16), steps=st.integers(0, 20), bury=st.booleans())
+def test_greedy_takes_the_most_likely_allowed_token(seed: int, steps: int, bury: bool) -> None:
+    rng = np.random.default_rng(seed)
+    constraint = JsonConstraint(texts())
+    ids = random_prefix(rng, steps)
+    constraint.commit(ids)
+    allowed = torch.from_numpy(brute_allowed(fake_decode(ids)))
+    row = torch.tensor(rng.normal(size=VOCAB))
+    if bury:  # every refused token more likely than any allowed one (past the first GREEDY_TRIES: the whole mask)
+        row[~allowed] += 100.0
+    want = int(row.masked_fill(~allowed, -torch.inf).argmax())
+    assert constraint.greedy(row, constraint.state) == want
+
+
+def test_sampling_draws_from_the_restricted_distribution() -> None:
+    """A chi-square test of the lazy redraws (and of the whole-mask path a truncated distribution takes) against the
+    target's warped distribution restricted to the allowed tokens."""
+    from scipy.stats import chi2 as chi2_dist
+
+    rng = np.random.default_rng(5)
+    logits = torch.tensor(rng.normal(size=VOCAB) * 2)
+    for prefix, params in (
+        ('{"a": ', SamplingParams(temperature=1.0, seed=0)),
+        ('{"a": [1, ', SamplingParams(temperature=0.7, seed=0, top_k=12)),
+        ("{", SamplingParams(temperature=1.3, seed=0, top_p=0.9)),
+    ):
+        ids = _tokenize(prefix)
+        allowed = torch.from_numpy(brute_allowed(prefix))
+        if params.truncates:
+            want = warp(logits.masked_fill(~allowed, -torch.inf), params).numpy()
+        else:
+            want = warp(logits, params).masked_fill(~allowed, 0.0).numpy()
+            want = want / want.sum()
+        n = 4000
+        counts = Counter()
+        for i in range(n):
+            constraint = JsonConstraint(texts())
+            constraint.commit(ids)
+            verifier = Verifier(SamplingParams(**{**params.__dict__, "seed": i}), constraint=constraint)
+            counts[verifier.next_token(logits)] += 1
+        assert all(want[t] > 0 for t in counts), prefix
+        keep = want > 0
+        expected = want[keep] * n
+        observed = np.array([counts[t] for t in np.flatnonzero(keep)])
+        chi2 = float(((observed - expected) ** 2 / expected).sum())
+        assert chi2_dist.sf(chi2, df=keep.sum() - 1) > 1e-3, (prefix, chi2)
+
+
+def _tokenize(text: str) -> list[int]:
+    """Single-character pieces for ``text`` (each character is a piece of its own)."""
+    return [PIECES.index(c) for c in text]
+
+
+@pytest.fixture(scope="module", params=["llama", "gemma3"])
+def target(request: pytest.FixtureRequest) -> Target:
+    target = tiny_target(request.param, seed=3)
+    target.__dict__["token_texts"] = texts()  # the fake pieces, so that the tiny vocabulary can write JSON
+    return target
+
+
+PROMPT = [5, 9, 3, 17, 5, 9, 3, 17, 5, 9, 40, 2, 33, 5, 9]
+
+
+def naive_decode(target: Target, n: int, temperature: float, seed: int) -> list[int]:
+    """Plain constrained decoding written out: transformers' forward over the whole sequence, the allowed tokens by
+    brute force over the text so far, the masked argmax or a draw from the masked distribution (the verifier's
+    generator seeded as it seeds it, and redrawing as the module docstring says: up to SAMPLE_TRIES lazy redraws, then
+    one draw among all allowed tokens; the law of this is checked above)."""
+    rng = torch.Generator().manual_seed(seed)
+    answer: list[int] = []
+    while len(answer) < n and (not answer or answer[-1] != EOS):
+        with torch.no_grad():
+            logits = target.model(torch.tensor([PROMPT + answer])).logits[0, -1].double()
+        allowed = torch.from_numpy(brute_allowed(fake_decode(answer)))
+        if temperature == 0:
+            answer.append(int(logits.masked_fill(~allowed, -torch.inf).argmax()))
+            continue
+        probs = warp(logits, SamplingParams(temperature=temperature, seed=seed))
+        for _ in range(SAMPLE_TRIES):  # draw; a refused token is dropped and the draw repeated, so many times
+            token = sample(probs, float(torch.rand((), generator=rng, dtype=torch.float64)))
+            if allowed[token]:
+                break
+            probs = probs.clone()
+            probs[token] = 0.0
+        else:  # then one draw among the allowed tokens
+            token = sample(probs.masked_fill(~allowed, 0.0), float(torch.rand((), generator=rng, dtype=torch.float64)))
+        answer.append(token)
+    return answer
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_any_drafter_commits_what_a_naive_constrained_loop_does(target: Target, temperature: float) -> None:
+    ref = naive_decode(target, 40, temperature, seed=4)
+    assert jg.advance(jg.start(True), fake_decode(ref[:-1] if ref[-1] == EOS else ref).encode()) is not None
+    for drafter in [None, PromptLookupDrafter(min_ngram=1), RandomDrafter(seed=2, reference=ref, oracle_rate=0.8)]:
+        gen = Generator(target, drafter, tree_size=6, max_depth=4)
+        out = gen.generate(PROMPT, max_new_tokens=40, temperature=temperature, seed=4, response_format="json_object")
+        assert out.token_ids == ref, drafter
+        if isinstance(drafter, RandomDrafter):
+            assert out.stats.draft_tokens_accepted > 5
+    if ref[-1] == EOS:  # a whole object, then the end
+        json.loads(fake_decode(ref[:-1]))
+
+
+def test_a_vocabulary_that_cannot_write_json_is_a_clear_error() -> None:
+    target = tiny_target("llama", seed=3, layers=2)  # its tokens are words "t0".."t95": no "{"
+    with pytest.raises(DartspecError, match="no token of the vocabulary continues the JSON answer"):
+        Generator(target).generate(PROMPT, max_new_tokens=4, response_format="json_object")
+    with pytest.raises(DartspecError, match="response_format must be one of text, json_object"):
+        Generator(target).generate(PROMPT, max_new_tokens=4, response_format="json_schema")
