@@ -35,7 +35,8 @@ _NUMBER_ENDS = frozenset({ZERO, INT, FRAC, EXP_DIGITS})
 
 
 def start(object_only: bool = False) -> State:
-    """The state before any byte: any JSON value, or with ``object_only`` an object (whitespace before it allowed)."""
+    """The state before any byte: any JSON value, or with ``object_only`` an object, starting at once (no whitespace
+    before it)."""
     return ("", TOP_OBJECT if object_only else VALUE, None)
 
 
@@ -82,10 +83,10 @@ def _step(state: State, b: int) -> State | None:
         if b != ord(rest[0]):
             return None
         return _after_value(stack) if len(rest) == 1 else (stack, LITERAL, rest[1:])
+    if mode == TOP_OBJECT:  # the object first: no whitespace a model could pad its answer with forever
+        return ("o", KEY_OR_CLOSE, None) if b == 0x7B else None
     if b in _WS:
         return None if mode == DONE else state
-    if mode == TOP_OBJECT:
-        return ("o", KEY_OR_CLOSE, None) if b == 0x7B else None
     if mode in (VALUE, VALUE_OR_CLOSE):
         if mode == VALUE_OR_CLOSE and b == 0x5D:  # ']'
             return _after_value(stack[:-1])

@@ -206,7 +206,8 @@ HI = [{"role": "user", "content": "t5"}]
         ("completions", {"prompt": "t5", "logprobs": 6}, "logprobs", "less than or equal to 5"),
         ("completions", {"prompt": "t5", "logprobs": True}, "logprobs", "valid integer"),
         ("chat/completions", {"messages": HI, "tools": [{"type": "function"}]}, "tools", "not supported"),
-        ("chat/completions", {"messages": HI, "response_format": {"type": "json_object"}}, "response_format", "not"),
+        ("chat/completions", {"messages": HI, "response_format": {"type": "json_schema"}}, "response_format", "not"),
+        ("chat/completions", {"messages": HI, "response_format": {"type": "json_object"}}, None, "no token of the"),
         (
             "chat/completions",
             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
@@ -290,6 +291,32 @@ def test_penalties_and_logit_bias_give_the_engines_answer(url: str) -> None:
         assert streamed[:n] == tokens
         if temperature == 0:
             assert tokens[0] != plain  # the settings changed the answer (else the test could not fail)
+
+
+def test_json_object_answers_are_the_engines() -> None:
+    """response_format json_object, whole and streamed, greedy and seeded: the engine's constrained tokens (a tiny
+    vocabulary of JSON pieces, tests/test_constraint.py)."""
+    from test_constraint import EOS, fake_decode, texts
+
+    target = make_target()
+    target.__dict__["token_texts"] = texts()
+    ids = target.encode("t5 t6 t7")
+    with serving(target=target) as u:
+        for temperature in (0.0, 0.9):
+            want = Generator(target).generate(
+                ids, max_new_tokens=16, temperature=temperature, seed=2, response_format="json_object"
+            )
+            body = {"prompt": "t5 t6 t7", "max_tokens": 16, "temperature": temperature, "seed": 2, "logprobs": 0}
+            body["response_format"] = {"type": "json_object"}
+            got = httpx.post(f"{u}/v1/completions", json=body, timeout=60).json()
+            tokens = [target.vocab[t] for t in got["choices"][0]["logprobs"]["tokens"]]
+            assert tokens == want.token_ids
+            assert fake_decode([t for t in tokens if t != EOS]).startswith("{")
+            with httpx.stream("POST", f"{u}/v1/completions", json={**body, "stream": True}, timeout=60) as r:
+                chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+            pieces = [(ch.get("logprobs") or {}).get("tokens", []) for c in chunks for ch in c["choices"]]
+            streamed = [target.vocab[t] for piece in pieces for t in piece]
+            assert streamed == tokens
 
 
 def test_top_k_and_min_p_give_the_engines_answer(url: str) -> None:

@@ -309,6 +309,7 @@ async def _serve(
         plain=bool(req.dartspec and req.dartspec.drafter == "none"),
         logprobs=req.logprobs_asked(),
         penalties=req.penalties(),
+        response_format=req.response_format_type(),
     )
     # n choices are n sequences in the batch; a seeded request's choice i samples with seed + i (reproducible, and
     # not n copies of one answer), an unseeded one's each with its own draw
@@ -389,6 +390,10 @@ def _check(engine: ServeEngine, req: CommonRequest, ids: list[int], prompt_param
     for name, asks in UNSUPPORTED.items():
         if asks(getattr(req, name)):
             return f"{name} is not supported by this server (leave it out or at its default)", name
+    try:
+        req.response_format_type()
+    except DartspecError as err:
+        return str(err), "response_format"
     try:
         penalties = req.penalties()
     except DartspecError as err:  # the message names the field

@@ -70,6 +70,7 @@ class Job:
     plain: bool = False  # run without the drafter (the web page's comparison switch)
     logprobs: int | None = None  # each token's log-probability with this many alternatives (None: none)
     penalties: Penalties = field(default_factory=Penalties)
+    response_format: str = "text"  # or "json_object"
     cancel: threading.Event = field(default_factory=threading.Event)
 
 
@@ -248,6 +249,7 @@ class ServeEngine:
                 presence_penalty=job.penalties.presence,
                 frequency_penalty=job.penalties.frequency,
                 logit_bias=dict(job.penalties.logit_bias),
+                response_format=job.response_format,
             )
         except BaseException as err:
             request.send(err)

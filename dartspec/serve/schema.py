@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
+from dartspec.constraint import RESPONSE_FORMATS
 from dartspec.engine import MAX_TOP_LOGPROBS, GenerationResult, StepEvent, TokenLogprob
 from dartspec.errors import DartspecError
 from dartspec.sampling import MAX_PENALTY, Penalties
@@ -93,13 +94,23 @@ class CommonRequest(BaseModel):
     frequency_penalty: StrictFloat | StrictInt = Field(default=0, ge=-MAX_PENALTY, le=MAX_PENALTY)
     repetition_penalty: StrictFloat | StrictInt = Field(default=1, gt=0)
     logit_bias: dict[str, StrictFloat | StrictInt] | None = None
+    # {"type": "text"} or {"type": "json_object"} (a JSON object, decoded under dartspec.constraint)
+    response_format: dict[str, Any] | None = None
     # Accepted at their defaults only (see UNSUPPORTED): ignoring them would give other text than asked for.
     tools: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
 
     def logprobs_asked(self) -> int | None:
         """Alternatives per token's log-probabilities the request asks for, or None: none (each endpoint's fields)."""
         return None
+
+    def response_format_type(self) -> str:
+        """The answer's format: "text" or "json_object" (a :class:`DartspecError` for others)."""
+        kind = (self.response_format or {}).get("type", "text")
+        if kind not in RESPONSE_FORMATS:
+            raise DartspecError(
+                f"response_format type {kind!r} is not supported by this server (text and json_object are)"
+            )
+        return str(kind)
 
     def penalties(self) -> Penalties:
         """The request's penalties and logit bias, checked (a :class:`DartspecError` says what is wrong)."""
@@ -114,7 +125,6 @@ class CommonRequest(BaseModel):
 #: Request fields this server does not implement, and whether a request's value asks for them.
 UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
     "tools": bool,
-    "response_format": lambda v: v is not None and v.get("type", "text") != "text",
 }
 
 
