@@ -286,6 +286,12 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
     p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below this times the top one's probability")
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument(
+        "--response-format",
+        choices=["text", "json_object"],
+        default="text",
+        help="json_object: the answer is a JSON object (constrained decoding; lossless under speculation)",
+    )
     add_penalty_args(p)
 
 
@@ -402,6 +408,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         stop=args.stop or (),
         chat=args.chat,
         logprobs=args.logprobs,
+        response_format=args.response_format,
         **_penalty_args(args),
     )
     if args.json:
@@ -464,6 +471,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         top_k=args.top_k,
         min_p=args.min_p,
         stop=args.stop or (),
+        response_format=args.response_format,
         **_penalty_args(args),
     )
     return 0

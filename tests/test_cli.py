@@ -238,7 +238,7 @@ def test_generate_streams_same_text_as_json(tiny_model_dir: Path) -> None:
     assert "tok/s" in streamed.stderr and "tau" in streamed.stderr
 
 
-def test_generate_takes_penalties_and_logit_bias(tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_generate_takes_penalties_logit_bias_and_a_json_format(tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The options reach the engine: the same tokens as the Python API given the same settings, which differ from the
     unpenalised answer; a bias naming a token outside the vocabulary is a one-line error."""
     from dartspec.engine import Generator
@@ -262,6 +262,16 @@ def test_generate_takes_penalties_and_logit_bias(tiny_model_dir: Path, capsys: p
     assert got == want != plain and not set(got) & set(banned)
     bad = run_in_process(capsys, *common, "--logit-bias", f"{target.vocab_size}=1")
     assert_one_line_error(bad, f"logit_bias names token {target.vocab_size}, outside")
+    # --response-format json_object: the Python API's constrained answer, a prefix of a JSON object (SmolLM2's
+    # tokenizer under a random model)
+    from dartspec import json_grammar
+
+    proc = run_in_process(capsys, *common, "--response-format", "json_object")
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    want = Generator(target).generate("Hello there", max_new_tokens=12, response_format="json_object")
+    assert got["token_ids"] == want.token_ids and got["text"].startswith("{")
+    assert json_grammar.advance(json_grammar.start(object_only=True), got["text"].encode()) is not None
 
 
 @pytest.mark.slow

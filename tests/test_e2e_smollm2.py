@@ -295,3 +295,32 @@ def test_penalties_under_speculation_equal_transformers_generate_and_plain_decod
     spec = build_generator(target, GeneratorSpec(drafter="auto")).generate(ids, max_new_tokens=48, **settings)
     plain = Generator(target).generate(ids, max_new_tokens=48, **settings)
     assert spec.token_ids == plain.token_ids and spec.stats.draft_tokens_accepted > 0
+
+
+def test_json_object_answers_of_the_cpu_default_parse_and_equal_plain_decodings() -> None:
+    """response_format json_object on the real model: the CPU default's answers (drafts accepted) are plain decoding's
+    token for token, end with their object (finish "stop") and parse as JSON objects; sampled ones too (seeded)."""
+    import json
+
+    from dartspec.methods import GeneratorSpec, build_generator
+    from dartspec.targets import load_target
+
+    target = load_target("smollm2-135m")
+    spec, plain = build_generator(target, GeneratorSpec(drafter="auto")), Generator(target)
+    accepted = 0
+    for question in (
+        "Return a JSON object with the keys name and age for a person called Ann who is 31.",
+        "Write a JSON object describing a book: title, author, year.",
+    ):
+        messages = [{"role": "user", "content": question}]
+        for kw in ({}, {"temperature": 0.7, "seed": 1}):
+            out = spec.generate(messages, max_new_tokens=96, response_format="json_object", **kw)
+            assert (
+                out.token_ids
+                == plain.generate(messages, max_new_tokens=96, response_format="json_object", **kw).token_ids
+            )
+            assert out.finish_reason == "stop" or kw, out.text  # greedy answers to these are whole objects
+            if out.finish_reason == "stop":
+                assert isinstance(json.loads(out.text), dict), out.text
+            accepted += out.stats.draft_tokens_accepted
+    assert accepted > 10
