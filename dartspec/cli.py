@@ -324,15 +324,6 @@ def add_penalty_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-#: The penalty options' values that change nothing.
-_PENALTY_DEFAULTS: dict[str, Any] = {
-    "repetition_penalty": 1.0,
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
-    "logit_bias": {},
-}
-
-
 def _penalty_args(args: argparse.Namespace) -> dict[str, Any]:
     """The penalty options as :meth:`~dartspec.engine.Generator.start` takes them, checked (no torch needed)."""
     from dartspec.sampling import Penalties
@@ -654,12 +645,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from dartspec.bench.report import summarize, write_results
-    from dartspec.bench.suite import load_prompts, parse_methods, run_suite
+    from dartspec.bench.suite import PLAIN_SETTINGS, load_prompts, parse_methods, run_suite
     from dartspec.targets import describe
 
     if args.temperature < 0:
         raise DartspecError("--temperature must be >= 0")
     penalties = _penalty_args(args)
+    if args.response_format != "text":
+        penalties["response_format"] = args.response_format
     # Plots need the optional matplotlib: said now, not as an error after minutes of measuring
     try:
         import matplotlib  # noqa: F401
@@ -688,7 +681,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "dataset": args.dataset,
         "prompts": len(prompts),
         "temperature": args.temperature,
-        **{k: v for k, v in penalties.items() if v != _PENALTY_DEFAULTS[k]},
+        **{k: v for k, v in penalties.items() if v != PLAIN_SETTINGS[k]},
         "max_new_tokens": args.max_new_tokens,
         "methods": [r["method"] for r in rows],
         "device": str(target.device),
@@ -697,7 +690,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "machine": platform.platform(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
-    penalised = "-penalties" if any(k in meta for k in _PENALTY_DEFAULTS) else ""
+    penalised = "-penalties" if any(k in meta for k in PLAIN_SETTINGS if k != "response_format") else ""
+    penalised += "-json" if "response_format" in meta else ""
     default_out = Path("bench-results") / f"{args.dataset.replace('/', '_')}-t{args.temperature:g}{penalised}"
     out = Path(args.out) if args.out else default_out
     print(write_results(runs, rows, meta, out, plots=plots))
@@ -1196,6 +1190,12 @@ def build_parser() -> argparse.ArgumentParser:
     bp.add_argument("--max-new-tokens", type=_positive_int, default=256)
     bp.add_argument("--temperature", type=float, default=0.0)
     bp.add_argument("--seed", type=int, default=0)
+    bp.add_argument(
+        "--response-format",
+        choices=["text", "json_object"],
+        default="text",
+        help="json_object: every dartspec row answers a JSON object (constrained decoding)",
+    )
     add_penalty_args(bp)
     bp.add_argument(
         "--tree-size",

@@ -227,12 +227,14 @@ def make_runner(spec: MethodSpec, target: Any, penalties: Mapping[str, Any] | No
     """A function ``(prompt ids, max new tokens, temperature, seed) -> Run`` for ``spec``; ``penalties``: keyword
     arguments of :meth:`dartspec.engine.Generator.start` (``repetition_penalty``, ``logit_bias``, ...) every run
     takes (a peer that cannot apply them as dartspec does is refused)."""
-    penalties = {k: v for k, v in (penalties or {}).items() if v != _NO_PENALTY[k]}
+    penalties = {k: v for k, v in (penalties or {}).items() if v != PLAIN_SETTINGS[k]}
     if spec.kind in ("hf-ar", "hf-pld"):
         return _hf_runner(spec, target, penalties)
     if spec.kind in ("llamacpp-ar", "llamacpp-pld"):
         if penalties:  # its repeat_penalty reads the last 64 tokens only, its presence / frequency the prompt too
-            raise DartspecError(f"{spec.kind} cannot apply dartspec's penalties as they are defined: leave them out")
+            raise DartspecError(
+                f"{spec.kind} cannot apply dartspec's penalties or JSON format as defined: leave them out"
+            )
         return _llamacpp_runner(target, spec)
     from dartspec.methods import build_generator
 
@@ -260,12 +262,13 @@ def make_runner(spec: MethodSpec, target: Any, penalties: Mapping[str, Any] | No
     return run
 
 
-#: Penalty settings that change nothing.
-_NO_PENALTY: dict[str, Any] = {
+#: The decoding settings every row may take (keyword arguments of ``Generator.start``) at values that change nothing.
+PLAIN_SETTINGS: dict[str, Any] = {
     "repetition_penalty": 1.0,
     "presence_penalty": 0.0,
     "frequency_penalty": 0.0,
     "logit_bias": {},
+    "response_format": "text",
 }
 
 
@@ -276,6 +279,8 @@ def _hf_runner(spec: MethodSpec, target: Any, penalties: Mapping[str, Any]) -> R
 
     if "presence_penalty" in penalties or "frequency_penalty" in penalties:
         raise DartspecError(f"{spec.kind} has no presence or frequency penalty (transformers' generate lacks them)")
+    if "response_format" in penalties:
+        raise DartspecError(f"{spec.kind} cannot constrain its answer to JSON: leave --response-format out")
     extra: dict[str, Any] = {}
     if "repetition_penalty" in penalties:
         extra["repetition_penalty"] = penalties["repetition_penalty"]
