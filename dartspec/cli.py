@@ -286,16 +286,17 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
     p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below this times the top one's probability")
     p.add_argument("--seed", type=int, default=None)
+    add_decoding_args(p)
+
+
+def add_decoding_args(p: argparse.ArgumentParser) -> None:
+    """The answer's format and the penalties (``generate``, ``chat`` and every ``bench`` row)."""
     p.add_argument(
         "--response-format",
         choices=["text", "json_object"],
         default="text",
         help="json_object: the answer is a JSON object (constrained decoding; lossless under speculation)",
     )
-    add_penalty_args(p)
-
-
-def add_penalty_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--repetition-penalty",
         type=float,
@@ -1190,13 +1191,7 @@ def build_parser() -> argparse.ArgumentParser:
     bp.add_argument("--max-new-tokens", type=_positive_int, default=256)
     bp.add_argument("--temperature", type=float, default=0.0)
     bp.add_argument("--seed", type=int, default=0)
-    bp.add_argument(
-        "--response-format",
-        choices=["text", "json_object"],
-        default="text",
-        help="json_object: every dartspec row answers a JSON object (constrained decoding)",
-    )
-    add_penalty_args(bp)
+    add_decoding_args(bp)
     bp.add_argument(
         "--tree-size",
         type=_tree_size,

@@ -24,7 +24,10 @@ uniform of its own, so the seed no longer gives plain sampling's tokens.
 
 Penalties and a logit bias (:class:`~dartspec.sampling.Penalties`) are applied to the rows before any of this, each
 row with the history up to its own node (:mod:`dartspec.penalties`): what is walked is then the distribution plain
-decoding under the same penalties would sample from, so every rule above stays exact.
+decoding under the same penalties would sample from, so every rule above stays exact. A constraint on the answer
+(JSON mode, :mod:`dartspec.constraint`) is consulted at each node walked, with the grammar state after that node's
+path: the token chosen there is the target's choice among the allowed tokens, as plain decoding's would be (sampled
+trees are then walked by matching).
 """
 
 from __future__ import annotations
@@ -113,7 +116,7 @@ class Verifier:
         self._rng = torch.Generator(device="cpu")
         self._rng.manual_seed(params.seed if params.seed is not None else torch.seed())
         self.draft_sampling = None
-        if sampled_drafts and not params.greedy:
+        if sampled_drafts and not params.greedy and constraint is None:  # constrained: drafts are matched
             rng = np.random.default_rng(None if params.seed is None else [params.seed, 1])
             self.draft_sampling = DraftSampling(params.temperature, rng)
 

@@ -238,7 +238,9 @@ def test_generate_streams_same_text_as_json(tiny_model_dir: Path) -> None:
     assert "tok/s" in streamed.stderr and "tau" in streamed.stderr
 
 
-def test_generate_takes_penalties_logit_bias_and_a_json_format(tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_generate_takes_penalties_logit_bias_and_a_json_format(
+    tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The options reach the engine: the same tokens as the Python API given the same settings, which differ from the
     unpenalised answer; a bias naming a token outside the vocabulary is a one-line error."""
     from dartspec.engine import Generator

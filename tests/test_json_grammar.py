@@ -21,6 +21,19 @@ values = st.recursive(
 )
 
 
+def assert_judged_as_json_loads_judges(text: str) -> jg.State | None:
+    """The recognizer finds ``text`` a whole document exactly when ``json.loads`` parses it (less trailing
+    whitespace, which it does not take); returns its state."""
+    state = jg.advance(jg.start(), text.encode())
+    try:
+        strict_loads(text)
+        parses = text == text.rstrip(" \t\n\r")
+    except ValueError:
+        parses = False
+    assert (state is not None and jg.complete(state)) == parses, text
+    return state
+
+
 def strict_loads(text: str) -> object:
     def refuse(name: str) -> None:
         raise ValueError(name)
@@ -52,13 +65,7 @@ ALPHABET = st.sampled_from([*'{}[]",:. \n-+0123456789eEtrufalsn\\/bu"x\x01', "tr
 @given(parts=st.lists(ALPHABET, max_size=14))
 def test_on_any_text_it_accepts_what_json_loads_parses(parts: list[str]) -> None:
     text = "".join(parts)
-    state = jg.advance(jg.start(), text.encode())
-    try:
-        strict_loads(text)
-        parses = text == text.rstrip(" \t\n\r")  # trailing whitespace is not taken
-    except ValueError:
-        parses = False
-    assert (state is not None and jg.complete(state)) == parses, text
+    state = assert_judged_as_json_loads_judges(text)
     if state is not None:  # a live prefix is a prefix of some document: closing what is open parses
         assert _closes(state, text)
 
@@ -72,14 +79,7 @@ def test_near_misses_of_documents_are_judged_as_json_loads_judges_them(value: ob
     at = data.draw(st.integers(0, len(text)))
     char = data.draw(st.sampled_from(list('{}[]",:.-+0eE \\u1a\x1f')))
     edit = data.draw(st.sampled_from(["insert", "delete", "replace"]))
-    text = text[:at] + (char if edit != "delete" else "") + text[at + (edit != "insert") :]
-    state = jg.advance(jg.start(), text.encode())
-    try:
-        strict_loads(text)
-        parses = text == text.rstrip(" \t\n\r")
-    except ValueError:
-        parses = False
-    assert (state is not None and jg.complete(state)) == parses, text
+    assert_judged_as_json_loads_judges(text[:at] + (char if edit != "delete" else "") + text[at + (edit != "insert") :])
 
 
 def _closes(state: jg.State, text: str) -> bool:
@@ -156,10 +156,4 @@ TRICKY = [
 
 def test_tricky_texts_are_judged_as_json_loads_judges_them() -> None:
     for text in TRICKY:
-        state = jg.advance(jg.start(), text.encode())
-        try:
-            strict_loads(text)
-            parses = text == text.rstrip(" \t\n\r")
-        except ValueError:
-            parses = False
-        assert (state is not None and jg.complete(state)) == parses, text
+        assert_judged_as_json_loads_judges(text)
