@@ -403,7 +403,9 @@ class DartModel(nn.Module):
             if not p.is_file():
                 raise DartspecError(f"{p} not found: not a DART drafter checkpoint folder")
         cfg = DartConfig.from_json(cfg_path.read_text(), str(cfg_path), cls.FORMAT)
-        model = cls(cfg)
+        with torch.device("meta"):  # no random initialisation of weights the checkpoint replaces (~0.1 s a start)
+            model = cls(cfg)
+        model = model.to_empty(device="cpu")  # every tensor is loaded below or tied to the target
         try:
             state = unpack_int8(load_file(str(w_path)))
         except (SafetensorError, OSError, ValueError) as err:
