@@ -70,7 +70,8 @@ def sample(probs: torch.Tensor, u: float) -> int:
     """Inverse-CDF draw: the first token whose cumulative mass exceeds ``u * total`` (``probs`` need not sum to 1),
     never a token of zero mass."""
     cdf = probs.cumsum(-1)
-    idx = int(torch.searchsorted(cdf, torch.tensor([u * float(cdf[-1])], dtype=cdf.dtype), right=True))
+    point = torch.tensor([u * float(cdf[-1])], dtype=cdf.dtype, device=cdf.device)  # rows may be on a GPU
+    idx = int(torch.searchsorted(cdf, point, right=True))
     if idx < probs.shape[-1]:
         return idx
     return int(torch.nonzero(probs)[-1])  # rounding put u * total at the very end: the last token with mass
@@ -197,7 +198,7 @@ class Verifier:
         order, then its fixed children, then the bonus from what is left of the target's distribution."""
         node, path, tokens = 0, [0], []
         while True:
-            residual = warp(logits[node], self.params).numpy().copy()
+            residual = warp(logits[node], self.params).cpu().numpy().copy()  # rows may be on a GPU
             child = self._test_children(tree, node, residual)
             if child is None:
                 tokens.append(sample(torch.from_numpy(residual), self._uniform()))
