@@ -682,6 +682,13 @@ def test_web_page_streams_in_headless_chromium(url: str, tmp_path: Path) -> None
         assert driver.find_element(By.ID, "out").text == speculative
         assert not driver.find_elements(By.CSS_SELECTOR, "#out span.drafted")
         driver.save_screenshot(str(tmp_path / "web-demo-plain.png"))
+
+        # The JSON switch asks for a JSON object: this tiny word vocabulary cannot write one, and the page shows the
+        # server's one-line refusal (the request carried response_format)
+        driver.find_element(By.ID, "json").click()
+        driver.find_element(By.ID, "send").click()
+        refused = "no token of the vocabulary continues the JSON answer"
+        WebDriverWait(driver, 30).until(lambda d: refused in d.find_element(By.ID, "out").text)
     finally:
         driver.quit()
 
