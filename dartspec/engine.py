@@ -476,11 +476,7 @@ class Generator:
         check_logprobs(logprobs)
         check_response_format(response_format)
         target, drafter = self.target, self.drafter
-        bad = next((t for t, _ in penalties.logit_bias if t >= target.vocab_size), None)
-        if bad is not None:
-            raise DartspecError(
-                f"logit_bias names token {bad}, outside {target.name}'s vocabulary (0-{target.vocab_size - 1})"
-            )
+        penalties.check_vocabulary(target.vocab_size, target.name)
         prompt_ids = self.encode(prompt, chat)
         room = target.max_context - len(prompt_ids)
         if room < 1:

@@ -61,6 +61,12 @@ class Penalties:
                 raise DartspecError(f"{name} must be a number from -{MAX_PENALTY:g} to {MAX_PENALTY:g}, got {value!r}")
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
 
+    def check_vocabulary(self, vocab_size: int, model: str) -> None:
+        """Refuse a logit bias naming a token outside ``model``'s vocabulary of ``vocab_size`` tokens."""
+        bad = next((t for t, _ in self.logit_bias if t >= vocab_size), None)
+        if bad is not None:
+            raise DartspecError(f"logit_bias names token {bad}, outside {model}'s vocabulary (0-{vocab_size - 1})")
+
     @property
     def active(self) -> bool:
         """Whether anything changes the logits (False: the verifier skips this stage altogether)."""

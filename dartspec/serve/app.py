@@ -395,14 +395,10 @@ def _check(engine: ServeEngine, req: CommonRequest, ids: list[int], prompt_param
     except DartspecError as err:
         return str(err), "response_format"
     try:
-        penalties = req.penalties()
+        req.penalties().check_vocabulary(engine.target.vocab_size, engine.model_name)
     except DartspecError as err:  # the message names the field
         fields = ("repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias")
         return str(err), next((f for f in fields if f in str(err)), "logit_bias")
-    vocab = engine.target.vocab_size
-    bad = next((t for t, _ in penalties.logit_bias if t >= vocab), None)
-    if bad is not None:
-        return f"logit_bias names token {bad}, outside {engine.model_name}'s vocabulary (0-{vocab - 1})", "logit_bias"
     if not 0 <= req.temperature <= 2:
         return f"temperature must be between 0 and 2, got {req.temperature}", "temperature"
     if not 0 < req.top_p <= 1:
