@@ -31,20 +31,21 @@ class PenaltyState:
     def _build(self, logits: torch.Tensor) -> None:
         width, device = logits.shape[-1], logits.device
         prompt, answer = self._pending
-        self.counts = torch.zeros(width, dtype=torch.float32, device=device)  # answer occurrences
+        # float64: the penalties are then computed as exactly as a float64 reference does, and cast to the rows' dtype
+        self.counts = torch.zeros(width, dtype=torch.float64, device=device)  # answer occurrences
         self.seen = torch.zeros(width, dtype=torch.bool, device=device)  # in the prompt or the answer
         self.seen[torch.tensor(prompt, dtype=torch.long, device=device)] = True
         self.bias = None
         if self.penalties.logit_bias:
             ids, values = zip(*self.penalties.logit_bias, strict=True)
-            self.bias = torch.zeros(width, dtype=torch.float32, device=device)
-            self.bias[torch.tensor(ids, device=device)] = torch.tensor(values, dtype=torch.float32, device=device)
+            self.bias = torch.zeros(width, dtype=torch.float64, device=device)
+            self.bias[torch.tensor(ids, device=device)] = torch.tensor(values, dtype=torch.float64, device=device)
         self._width = width
         self._add(answer)
 
     def _add(self, tokens: Sequence[int]) -> None:
         index = torch.tensor(list(tokens), dtype=torch.long, device=self.counts.device)
-        self.counts.index_add_(0, index, torch.ones(len(tokens), device=self.counts.device))
+        self.counts.index_add_(0, index, torch.ones(len(tokens), dtype=self.counts.dtype, device=self.counts.device))
         self.seen[index] = True
 
     def commit(self, tokens: Sequence[int]) -> None:
@@ -71,14 +72,14 @@ class PenaltyState:
         p = self.penalties
         x = logits.to(torch.promote_types(logits.dtype, torch.float32), copy=True)
         if self.bias is not None:
-            x += self.bias
+            x += self.bias.to(x.dtype)
         if p.repetition != 1:
             seen = self.seen.nonzero()[:, 0]
             x[:, seen] = self._repeat(x[:, seen])
         rows, tokens, extra = _path_counts(tree, x.shape[-1])
         if rows is None:
             if p.frequency or p.presence:
-                x -= self._base_penalty(self.counts)
+                x -= self._base_penalty(self.counts).to(x.dtype)
             return x
         rows_t = torch.from_numpy(rows).to(x.device)
         tokens_t = torch.from_numpy(tokens).to(x.device)
@@ -88,9 +89,9 @@ class PenaltyState:
         if p.repetition != 1:
             before = torch.where(self.seen[tokens_t], before, self._repeat(before))
         if p.frequency or p.presence:
-            x -= self._base_penalty(self.counts)
+            x -= self._base_penalty(self.counts).to(x.dtype)
             counts = self.counts[tokens_t] + torch.from_numpy(extra).to(x.device, self.counts.dtype)
-            before = before - self._base_penalty(counts)
+            before = before - self._base_penalty(counts).to(x.dtype)
         x[rows_t, tokens_t] = before
         return x
 
