@@ -125,6 +125,24 @@ def q6_k_groups(blocks: np.ndarray, out_features: int, in_features: int) -> Exac
     return _groups(6, q, scale, None, out_features, in_features, (codes, d))
 
 
+#: The GGUF tensor kinds whose integer groups the lean runtime takes from the file.
+GROUP_KINDS = frozenset({"Q4_K", "Q5_K", "Q6_K"})
+
+
+def holds_no_groups(folder: str | Path | None) -> bool:
+    """Whether the conversion manifest of ``folder`` records that its GGUF holds no tensor of :data:`GROUP_KINDS`
+    (False where it records nothing: conversions before the record, other folders)."""
+    from dartspec.model_cache import MANIFEST_NAME
+
+    if not folder:
+        return False
+    try:
+        kinds = json.loads((Path(folder) / MANIFEST_NAME).read_text(encoding="utf-8"))["source"]["tensor_types"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return isinstance(kinds, list) and not GROUP_KINDS & set(kinds)
+
+
 def source_gguf(folder: str | Path | None) -> Path | None:
     """The GGUF file a converted model folder was made from, where it is still on this machine (its manifest names
     it; the file sits in the folder's sibling ``gguf/<name>/`` for known models, or at the recorded path), else None."""

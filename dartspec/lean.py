@@ -121,7 +121,7 @@ def _file_groups(weights: LeanWeights, quant: str) -> dict[str, exact.ExactWeigh
     none for a model not converted from a GGUF file still on this machine. Kinds 5 and 6 (Q5_K, Q6_K) run on the
     integer-dot kernel only: not for the ``exact`` format."""
     gguf_path = kquants.source_gguf(weights.folder)
-    if gguf_path is None:
+    if gguf_path is None or kquants.holds_no_groups(weights.folder):  # reading a GGUF's metadata takes seconds
         return {}
     projections = [r for r in weights.tensors if r == "head.weight" or r.endswith("_proj.weight")]
     roles = {weights.names[r]: r for r in projections if r in weights.names}

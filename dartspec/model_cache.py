@@ -67,7 +67,9 @@ def convert_gguf(
     started = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     try:
-        template = _dequantize_and_save(gguf_path, tmp)
+        with _one_reader_per_file():  # the tensor kinds are read with the conversion's own reader
+            template = _dequantize_and_save(gguf_path, tmp)
+            kinds = _tensor_kinds(gguf_path)
         if expect_chat_template and not template:
             raise DartspecError(
                 f"{gguf_path.name} carries no chat template, but this model needs one: please report it"
@@ -80,6 +82,8 @@ def convert_gguf(
                 "path": str(gguf_path.resolve()),
                 "size": gguf_path.stat().st_size,
                 "sha256": sha256(gguf_path),
+                # which tensor kinds it holds: a file without K-quant blocks need not be read again
+                **({"tensor_types": kinds} if kinds is not None else {}),
             },
             "files": {
                 f.name: {"size": f.stat().st_size, "sha256": sha256(f)} for f in sorted(tmp.iterdir()) if f.is_file()
@@ -120,6 +124,16 @@ def _one_reader_per_file() -> Iterator[None]:
         yield
     finally:
         gguf.GGUFReader = original
+
+
+def _tensor_kinds(gguf_path: Path) -> list[str] | None:
+    """The quantization kinds of the file's tensors (``Q4_K``, ``Q8_0``, ``F32``...), or None where it cannot say."""
+    try:
+        import gguf
+
+        return sorted({gguf.GGMLQuantizationType(t.tensor_type).name for t in gguf.GGUFReader(gguf_path).tensors})
+    except Exception:  # only a shortcut for a later load: without it the file is read then
+        return None
 
 
 def _dequantize_and_save(gguf_path: Path, out_dir: Path) -> str | None:

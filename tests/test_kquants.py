@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -147,6 +148,30 @@ def test_lean_takes_k_quant_groups_from_the_source_gguf(tmp_path, monkeypatch) -
     assert torch.equal(again.score_sequence(ids).logits, target.score_sequence(ids).logits)
 
 
+def test_a_gguf_without_k_quant_blocks_is_not_read_again(tmp_path, monkeypatch) -> None:
+    """The conversion records the file's tensor kinds (with the reader it parsed anyway); a file of none of Q4_K, Q5_K
+    and Q6_K is then not parsed again for groups (seconds of metadata on a real vocabulary). A manifest without the
+    record (older conversions) still means a read."""
+    from test_models import write_tiny_llama_gguf
+
+    from dartspec.models import resolve_model
+    from dartspec.targets import load_target
+
+    path = tmp_path / "tiny-f32.gguf"
+    write_tiny_llama_gguf(path)
+    monkeypatch.setenv("DARTSPEC_CACHE", str(tmp_path / "cache"))
+    folder = resolve_model(str(path), cache=tmp_path / "cache", log=lambda _: None)
+    manifest = json.loads((Path(folder) / MANIFEST_NAME).read_text())
+    assert manifest["source"]["tensor_types"] == ["F32"] and kquants.holds_no_groups(folder)
+    monkeypatch.setattr(kquants, "file_groups", lambda *a: pytest.fail("read a GGUF that holds no groups"))
+    target = load_target(str(folder))  # the CPU default: exact-a16 where the file gives groups
+    assert describe(target).startswith("lean/")
+    assert target.score_sequence(list(range(3, 20))).logits.isfinite().all()
+    del manifest["source"]["tensor_types"]
+    (Path(folder) / MANIFEST_NAME).write_text(json.dumps(manifest))
+    assert not kquants.holds_no_groups(folder) and not kquants.holds_no_groups(None)
+
+
 def test_source_gguf_is_none_without_the_file(tmp_path) -> None:
     folder = tmp_path / "converted"
     folder.mkdir()
@@ -191,6 +216,8 @@ def test_a_q4_k_m_style_llama_gguf_runs_as_exact_a16_and_agrees_with_transformer
     monkeypatch.setenv("DARTSPEC_CACHE", str(tmp_path / "cache"))
     folder = resolve_model(str(path), cache=tmp_path / "cache", log=lambda _: None)
     assert kquants.source_gguf(folder) == path.resolve()
+    recorded = json.loads((Path(folder) / MANIFEST_NAME).read_text())["source"]["tensor_types"]
+    assert {"Q4_K", "Q5_K", "Q6_K", "F32"} <= set(recorded) and not kquants.holds_no_groups(folder)
 
     target = load_target(str(folder))
     kinds = {name: (lin.fmt, lin.packed.kind) for name, lin in target._linears().items()}
