@@ -219,6 +219,7 @@ def test_gguf_conversion_produces_loadable_folder_with_chat_template(converted: 
         "path": str(tiny_gguf.resolve()),
         "size": tiny_gguf.stat().st_size,
         "sha256": source_sha,
+        "tensor_types": ["F32"],  # which kinds it holds (a file without K-quant blocks is not read again)
     }
     weights = converted / "model.safetensors"
     assert manifest["files"]["model.safetensors"] == {
