@@ -290,7 +290,9 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_decoding_args(p: argparse.ArgumentParser) -> None:
-    """The answer's format and the penalties (``generate``, ``chat`` and every ``bench`` row)."""
+    """The answer's format, its ending and the penalties (``generate``, ``chat`` and every ``bench`` row)."""
+    p.add_argument("--min-tokens", type=int, default=0, help="no EOS before this many tokens (vLLM's min_tokens)")
+    p.add_argument("--ignore-eos", action="store_true", help="EOS does not end the answer (load tests)")
     p.add_argument(
         "--response-format",
         choices=["text", "json_object"],
@@ -337,7 +339,11 @@ def _penalty_args(args: argparse.Namespace) -> dict[str, Any]:
         except ValueError:  # no '=' leaves the value empty
             raise DartspecError(f"--logit-bias takes ID=BIAS (e.g. 42=-100), got {item!r}") from None
     Penalties(args.repetition_penalty, args.presence_penalty, args.frequency_penalty, bias)
+    if args.min_tokens < 0:
+        raise DartspecError(f"--min-tokens must be >= 0, got {args.min_tokens}")
     return {
+        "min_tokens": args.min_tokens,
+        "ignore_eos": args.ignore_eos,
         "repetition_penalty": args.repetition_penalty,
         "presence_penalty": args.presence_penalty,
         "frequency_penalty": args.frequency_penalty,
@@ -691,9 +697,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "machine": platform.platform(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
-    penalised = "-penalties" if any(k in meta for k in PLAIN_SETTINGS if k != "response_format") else ""
-    penalised += "-json" if "response_format" in meta else ""
-    default_out = Path("bench-results") / f"{args.dataset.replace('/', '_')}-t{args.temperature:g}{penalised}"
+    settings = "".join(f"-{k}" for k in PLAIN_SETTINGS if k in meta)  # e.g. -repetition_penalty-response_format
+    default_out = Path("bench-results") / f"{args.dataset.replace('/', '_')}-t{args.temperature:g}{settings}"
     out = Path(args.out) if args.out else default_out
     print(write_results(runs, rows, meta, out, plots=plots))
     bad = [r["method"] for r in rows if r["mismatches"]]

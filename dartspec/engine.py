@@ -290,6 +290,8 @@ class SequenceState:
     result: GenerationResult | None = None
     #: Alternatives per token's log-probabilities (0: the token's alone), or None: none taken.
     top_logprobs: int | None = None
+    #: The tokens that end this answer (none with ``ignore_eos``).
+    eos: frozenset[int] = frozenset()
     logprobs: list[TokenLogprob] = field(default_factory=list)  # of ``new``, where taken
 
 
@@ -454,6 +456,8 @@ class Generator:
         frequency_penalty: float = 0.0,
         logit_bias: Mapping[int, float] | None = None,
         response_format: str = "text",
+        min_tokens: int = 0,
+        ignore_eos: bool = False,
     ) -> SequenceState:
         """Check the request, prefill the prompt and take the first token: a sequence for :meth:`emit` and
         :meth:`advance`. ``prompt``: text (``chat`` applies the chat template), chat messages or token ids;
@@ -466,7 +470,9 @@ class Generator:
         ``logit_bias`` (token id -> bias): :class:`~dartspec.sampling.Penalties`; greedy decoding takes the argmax of
         the penalised logits. ``response_format="json_object"``: the answer is a JSON object, decoded under the
         constraint of :mod:`dartspec.constraint` (greedy: the most likely allowed token; sampling: the target's
-        distribution restricted to the allowed tokens), and ends where the object does."""
+        distribution restricted to the allowed tokens), and ends where the object does. ``min_tokens``: EOS cannot
+        come before that many tokens (vLLM's; not with a JSON answer, which must end where its object does);
+        ``ignore_eos``: EOS does not end the answer (vLLM's, for load tests), only a stop string or the limit."""
         penalties = Penalties(repetition_penalty, presence_penalty, frequency_penalty, logit_bias or ())  # type: ignore[arg-type]
         params = SamplingParams(
             temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, penalties=penalties, min_p=min_p
@@ -475,6 +481,10 @@ class Generator:
             raise DartspecError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         check_logprobs(logprobs)
         check_response_format(response_format)
+        if not (type(min_tokens) is int and min_tokens >= 0):
+            raise DartspecError(f"min_tokens must be a non-negative integer, got {min_tokens!r}")
+        if min_tokens and response_format != "text":
+            raise DartspecError("min_tokens cannot be combined with a JSON answer (it ends where its object does)")
         target, drafter = self.target, self.drafter
         penalties.check_vocabulary(target.vocab_size, target.name)
         prompt_ids = self.encode(prompt, chat)
@@ -485,7 +495,13 @@ class Generator:
                 f"{target.max_context} tokens"
             )
         constraint = JsonConstraint(target.token_texts) if response_format == "json_object" else None
-        verifier = Verifier(params, sampled_drafts=self.sampled_drafts, prompt_ids=prompt_ids, constraint=constraint)
+        verifier = Verifier(
+            params,
+            sampled_drafts=self.sampled_drafts,
+            prompt_ids=prompt_ids,
+            constraint=constraint,
+            min_tokens=(min_tokens, target.eos_token_ids),
+        )
         stats = GenerationStats(prompt_tokens=len(prompt_ids))
         plain = self.max_draft_temperature is not None and params.temperature > self.max_draft_temperature
         if plain:  # say why a generator with a drafter did not draft (--json, the CLI's stats line)
@@ -521,6 +537,7 @@ class Generator:
             clock=_Clock(stats.times),
             top_logprobs=logprobs,
             logprobs=taken,
+            eos=frozenset() if ignore_eos else target.eos_token_ids,
         )
 
     def emit(self, seq: SequenceState, text: bool = True) -> StepEvent:
@@ -528,9 +545,9 @@ class Generator:
         result and ``seq.result`` is set. ``text`` False: the event's text is empty until the last one, which has
         all of it (detokenizing a window at every step cost ~0.1 ms of a CPU step that nobody read in
         :meth:`generate`)."""
-        finish = self._finish_reason(seq.new, seq.limit, seq.text, seq.shown)  # what was shown held no EOS
+        finish = self._finish_reason(seq.new, seq.limit, seq.text, seq.eos, seq.shown)  # what was shown held no EOS
         if finish is not None:
-            new, final_text = self._truncate(seq.new, seq.limit, seq.text)
+            new, final_text = self._truncate(seq.new, seq.limit, seq.text, seq.eos)
             stats = seq.stats
             stats.new_tokens = len(new)
             stats.seconds = time.perf_counter() - seq.started
@@ -606,10 +623,13 @@ class Generator:
         seq.drafted = acc.accepted_drafts
         seq.clock.lap("other")
 
-    def _finish_reason(self, new: list[int], limit: int, text: _TextStream, checked: int = 0) -> str | None:
-        """Why the answer ``new`` is finished, or None; its first ``checked`` tokens are known to hold no EOS (a scan
-        of the whole answer at every step would cost O(n^2) over it)."""
-        if any(t in self.target.eos_token_ids for t in new[checked:]):
+    @staticmethod
+    def _finish_reason(
+        new: list[int], limit: int, text: _TextStream, eos: frozenset[int], checked: int = 0
+    ) -> str | None:
+        """Why the answer ``new`` is finished, or None; its first ``checked`` tokens are known to hold none of ``eos``
+        (a scan of the whole answer at every step would cost O(n^2) over it)."""
+        if any(t in eos for t in new[checked:]):
             return "stop"
         if text.stop and text.find_stop(text.current(new)) is not None:
             return "stop"
@@ -617,9 +637,9 @@ class Generator:
             return "length"
         return None
 
-    def _truncate(self, new: list[int], limit: int, text: _TextStream) -> tuple[list[int], str]:
-        """Cut the committed tokens at the first EOS, stop string or the token limit."""
-        eos = self.target.eos_token_ids
+    @staticmethod
+    def _truncate(new: list[int], limit: int, text: _TextStream, eos: frozenset[int]) -> tuple[list[int], str]:
+        """Cut the committed tokens at the first of ``eos``, stop string or the token limit."""
         cut = next((i + 1 for i, t in enumerate(new) if t in eos), len(new))
         new = new[: min(cut, limit)]
         full = text.full(new)

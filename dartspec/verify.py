@@ -104,16 +104,20 @@ class Verifier:
         sampled_drafts: bool = False,
         prompt_ids: Sequence[int] = (),
         constraint: JsonConstraint | None = None,
+        min_tokens: tuple[int, frozenset[int]] = (0, frozenset()),
     ) -> None:
         """``sampled_drafts``: a sampled request's drafter may draw its tree (:attr:`draft_sampling`, seeded with the
         request), whose draws this verifier then tests by rejection; False: drafts are matched, and a seed gives
         plain sampling's tokens. ``prompt_ids``: the history the repetition penalty starts from (with penalties,
         the verifier keeps the answer's history itself: every token it returns is taken as committed).
         ``constraint``: the answer must follow it (:mod:`dartspec.constraint`); every token returned is committed to
-        it too. Sampled trees are then walked by matching (their proposals ignored: still exact)."""
+        it too. Sampled trees are then walked by matching (their proposals ignored: still exact). ``min_tokens``:
+        ``(n, eos ids)``: rows before the answer's n-th token cannot choose those tokens."""
         self.params = params
         self.penalties = PenaltyState(params.penalties, prompt_ids) if params.penalties.active else None
         self.constraint = constraint
+        self._min_tokens, self._eos = min_tokens
+        self._answer = 0  # tokens committed
         self._rng = torch.Generator(device="cpu")
         self._rng.manual_seed(params.seed if params.seed is not None else torch.seed())
         self.draft_sampling = None
@@ -129,6 +133,8 @@ class Verifier:
         argmax where the runtime took it already."""
         if self.penalties is not None:
             logits, argmax = self.penalties(logits[None])[0], None
+        if self._answer < self._min_tokens:
+            logits, argmax = self._without_eos(logits[None], np.zeros(1, dtype=np.int64))[0], None
         token = self._choose(logits, None if argmax is None else int(argmax), self._state())
         self._commit([token])
         return token
@@ -136,7 +142,20 @@ class Verifier:
     def _state(self) -> jg.State | None:
         return None if self.constraint is None else self.constraint.state
 
+    def _without_eos(self, logits: torch.Tensor, depth: np.ndarray) -> torch.Tensor:
+        """``logits`` with the EOS ids at -inf in the rows (at those depths below the committed answer) that come
+        before the answer's ``min_tokens``-th token."""
+        rows = np.flatnonzero(self._answer + depth < self._min_tokens)
+        ids = [t for t in self._eos if t < logits.shape[-1]]
+        if not len(rows) or not ids:
+            return logits
+        logits = logits.clone()
+        index = torch.from_numpy(rows).to(logits.device)
+        logits[index[:, None], torch.tensor(ids, device=logits.device)[None, :]] = -math.inf
+        return logits
+
     def _commit(self, tokens: list[int]) -> None:
+        self._answer += len(tokens)
         if self.penalties is not None:
             self.penalties.commit(tokens)
         if self.constraint is not None:
@@ -164,6 +183,8 @@ class Verifier:
         argmax where the runtime took it already (:attr:`TargetOutput.argmax`)."""
         if self.penalties is not None:
             logits, argmax = self.penalties(logits, tree), None  # each row with its path's history
+        if self._answer < self._min_tokens:
+            logits, argmax = self._without_eos(logits, tree.depth), None
         acc = self._walk(tree, logits, argmax)
         self._commit(acc.tokens)
         return acc

@@ -77,6 +77,7 @@ def test_invalid_sampling_values_fail_before_loading(flags: list[str], needle: s
         (["generate", "--prompt", "hi", "--presence-penalty", "3"], "presence_penalty must be a number from -2 to 2"),
         (["chat", "--frequency-penalty", "nan"], "frequency_penalty must be"),
         (["generate", "--prompt", "hi", "--min-p", "2"], "min_p must be in [0, 1]"),
+        (["generate", "--prompt", "hi", "--min-tokens", "-2"], "--min-tokens must be >= 0"),
         (["generate", "--prompt", "hi", "--logit-bias", "42"], "--logit-bias takes ID=BIAS"),
         (["generate", "--prompt", "hi", "--logit-bias", "x=1"], "--logit-bias takes ID=BIAS"),
         (["generate", "--prompt", "hi", "--logit-bias", "42=-200"], "logit_bias value must be a number from -100"),
@@ -250,11 +251,11 @@ def test_generate_takes_penalties_logit_bias_and_a_json_format(
     target = load_target(str(tiny_model_dir))
     plain = Generator(target).generate("Hello there", max_new_tokens=12).token_ids
     banned = sorted(set(plain))[:2]
-    flags = ["--repetition-penalty", "1.5", "--frequency-penalty", "0.5", "--presence-penalty", "-0.5"]
+    flags = ["--repetition-penalty", "1.5", "--frequency-penalty", "0.5", "--presence-penalty", "-0.5", "--ignore-eos"]
     flags += [f for t in banned for f in ("--logit-bias", f"{t}=-100")]
     proc = run_in_process(capsys, *common, *flags)
     assert proc.returncode == 0, proc.stderr
-    settings = dict(repetition_penalty=1.5, frequency_penalty=0.5, presence_penalty=-0.5)
+    settings = dict(repetition_penalty=1.5, frequency_penalty=0.5, presence_penalty=-0.5, ignore_eos=True)
     want = (
         Generator(target)
         .generate("Hello there", max_new_tokens=12, logit_bias={t: -100 for t in banned}, **settings)

@@ -227,3 +227,48 @@ def test_no_penalties_means_no_penalty_stage() -> None:
     assert Penalties(logit_bias={np.int64(2): 1}).logit_bias == ((2, 1.0),)
     with pytest.raises(DartspecError, match="twice"):
         Penalties(logit_bias=[(2, 1), (2, 3)])
+
+
+def test_min_tokens_and_ignore_eos_against_a_naive_loop(target: Target) -> None:
+    """A logit bias makes EOS (token 1) likely; ``min_tokens`` keeps it out of the first N tokens (EOS at -inf in those
+    rows, each tree row by its own depth) and ``ignore_eos`` lets the answer run past it to the limit: for every
+    drafter, greedy and seeded, the tokens of a naive loop over transformers' forward that does the same."""
+    bias = {1: 4.0}
+
+    def naive(n: int, min_tokens: int, ignore_eos: bool, temperature: float) -> list[int]:
+        rng = torch.Generator().manual_seed(5)
+        params = SamplingParams(temperature=temperature, seed=5)
+        answer: list[int] = []
+        while len(answer) < n and (ignore_eos or not answer or answer[-1] != 1):
+            with torch.no_grad():
+                x = target.model(torch.tensor([PROMPT + answer])).logits[0, -1].double()
+            x[1] += 4.0
+            if len(answer) < min_tokens:
+                x[1] = -torch.inf
+            u = float(torch.rand((), generator=rng, dtype=torch.float64))
+            answer.append(int(x.argmax()) if temperature == 0 else sample(warp(x, params), u))
+        return answer
+
+    free = naive(24, 0, False, 0.0)
+    assert len(free) < 8 and free[-1] == 1  # the bias ends the answer early (else the test could not fail)
+    for temperature in (0.0, 0.9):
+        for min_tokens, ignore_eos in ((10, False), (0, True), (6, True)):
+            want = naive(24, min_tokens, ignore_eos, temperature)
+            assert 1 not in want[:min_tokens] and (len(want) == 24 if ignore_eos else True)
+            for drafter in drafters(want):
+                gen = Generator(target, drafter, tree_size=6, max_depth=4)
+                out = gen.generate(
+                    PROMPT,
+                    max_new_tokens=24,
+                    temperature=temperature,
+                    seed=5,
+                    logit_bias=bias,
+                    min_tokens=min_tokens,
+                    ignore_eos=ignore_eos,
+                )
+                assert out.token_ids == want, (drafter, min_tokens, ignore_eos)
+                assert out.finish_reason == ("length" if ignore_eos else "stop" if want[-1] == 1 else "length")
+    with pytest.raises(DartspecError, match="min_tokens must be a non-negative integer"):
+        Generator(target).generate(PROMPT, max_new_tokens=2, min_tokens=-1)
+    with pytest.raises(DartspecError, match="cannot be combined with a JSON answer"):
+        Generator(target).generate(PROMPT, max_new_tokens=2, min_tokens=2, response_format="json_object")

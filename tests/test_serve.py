@@ -199,6 +199,14 @@ HI = [{"role": "user", "content": "t5"}]
         ("chat/completions", {"messages": HI, "logit_bias": {"5": "up"}}, "logit_bias.5", "valid number"),
         ("chat/completions", {"messages": HI, "top_k": -2}, "top_k", "greater than or equal to -1"),
         ("completions", {"prompt": "t5", "min_p": 1.5}, "min_p", "less than or equal to 1"),
+        ("completions", {"prompt": "t5", "min_tokens": -1}, "min_tokens", "greater than or equal to 0"),
+        ("completions", {"prompt": "t5", "ignore_eos": "yes"}, "ignore_eos", "valid boolean"),
+        (
+            "completions",
+            {"prompt": "t5", "min_tokens": 3, "response_format": {"type": "json_object"}},
+            "min_tokens",
+            "cannot be combined with a JSON answer",
+        ),
         # What the server does not implement is refused, not ignored (the text would not be what was asked for).
         ("chat/completions", {"messages": HI, "top_logprobs": 2}, "top_logprobs", "needs logprobs: true"),
         ("chat/completions", {"messages": HI, "logprobs": True, "top_logprobs": 21}, "top_logprobs", "less than or"),
@@ -334,6 +342,22 @@ def test_top_k_and_min_p_give_the_engines_answer(url: str) -> None:
     free = Generator(target).generate(ids, max_new_tokens=10, temperature=1.5, seed=3).token_ids
     for changed in (dict(top_k=3), dict(min_p=0.8)):  # each setting changes the answer (else the test could not fail)
         assert free != Generator(target).generate(ids, max_new_tokens=10, temperature=1.5, seed=3, **changed).token_ids
+
+
+def test_min_tokens_and_ignore_eos_give_the_engines_answer(url: str) -> None:
+    """vLLM's min_tokens and ignore_eos: with EOS made likely by a logit bias, the engine's tokens for the same
+    settings (which differ from the request without them)."""
+    target = make_target()
+    ids = target.encode("t5 t6 t7")
+    body = {"prompt": "t5 t6 t7", "max_tokens": 12, "temperature": 0, "logprobs": 0, "logit_bias": {"1": 4}}
+    answers = []
+    for extra in ({}, {"min_tokens": 6}, {"ignore_eos": True}):
+        got = httpx.post(f"{url}/v1/completions", json={**body, **extra}, timeout=60).json()
+        tokens = [target.vocab[t] for t in got["choices"][0]["logprobs"]["tokens"]]
+        want = Generator(target).generate(ids, max_new_tokens=12, logit_bias={1: 4}, **extra)
+        assert tokens == want.token_ids and got["choices"][0]["finish_reason"] == want.finish_reason
+        answers.append(tokens)
+    assert len(answers[0]) < len(answers[1]) and len(answers[2]) == 12  # each setting changed the answer
 
 
 def test_logprobs_are_the_engines_in_openais_shapes(url: str) -> None:

@@ -233,7 +233,7 @@ def make_runner(spec: MethodSpec, target: Any, penalties: Mapping[str, Any] | No
     if spec.kind in ("llamacpp-ar", "llamacpp-pld"):
         if penalties:  # its repeat_penalty reads the last 64 tokens only, its presence / frequency the prompt too
             raise DartspecError(
-                f"{spec.kind} cannot apply dartspec's penalties or JSON format as defined: leave them out"
+                f"{spec.kind} cannot apply dartspec's penalties, JSON format or EOS settings as defined: leave them out"
             )
         return _llamacpp_runner(target, spec)
     from dartspec.methods import build_generator
@@ -269,6 +269,8 @@ PLAIN_SETTINGS: dict[str, Any] = {
     "frequency_penalty": 0.0,
     "logit_bias": {},
     "response_format": "text",
+    "min_tokens": 0,
+    "ignore_eos": False,
 }
 
 
@@ -281,7 +283,11 @@ def _hf_runner(spec: MethodSpec, target: Any, penalties: Mapping[str, Any]) -> R
         raise DartspecError(f"{spec.kind} has no presence or frequency penalty (transformers' generate lacks them)")
     if "response_format" in penalties:
         raise DartspecError(f"{spec.kind} cannot constrain its answer to JSON: leave --response-format out")
+    if penalties.get("ignore_eos"):
+        raise DartspecError(f"{spec.kind} cannot ignore EOS here: leave --ignore-eos out")
     extra: dict[str, Any] = {}
+    if "min_tokens" in penalties:
+        extra["min_new_tokens"] = penalties["min_tokens"]
     if "repetition_penalty" in penalties:
         extra["repetition_penalty"] = penalties["repetition_penalty"]
     if "logit_bias" in penalties:

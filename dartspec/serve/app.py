@@ -310,6 +310,8 @@ async def _serve(
         logprobs=req.logprobs_asked(),
         penalties=req.penalties(),
         response_format=req.response_format_type(),
+        min_tokens=req.min_tokens,
+        ignore_eos=req.ignore_eos,
     )
     # n choices are n sequences in the batch; a seeded request's choice i samples with seed + i (reproducible, and
     # not n copies of one answer), an unseeded one's each with its own draw
@@ -391,7 +393,8 @@ def _check(engine: ServeEngine, req: CommonRequest, ids: list[int], prompt_param
         if asks(getattr(req, name)):
             return f"{name} is not supported by this server (leave it out or at its default)", name
     try:
-        req.response_format_type()
+        if req.response_format_type() != "text" and req.min_tokens:
+            return "min_tokens cannot be combined with a JSON answer (it ends where its object does)", "min_tokens"
     except DartspecError as err:
         return str(err), "response_format"
     try:

@@ -71,6 +71,8 @@ class Job:
     logprobs: int | None = None  # each token's log-probability with this many alternatives (None: none)
     penalties: Penalties = field(default_factory=Penalties)
     response_format: str = "text"  # or "json_object"
+    min_tokens: int = 0
+    ignore_eos: bool = False
     cancel: threading.Event = field(default_factory=threading.Event)
 
 
@@ -250,6 +252,8 @@ class ServeEngine:
                 frequency_penalty=job.penalties.frequency,
                 logit_bias=dict(job.penalties.logit_bias),
                 response_format=job.response_format,
+                min_tokens=job.min_tokens,
+                ignore_eos=job.ignore_eos,
             )
         except BaseException as err:
             request.send(err)

@@ -80,9 +80,11 @@ class CommonRequest(BaseModel):
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
     temperature: StrictFloat | StrictInt = 1.0
     top_p: StrictFloat | StrictInt = 1.0
-    # vLLM's sampling extensions: top_k (0 or -1 = off) and min_p (0 = off)
+    # vLLM's sampling extensions: top_k (0 or -1 = off), min_p (0 = off), min_tokens (no EOS before), ignore_eos
     top_k: StrictInt = Field(default=0, ge=-1)
     min_p: StrictFloat | StrictInt = Field(default=0, ge=0, le=1)
+    min_tokens: StrictInt = Field(default=0, ge=0)
+    ignore_eos: StrictBool = False
     seed: StrictInt | None = Field(default=None, ge=0, le=MAX_SEED)
     stop: StopText | list[StopText] | None = None
     stream: StrictBool = False
