@@ -327,8 +327,9 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _penalty_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The penalty options as :meth:`~dartspec.engine.Generator.start` takes them, checked (no torch needed)."""
+def _decoding_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The options of :func:`add_decoding_args` as :meth:`~dartspec.engine.Generator.start` takes them, checked (no
+    torch needed)."""
     from dartspec.sampling import Penalties
 
     bias: list[tuple[int, float]] = []
@@ -342,6 +343,7 @@ def _penalty_args(args: argparse.Namespace) -> dict[str, Any]:
     if args.min_tokens < 0:
         raise DartspecError(f"--min-tokens must be >= 0, got {args.min_tokens}")
     return {
+        "response_format": args.response_format,
         "min_tokens": args.min_tokens,
         "ignore_eos": args.ignore_eos,
         "repetition_penalty": args.repetition_penalty,
@@ -360,7 +362,7 @@ def _check_generation_args(args: argparse.Namespace) -> None:
     from dartspec.sampling import SamplingParams, check_logprobs
 
     SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed, min_p=args.min_p)
-    _penalty_args(args)
+    _decoding_args(args)
     check_logprobs(getattr(args, "logprobs", None))
     check_drafter_name(args.drafter)
     check_model_argument(args.model)
@@ -406,8 +408,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         stop=args.stop or (),
         chat=args.chat,
         logprobs=args.logprobs,
-        response_format=args.response_format,
-        **_penalty_args(args),
+        **_decoding_args(args),
     )
     if args.json:
         result = gen.generate(prompt, **kwargs)
@@ -469,8 +470,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         top_k=args.top_k,
         min_p=args.min_p,
         stop=args.stop or (),
-        response_format=args.response_format,
-        **_penalty_args(args),
+        **_decoding_args(args),
     )
     return 0
 
@@ -652,14 +652,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from dartspec.bench.report import summarize, write_results
-    from dartspec.bench.suite import PLAIN_SETTINGS, load_prompts, parse_methods, run_suite
+    from dartspec.bench.suite import changed_settings, load_prompts, parse_methods, run_suite
     from dartspec.targets import describe
 
     if args.temperature < 0:
         raise DartspecError("--temperature must be >= 0")
-    penalties = _penalty_args(args)
-    if args.response_format != "text":
-        penalties["response_format"] = args.response_format
+    settings = _decoding_args(args)
     # Plots need the optional matplotlib: said now, not as an error after minutes of measuring
     try:
         import matplotlib  # noqa: F401
@@ -679,7 +677,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         seed=args.seed,
-        penalties=penalties,
+        settings=settings,
         progress=lambda items, n: tqdm(items, total=n, desc="bench", unit="prompt"),
     )
     rows = summarize(runs)
@@ -688,7 +686,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "dataset": args.dataset,
         "prompts": len(prompts),
         "temperature": args.temperature,
-        **{k: v for k, v in penalties.items() if v != PLAIN_SETTINGS[k]},
+        **changed_settings(settings),
         "max_new_tokens": args.max_new_tokens,
         "methods": [r["method"] for r in rows],
         "device": str(target.device),
@@ -697,8 +695,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "machine": platform.platform(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
-    settings = "".join(f"-{k}" for k in PLAIN_SETTINGS if k in meta)  # e.g. -repetition_penalty-response_format
-    default_out = Path("bench-results") / f"{args.dataset.replace('/', '_')}-t{args.temperature:g}{settings}"
+    named = "".join(f"-{k}" for k in changed_settings(settings))  # e.g. -repetition_penalty-response_format
+    default_out = Path("bench-results") / f"{args.dataset.replace('/', '_')}-t{args.temperature:g}{named}"
     out = Path(args.out) if args.out else default_out
     print(write_results(runs, rows, meta, out, plots=plots))
     bad = [r["method"] for r in rows if r["mismatches"]]

@@ -34,9 +34,15 @@ SAMPLE_TRIES = 16
 MASK_CACHE = 256
 
 
-def check_response_format(value: object) -> None:
+def check_response_format(value: object, min_tokens: object = 0) -> None:
+    """Refuse an unknown format, a bad ``min_tokens``, or both a JSON answer and ``min_tokens`` (it ends where its
+    object does)."""
     if value not in RESPONSE_FORMATS:
         raise DartspecError(f"response_format must be one of {', '.join(RESPONSE_FORMATS)}, got {value!r}")
+    if not (type(min_tokens) is int and min_tokens >= 0):
+        raise DartspecError(f"min_tokens must be a non-negative integer, got {min_tokens!r}")
+    if min_tokens and value != "text":
+        raise DartspecError("min_tokens cannot be combined with a JSON answer (it ends where its object does)")
 
 
 @dataclass(frozen=True)
@@ -97,12 +103,11 @@ class JsonConstraint:
 
     def mask(self, state: jg.State, width: int, device: torch.device) -> torch.Tensor:
         """Whether each token of a ``width``-wide row is allowed after ``state`` (the whole vocabulary checked)."""
-        key = state
-        if key not in self._masks:
+        if state not in self._masks:
             if len(self._masks) >= MASK_CACHE:
                 self._masks.clear()
-            self._masks[key] = self._whole_mask(state)
-        mask = self._masks[key]
+            self._masks[state] = self._whole_mask(state)
+        mask = self._masks[state]
         out = torch.zeros(width, dtype=torch.bool, device=device)
         n = min(width, len(mask))
         out[:n] = mask[:n].to(device)

@@ -480,11 +480,7 @@ class Generator:
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise DartspecError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         check_logprobs(logprobs)
-        check_response_format(response_format)
-        if not (type(min_tokens) is int and min_tokens >= 0):
-            raise DartspecError(f"min_tokens must be a non-negative integer, got {min_tokens!r}")
-        if min_tokens and response_format != "text":
-            raise DartspecError("min_tokens cannot be combined with a JSON answer (it ends where its object does)")
+        check_response_format(response_format, min_tokens)
         target, drafter = self.target, self.drafter
         penalties.check_vocabulary(target.vocab_size, target.name)
         prompt_ids = self.encode(prompt, chat)
@@ -500,7 +496,8 @@ class Generator:
             sampled_drafts=self.sampled_drafts,
             prompt_ids=prompt_ids,
             constraint=constraint,
-            min_tokens=(min_tokens, target.eos_token_ids),
+            min_tokens=min_tokens,
+            eos=target.eos_token_ids,
         )
         stats = GenerationStats(prompt_tokens=len(prompt_ids))
         plain = self.max_draft_temperature is not None and params.temperature > self.max_draft_temperature

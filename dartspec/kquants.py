@@ -132,30 +132,31 @@ GROUP_KINDS = frozenset({"Q4_K", "Q5_K", "Q6_K"})
 def holds_no_groups(folder: str | Path | None) -> bool:
     """Whether the conversion manifest of ``folder`` records that its GGUF holds no tensor of :data:`GROUP_KINDS`
     (False where it records nothing: conversions before the record, other folders)."""
+    kinds = (_source_record(folder) or {}).get("tensor_types")
+    return isinstance(kinds, list) and not GROUP_KINDS & set(kinds)
+
+
+def _source_record(folder: str | Path | None) -> dict | None:
+    """The conversion manifest's record of the GGUF a folder was made from, or None (no folder, no manifest)."""
     from dartspec.model_cache import MANIFEST_NAME
 
     if not folder:
-        return False
+        return None
     try:
-        kinds = json.loads((Path(folder) / MANIFEST_NAME).read_text(encoding="utf-8"))["source"]["tensor_types"]
+        source = json.loads((Path(folder) / MANIFEST_NAME).read_text(encoding="utf-8"))["source"]
     except (OSError, ValueError, KeyError, TypeError):
-        return False
-    return isinstance(kinds, list) and not GROUP_KINDS & set(kinds)
+        return None
+    return source if isinstance(source, dict) else None
 
 
 def source_gguf(folder: str | Path | None) -> Path | None:
     """The GGUF file a converted model folder was made from, where it is still on this machine (its manifest names
     it; the file sits in the folder's sibling ``gguf/<name>/`` for known models, or at the recorded path), else None."""
-    from dartspec.model_cache import MANIFEST_NAME
     from dartspec.models import assembled_gguf_path
 
-    if not folder:
+    if not folder or (source := _source_record(folder)) is None:
         return None
     folder = Path(folder)
-    try:
-        source = json.loads((folder / MANIFEST_NAME).read_text(encoding="utf-8"))["source"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
     candidates = [Path(p) for p in (source.get("path"),) if p]
     # A known model converted before manifests recorded the path: its folder is <cache>/models/<name>
     candidates.append(assembled_gguf_path(folder.parent.parent, folder.name, str(source.get("file", ""))))

@@ -104,19 +104,20 @@ class Verifier:
         sampled_drafts: bool = False,
         prompt_ids: Sequence[int] = (),
         constraint: JsonConstraint | None = None,
-        min_tokens: tuple[int, frozenset[int]] = (0, frozenset()),
+        min_tokens: int = 0,
+        eos: frozenset[int] = frozenset(),
     ) -> None:
         """``sampled_drafts``: a sampled request's drafter may draw its tree (:attr:`draft_sampling`, seeded with the
         request), whose draws this verifier then tests by rejection; False: drafts are matched, and a seed gives
         plain sampling's tokens. ``prompt_ids``: the history the repetition penalty starts from (with penalties,
         the verifier keeps the answer's history itself: every token it returns is taken as committed).
         ``constraint``: the answer must follow it (:mod:`dartspec.constraint`); every token returned is committed to
-        it too. Sampled trees are then walked by matching (their proposals ignored: still exact). ``min_tokens``:
-        ``(n, eos ids)``: rows before the answer's n-th token cannot choose those tokens."""
+        it too. Sampled trees are then walked by matching (their proposals ignored: still exact). ``min_tokens``: rows
+        before the answer's n-th token cannot choose the ``eos`` tokens."""
         self.params = params
         self.penalties = PenaltyState(params.penalties, prompt_ids) if params.penalties.active else None
         self.constraint = constraint
-        self._min_tokens, self._eos = min_tokens
+        self._min_tokens, self._eos = min_tokens, eos
         self._answer = 0  # tokens committed
         self._rng = torch.Generator(device="cpu")
         self._rng.manual_seed(params.seed if params.seed is not None else torch.seed())
@@ -131,13 +132,23 @@ class Verifier:
     def next_token(self, logits: torch.Tensor, argmax: torch.Tensor | None = None) -> int:
         """One token from one row of logits (used after prefill, where there is no tree); ``argmax``: the row's
         argmax where the runtime took it already."""
-        if self.penalties is not None:
-            logits, argmax = self.penalties(logits[None])[0], None
-        if self._answer < self._min_tokens:
-            logits, argmax = self._without_eos(logits[None], np.zeros(1, dtype=np.int64))[0], None
-        token = self._choose(logits, None if argmax is None else int(argmax), self._state())
+        rows, argmax = self._rows(logits[None], None if argmax is None else argmax.reshape(1), None)
+        token = self._choose(rows[0], None if argmax is None else int(argmax[0]), self._state())
         self._commit([token])
         return token
+
+    def _rows(
+        self, logits: torch.Tensor, argmax: torch.Tensor | None, tree: Tree | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The rows the walk reads (row i after node i of ``tree``; None: one row after the committed answer): the
+        penalties and the EOS ban of ``min_tokens`` applied, each row by its own path; ``argmax`` kept only where
+        nothing changed them."""
+        if self.penalties is not None:
+            logits, argmax = self.penalties(logits, tree), None
+        if self._answer < self._min_tokens:
+            depth = np.zeros(1, dtype=np.int64) if tree is None else tree.depth
+            logits, argmax = self._without_eos(logits, depth), None
+        return logits, argmax
 
     def _state(self) -> jg.State | None:
         return None if self.constraint is None else self.constraint.state
@@ -181,10 +192,7 @@ class Verifier:
     def accept(self, tree: Tree, logits: torch.Tensor, argmax: torch.Tensor | None = None) -> Acceptance:
         """Walk ``tree`` with the target's ``logits`` (row i = distribution after node i); ``argmax``: each row's
         argmax where the runtime took it already (:attr:`TargetOutput.argmax`)."""
-        if self.penalties is not None:
-            logits, argmax = self.penalties(logits, tree), None  # each row with its path's history
-        if self._answer < self._min_tokens:
-            logits, argmax = self._without_eos(logits, tree.depth), None
+        logits, argmax = self._rows(logits, argmax, tree)
         acc = self._walk(tree, logits, argmax)
         self._commit(acc.tokens)
         return acc

@@ -112,7 +112,7 @@ def test_penalties_reach_every_row_and_hf_generate_takes_its_own_names(llama_tar
 
     penalties = {"repetition_penalty": 2.0, "logit_bias": {9: -100.0}, "presence_penalty": 0.0}
     specs = [MethodSpec("pld", "pld"), MethodSpec("hf-ar", "hf-ar")]
-    runs = run_suite(llama_target, specs, PROMPTS, max_new_tokens=8, penalties=penalties)
+    runs = run_suite(llama_target, specs, PROMPTS, max_new_tokens=8, settings=penalties)
     rows = {r["method"]: r for r in summarize(runs)}
     assert rows["pld"]["mismatches"] == 0 and rows["hf-ar"]["mismatches"] == 0
     for run in runs:

@@ -223,15 +223,15 @@ class Run:
 Runner = Callable[[list[int], int, float, int], Run]
 
 
-def make_runner(spec: MethodSpec, target: Any, penalties: Mapping[str, Any] | None = None) -> Runner:
-    """A function ``(prompt ids, max new tokens, temperature, seed) -> Run`` for ``spec``; ``penalties``: keyword
-    arguments of :meth:`dartspec.engine.Generator.start` (``repetition_penalty``, ``logit_bias``, ...) every run
-    takes (a peer that cannot apply them as dartspec does is refused)."""
-    penalties = {k: v for k, v in (penalties or {}).items() if v != PLAIN_SETTINGS[k]}
+def make_runner(spec: MethodSpec, target: Any, settings: Mapping[str, Any] | None = None) -> Runner:
+    """A function ``(prompt ids, max new tokens, temperature, seed) -> Run`` for ``spec``; ``settings``: keyword
+    arguments of :meth:`dartspec.engine.Generator.start` of :data:`PLAIN_SETTINGS` (``repetition_penalty``,
+    ``response_format``, ...) every run takes (a peer that cannot apply them as dartspec does is refused)."""
+    settings = changed_settings(settings or {})
     if spec.kind in ("hf-ar", "hf-pld"):
-        return _hf_runner(spec, target, penalties)
+        return _hf_runner(spec, target, settings)
     if spec.kind in ("llamacpp-ar", "llamacpp-pld"):
-        if penalties:  # its repeat_penalty reads the last 64 tokens only, its presence / frequency the prompt too
+        if settings:  # its repeat_penalty reads the last 64 tokens only, its presence / frequency the prompt too
             raise DartspecError(
                 f"{spec.kind} cannot apply dartspec's penalties, JSON format or EOS settings as defined: leave them out"
             )
@@ -245,7 +245,7 @@ def make_runner(spec: MethodSpec, target: Any, penalties: Mapping[str, Any] | No
     runtime = describe(target)
 
     def run(ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> Run:
-        res = gen.generate(ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, **penalties)
+        res = gen.generate(ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, **settings)
         s = res.stats
         return Run(
             "",
@@ -274,24 +274,29 @@ PLAIN_SETTINGS: dict[str, Any] = {
 }
 
 
-def _hf_runner(spec: MethodSpec, target: Any, penalties: Mapping[str, Any]) -> Runner:
+def changed_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``settings`` whose values differ from :data:`PLAIN_SETTINGS` (unknown names are an error)."""
+    return {k: v for k, v in settings.items() if v != PLAIN_SETTINGS[k]}
+
+
+def _hf_runner(spec: MethodSpec, target: Any, settings: Mapping[str, Any]) -> Runner:
     """transformers' ``generate``: its ``repetition_penalty`` and ``sequence_bias`` are dartspec's repetition penalty
     and logit bias; it has no presence or frequency penalty."""
     import torch
 
-    if "presence_penalty" in penalties or "frequency_penalty" in penalties:
+    if "presence_penalty" in settings or "frequency_penalty" in settings:
         raise DartspecError(f"{spec.kind} has no presence or frequency penalty (transformers' generate lacks them)")
-    if "response_format" in penalties:
+    if "response_format" in settings:
         raise DartspecError(f"{spec.kind} cannot constrain its answer to JSON: leave --response-format out")
-    if penalties.get("ignore_eos"):
+    if settings.get("ignore_eos"):
         raise DartspecError(f"{spec.kind} cannot ignore EOS here: leave --ignore-eos out")
     extra: dict[str, Any] = {}
-    if "min_tokens" in penalties:
-        extra["min_new_tokens"] = penalties["min_tokens"]
-    if "repetition_penalty" in penalties:
-        extra["repetition_penalty"] = penalties["repetition_penalty"]
-    if "logit_bias" in penalties:
-        extra["sequence_bias"] = {(int(t),): float(b) for t, b in penalties["logit_bias"].items()}
+    if "min_tokens" in settings:
+        extra["min_new_tokens"] = settings["min_tokens"]
+    if "repetition_penalty" in settings:
+        extra["repetition_penalty"] = settings["repetition_penalty"]
+    if "logit_bias" in settings:
+        extra["sequence_bias"] = {(int(t),): float(b) for t, b in settings["logit_bias"].items()}
 
     def run(ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> Run:
         kw: dict[str, Any] = {"do_sample": False}
@@ -430,9 +435,9 @@ def run_suite(
     seed: int = 0,
     runners: dict[str, Runner] | None = None,
     progress: Callable[[Iterable[Any], int], Iterable[Any]] | None = None,
-    penalties: Mapping[str, Any] | None = None,
+    settings: Mapping[str, Any] | None = None,
 ) -> list[Run]:
-    """Run every method on every prompt (rotating order); plain decoding is added as the reference. ``penalties``:
+    """Run every method on every prompt (rotating order); plain decoding is added as the reference. ``settings``:
     every row decodes with them (:func:`make_runner`).
 
     Every runtime that drafted rows run on (rows may name ``runtime=`` / ``quant=``) gets a plain-decoding row
@@ -462,7 +467,7 @@ def run_suite(
             plain.add(own)
     for s in specs:
         if s.label not in runners:  # not setdefault: building a runner loads a drafter or a peer
-            runners[s.label] = make_runner(s, targets[s.label], penalties)
+            runners[s.label] = make_runner(s, targets[s.label], settings)
     encoded = encode_prompts(target, prompts)
     for s in specs:  # warm-up: first-call allocations and lazy initialisation stay out of the timings
         runners[s.label](encoded[0][1], 8, temperature, seed)

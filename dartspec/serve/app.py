@@ -27,6 +27,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from dartspec.constraint import check_response_format
 from dartspec.engine import GenerationResult, StepEvent, TokenLogprob
 from dartspec.errors import DartspecError
 from dartspec.serve.engine import GenerationTimeout, Job, QueueFull, ServeEngine
@@ -393,10 +394,9 @@ def _check(engine: ServeEngine, req: CommonRequest, ids: list[int], prompt_param
         if asks(getattr(req, name)):
             return f"{name} is not supported by this server (leave it out or at its default)", name
     try:
-        if req.response_format_type() != "text" and req.min_tokens:
-            return "min_tokens cannot be combined with a JSON answer (it ends where its object does)", "min_tokens"
+        check_response_format(req.response_format_type(), req.min_tokens)
     except DartspecError as err:
-        return str(err), "response_format"
+        return str(err), "min_tokens" if "min_tokens" in str(err) else "response_format"
     try:
         req.penalties().check_vocabulary(engine.target.vocab_size, engine.model_name)
     except DartspecError as err:  # the message names the field
