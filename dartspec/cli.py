@@ -300,6 +300,13 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
         help="json_object: the answer is a JSON object (constrained decoding; lossless under speculation)",
     )
     p.add_argument(
+        "--json-schema",
+        default=None,
+        metavar="FILE|JSON",
+        help="the answer is a JSON document this JSON Schema admits (a file, or the schema inline); see the README "
+        "for the keywords supported",
+    )
+    p.add_argument(
         "--repetition-penalty",
         type=float,
         default=1.0,
@@ -343,7 +350,7 @@ def _decoding_args(args: argparse.Namespace) -> dict[str, Any]:
     if args.min_tokens < 0:
         raise DartspecError(f"--min-tokens must be >= 0, got {args.min_tokens}")
     return {
-        "response_format": args.response_format,
+        "response_format": _response_format(args),
         "min_tokens": args.min_tokens,
         "ignore_eos": args.ignore_eos,
         "repetition_penalty": args.repetition_penalty,
@@ -351,6 +358,29 @@ def _decoding_args(args: argparse.Namespace) -> dict[str, Any]:
         "frequency_penalty": args.frequency_penalty,
         "logit_bias": dict(bias),
     }
+
+
+def _response_format(args: argparse.Namespace) -> Any:
+    """``--response-format``, or the schema of ``--json-schema`` (read and checked: an unsupported keyword is an error
+    here, before the model loads)."""
+    if args.json_schema is None:
+        return args.response_format
+    from dartspec.json_schema import compile_schema
+
+    if args.response_format != "text":
+        raise DartspecError("--json-schema and --response-format json_object exclude each other")
+    source = args.json_schema
+    if not source.lstrip().startswith(("{", "true")):
+        try:
+            source = Path(source).read_text()
+        except OSError as err:
+            raise DartspecError(f"--json-schema: cannot read {args.json_schema}: {err.strerror}") from None
+    try:
+        schema = json.loads(source)
+    except ValueError as err:
+        raise DartspecError(f"--json-schema: not JSON ({err})") from None
+    compile_schema(schema)
+    return schema if isinstance(schema, dict) else {}
 
 
 def _check_generation_args(args: argparse.Namespace) -> None:

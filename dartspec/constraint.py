@@ -1,7 +1,9 @@
-"""Constrained decoding to JSON (OpenAI's ``response_format: {"type": "json_object"}``), lossless under speculation.
+"""Constrained decoding to JSON (OpenAI's ``response_format`` ``json_object`` and ``json_schema``), lossless under
+speculation.
 
-The answer must be a JSON object: a token is allowed where the text so far plus its bytes is still a prefix of one
-(:mod:`dartspec.json_grammar`), EOS only once the object is whole, and nothing after it. The verifier asks this at each
+The answer must be a JSON object, or a document a JSON Schema admits (:mod:`dartspec.json_schema`): a token is allowed
+where the text so far plus its bytes is still a prefix of one (:mod:`dartspec.json_grammar`), EOS only once the
+document is whole, and nothing after it. The verifier asks this at each
 tree node it walks, with the grammar state after that node's own path, and picks the target's choice among the
 allowed tokens exactly as plain decoding would: greedy takes the most likely allowed token, sampling draws from the
 target's distribution restricted to them. So drafts never change the answer, they only skip forwards (a draft the
@@ -15,17 +17,21 @@ string only those holding a quote, a backslash or a control byte need a look).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeAlias
 
 import numpy as np
 import torch
 
 from dartspec import json_grammar as jg
 from dartspec.errors import DartspecError
+from dartspec.json_schema import compile_schema
 
-#: The response formats a request may ask for.
+#: The response formats a request may name (besides a JSON Schema).
 RESPONSE_FORMATS = ("text", "json_object")
+#: What a request may ask the answer to be: "text", "json_object" (any JSON object) or a JSON Schema.
+ResponseFormat: TypeAlias = str | Mapping[str, Any]
 #: Most likely tokens greedy decoding tries before it checks the whole vocabulary.
 GREEDY_TRIES = 32
 #: Draws refused before sampling checks the whole vocabulary.
@@ -34,15 +40,21 @@ SAMPLE_TRIES = 16
 MASK_CACHE = 256
 
 
-def check_response_format(value: object, min_tokens: object = 0) -> None:
-    """Refuse an unknown format, a bad ``min_tokens``, or both a JSON answer and ``min_tokens`` (it ends where its
-    object does)."""
-    if value not in RESPONSE_FORMATS:
-        raise DartspecError(f"response_format must be one of {', '.join(RESPONSE_FORMATS)}, got {value!r}")
+def response_grammar(value: object, min_tokens: object = 0) -> jg.Grammar | None:
+    """The grammar the answer must follow (None: free text). Refuses an unknown format, a schema it cannot follow
+    (:class:`~dartspec.json_schema.SchemaError`), a bad ``min_tokens``, or both a JSON answer and ``min_tokens`` (it
+    ends where its document does)."""
+    if not isinstance(value, Mapping) and value not in RESPONSE_FORMATS:
+        raise DartspecError(
+            f"response_format must be one of {', '.join(RESPONSE_FORMATS)} or a JSON schema, got {value!r}"
+        )
     if not (type(min_tokens) is int and min_tokens >= 0):
         raise DartspecError(f"min_tokens must be a non-negative integer, got {min_tokens!r}")
-    if min_tokens and value != "text":
-        raise DartspecError("min_tokens cannot be combined with a JSON answer (it ends where its object does)")
+    if value == "text":
+        return None
+    if min_tokens:
+        raise DartspecError("min_tokens cannot be combined with a JSON answer (it ends where its document does)")
+    return jg.Grammar.any_object() if value == "json_object" else compile_schema(value)
 
 
 @dataclass(frozen=True)
@@ -81,19 +93,20 @@ class TokenTexts:
 class JsonConstraint:
     """One sequence's constraint: the grammar state after its committed answer, and which tokens may follow a state."""
 
-    def __init__(self, texts: TokenTexts, object_only: bool = True) -> None:
+    def __init__(self, texts: TokenTexts, grammar: jg.Grammar) -> None:
         self.texts = texts
-        self.state: jg.State = jg.start(object_only)
+        self.grammar = grammar
+        self.state: jg.State = grammar.start()
         self._masks: dict[jg.State, torch.Tensor] = {}
 
     def after(self, state: jg.State, token: int) -> jg.State | None:
         """The state after ``token``, or None where it is not allowed there (EOS: allowed once the value is whole,
         and leaves the state as it is)."""
         if token in self.texts.eos:
-            return state if jg.complete(state) else None
+            return state if self.grammar.complete(state) else None
         if not 0 <= token < len(self.texts.pieces) or not self.texts.pieces[token]:
             return None
-        return jg.advance(state, self.texts.pieces[token])
+        return self.grammar.advance(state, self.texts.pieces[token])
 
     def commit(self, tokens: Sequence[int]) -> None:
         for token in tokens:
@@ -116,11 +129,13 @@ class JsonConstraint:
     def _whole_mask(self, state: jg.State) -> torch.Tensor:
         texts = self.texts
         allowed = np.zeros(len(texts.pieces), dtype=bool)
-        if state[1] == jg.STRING:  # tokens without a quote, backslash or control byte just extend the string
+        if self.grammar.in_free_string(
+            state
+        ):  # tokens without a quote, backslash or control byte just extend the string
             allowed |= texts.string_safe
             candidates = np.flatnonzero(~texts.string_safe)
         else:
-            firsts = [b for b in texts.by_first_byte if jg.advance(state, bytes([b])) is not None]
+            firsts = [b for b in texts.by_first_byte if self.grammar.advance(state, bytes([b])) is not None]
             groups = [texts.by_first_byte[b] for b in firsts]
             candidates = np.concatenate(groups) if groups else np.zeros(0, dtype=np.int64)
         for token in candidates.tolist():
@@ -128,7 +143,7 @@ class JsonConstraint:
                 allowed[token] = True
         for token in texts.eos:
             if token < len(allowed):
-                allowed[token] = jg.complete(state)
+                allowed[token] = self.grammar.complete(state)
         return torch.from_numpy(allowed)
 
     def greedy(self, row: torch.Tensor, state: jg.State, argmax: int | None = None) -> int:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from dartspec.constraint import JsonConstraint, check_response_format
+from dartspec.constraint import JsonConstraint, ResponseFormat, response_grammar
 from dartspec.drafters.base import DraftBudget, Drafter, NoDrafter
 from dartspec.errors import ContextLengthError, DartspecError
 from dartspec.kv_cache import TreeKVCache
@@ -455,7 +455,7 @@ class Generator:
         presence_penalty: float = 0.0,
         frequency_penalty: float = 0.0,
         logit_bias: Mapping[int, float] | None = None,
-        response_format: str = "text",
+        response_format: ResponseFormat = "text",
         min_tokens: int = 0,
         ignore_eos: bool = False,
     ) -> SequenceState:
@@ -468,9 +468,10 @@ class Generator:
         log-probability with that many alternatives (0 to :data:`MAX_TOP_LOGPROBS`; None: none): the target's own,
         before penalties and temperature. ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``,
         ``logit_bias`` (token id -> bias): :class:`~dartspec.sampling.Penalties`; greedy decoding takes the argmax of
-        the penalised logits. ``response_format="json_object"``: the answer is a JSON object, decoded under the
-        constraint of :mod:`dartspec.constraint` (greedy: the most likely allowed token; sampling: the target's
-        distribution restricted to the allowed tokens), and ends where the object does. ``min_tokens``: EOS cannot
+        the penalised logits. ``response_format="json_object"``: the answer is a JSON object; a mapping: a JSON
+        Schema (:mod:`dartspec.json_schema`) the answer follows; either decoded under the constraint of
+        :mod:`dartspec.constraint` (greedy: the most likely allowed token; sampling: the target's distribution
+        restricted to the allowed tokens), and ending where the document does. ``min_tokens``: EOS cannot
         come before that many tokens (vLLM's; not with a JSON answer, which must end where its object does);
         ``ignore_eos``: EOS does not end the answer (vLLM's, for load tests), only a stop string or the limit."""
         penalties = Penalties(repetition_penalty, presence_penalty, frequency_penalty, logit_bias or ())  # type: ignore[arg-type]
@@ -480,7 +481,7 @@ class Generator:
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise DartspecError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         check_logprobs(logprobs)
-        check_response_format(response_format, min_tokens)
+        grammar = response_grammar(response_format, min_tokens)
         target, drafter = self.target, self.drafter
         penalties.check_vocabulary(target.vocab_size, target.name)
         prompt_ids = self.encode(prompt, chat)
@@ -490,7 +491,7 @@ class Generator:
                 f"the prompt is {len(prompt_ids)} tokens but {target.name} has a context window of "
                 f"{target.max_context} tokens"
             )
-        constraint = JsonConstraint(target.token_texts) if response_format == "json_object" else None
+        constraint = None if grammar is None else JsonConstraint(target.token_texts, grammar)
         verifier = Verifier(
             params,
             sampled_drafts=self.sampled_drafts,

@@ -1,148 +1,359 @@
-"""An incremental recognizer of JSON text (RFC 8259), byte by byte: which prefixes can still become a JSON document.
+"""An incremental recognizer of JSON text (RFC 8259) that follows a schema, byte by byte: which prefixes can still
+become a document the schema admits.
 
-A state is a small hashable tuple ``(stack, mode, aux)``: ``stack`` the open containers (``"o"`` object, ``"a"``
-array, innermost last), ``mode`` what the next byte may be, ``aux`` the mode's detail (the rest of a literal, or
-for strings whether it is a key and how many hex digits a ``\\u`` escape still needs). :func:`advance` takes bytes
-and returns the state after them, or None as soon as no JSON document starts with what was read; :func:`complete`
-says whether what was read is a whole document (after which nothing but its end may follow: trailing whitespace is
-not taken, so a constrained answer ends where its value does).
+A :class:`Grammar` is a table of nodes (compiled from a JSON Schema by :mod:`dartspec.json_schema`, or the two built in:
+any JSON value, any JSON object): an object with its properties in order, an array, a string, a number, one exact
+literal (``true``, an enum's value), or alternatives. A parse configuration is a small hashable tuple ``(frames, mode,
+aux)``: ``frames`` the open containers innermost last, each ``(node, n)`` (an object's next property index, an array's
+items so far), ``mode`` what the next byte may be and ``aux`` its detail. Alternatives that the bytes read have not
+told apart yet live side by side, so a :data:`State` is a frozenset of configurations (almost always one).
 
-Strings take any byte from 0x20 up but ``"`` and ``\\`` (UTF-8 is the tokenizer's business: a multi-byte character
-split over tokens arrives in pieces), control bytes only escaped. Numbers end at the first byte that cannot extend
-them, which then counts as what follows the number (a number at the top level is complete only at the end).
+:meth:`Grammar.advance` takes bytes and returns the state after them, or None as soon as no admitted document starts
+with what was read; :meth:`Grammar.complete` says whether what was read is a whole one. The document starts at the
+first byte (no whitespace before it) and nothing follows it (not even whitespace): a constrained answer starts and
+ends where its value does, and a model cannot pad it forever. Between tokens whitespace is free, as JSON allows.
+
+An object's properties come in the schema's order, each optional one possibly left out, the required ones never;
+keys other than the named ones only where the schema allows them (after the named ones). Strings take any byte from
+0x20 up but ``"`` and ``\\`` (UTF-8 is the tokenizer's business: a multi-byte character split over tokens arrives in
+pieces), control bytes only escaped; a length bound counts characters (an escape is one). Numbers end at the first
+byte that cannot extend them, which then counts as what follows the number (a number at the top level is complete
+only at the end).
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TypeAlias
 
-State: TypeAlias = tuple[str, int, object]
+
+@dataclass(frozen=True)
+class Obj:
+    """An object: ``props`` in order as (key as JSON text with its quotes, value node, required); ``extra``: the node
+    of other keys' values (after the named ones), or None where no other key may come."""
+
+    props: tuple[tuple[bytes, int, bool], ...] = ()
+    extra: int | None = None
+
+
+@dataclass(frozen=True)
+class Arr:
+    items: int
+    min_items: int = 0
+    max_items: int | None = None
+
+
+@dataclass(frozen=True)
+class Str:
+    min_length: int = 0
+    max_length: int | None = None
+
+
+@dataclass(frozen=True)
+class Num:
+    integer: bool = False
+
+
+@dataclass(frozen=True)
+class Lit:
+    """Exactly this JSON text (``true``, ``null``, an enum's or a const's value)."""
+
+    text: bytes
+
+
+@dataclass(frozen=True)
+class Alt:
+    options: tuple[int, ...]
+
+
+Node: TypeAlias = Obj | Arr | Str | Num | Lit | Alt
+Config: TypeAlias = tuple[tuple[tuple[int, int], ...], int, object]
+State: TypeAlias = frozenset[Config]
 
 # Modes
-VALUE, VALUE_OR_CLOSE, KEY_OR_CLOSE, KEY, COLON, AFTER, DONE = range(7)
-STRING, ESCAPE, UNICODE = range(7, 10)
-MINUS, ZERO, INT, DOT, FRAC, EXP, EXP_SIGN, EXP_DIGITS = range(10, 18)
-LITERAL = 18
-TOP_OBJECT = 19  # the start of a document that must be an object (OpenAI's ``json_object``)
+START, VALUE, VALUE_OR_CLOSE, KEY_OR_CLOSE, KEY, COLON, AFTER, DONE = range(8)
+STRING, ESCAPE, UNICODE, LITERAL, OTHER_KEY = range(8, 13)
+MINUS, ZERO, INT, DOT, FRAC, EXP, EXP_SIGN, EXP_DIGITS = range(13, 21)
 
 _WS = frozenset(b" \t\n\r")
 _DIGITS = frozenset(b"0123456789")
 _HEX = frozenset(b"0123456789abcdefABCDEF")
 _ESCAPES = frozenset(b'"\\/bfnrt')
-_LITERALS = {ord("t"): "rue", ord("f"): "alse", ord("n"): "ull"}
 #: Number modes in which the number read so far is whole (it may still go on).
 _NUMBER_ENDS = frozenset({ZERO, INT, FRAC, EXP_DIGITS})
+_CLOSE = {Obj: 0x7D, Arr: 0x5D}  # '}', ']'
+_PLAIN = re.compile(rb'[^"\\\x00-\x1f]*')  # bytes that just extend a string
+_SPACE = re.compile(rb"[ \t\n\r]*")
+_SPACED = frozenset({VALUE, VALUE_OR_CLOSE, KEY_OR_CLOSE, KEY, COLON, AFTER})  # modes whitespace leaves as they are
 
 
-def start(object_only: bool = False) -> State:
-    """The state before any byte: any JSON value, or with ``object_only`` an object, starting at once (no whitespace
-    before it)."""
-    return ("", TOP_OBJECT if object_only else VALUE, None)
+def any_nodes(base: int = 0) -> list[Node]:
+    """Any JSON value (node ``base``) and any object (node ``base + 1``), for a table where they start at ``base``."""
+    kinds = [Obj(extra=base), Arr(base), Str(), Num(), Lit(b"true"), Lit(b"false"), Lit(b"null")]
+    return [Alt(tuple(range(base + 1, base + 8))), *kinds]
 
 
-def complete(state: State) -> bool:
-    """Whether the bytes read make a whole JSON document."""
-    stack, mode, _ = state
-    return mode == DONE or (not stack and mode in _NUMBER_ENDS)
+class Grammar:
+    """The documents a node table admits from its ``root``."""
 
+    def __init__(self, nodes: Iterable[Node], root: int) -> None:
+        self.nodes: tuple[Node, ...] = tuple(nodes)
+        self.root = root
+        # node -> first byte -> the nodes (other than alternatives) a value of it starting with that byte may be
+        self._starts = [self._by_first_byte(self._expand(i)) for i in range(len(self.nodes))]
 
-def advance(state: State | None, data: bytes) -> State | None:
-    """The state after ``data``, or None where no JSON document starts with the bytes read."""
-    for byte in data:
+    @classmethod
+    def any_value(cls) -> Grammar:
+        return cls(any_nodes(), 0)
+
+    @classmethod
+    def any_object(cls) -> Grammar:
+        """OpenAI's ``json_object``: any JSON object."""
+        return cls(any_nodes(), 1)
+
+    def _expand(self, node: int) -> tuple[int, ...]:
+        """The nodes other than alternatives a value of ``node`` may be (alternatives' cycles end)."""
+        out: list[int] = []
+        seen: set[int] = set()
+        todo = [node]
+        while todo:
+            i = todo.pop()
+            if i in seen:
+                continue
+            seen.add(i)
+            n = self.nodes[i]
+            if isinstance(n, Alt):
+                todo.extend(reversed(n.options))
+            else:
+                out.append(i)
+        return tuple(out)
+
+    def _by_first_byte(self, leaves: tuple[int, ...]) -> dict[int, tuple[int, ...]]:
+        out: dict[int, list[int]] = {}
+        for leaf in leaves:
+            n = self.nodes[leaf]
+            firsts = {Obj: b"{", Arr: b"[", Str: b'"', Num: b"-0123456789"}.get(type(n)) or n.text[:1]  # type: ignore[union-attr]
+            for b in firsts:
+                out.setdefault(b, []).append(leaf)
+        return {b: tuple(leaves) for b, leaves in out.items()}
+
+    def start(self) -> State:
+        """The state before any byte."""
+        return frozenset({((), START, self.root)})
+
+    def complete(self, state: State) -> bool:
+        """Whether the bytes read make a whole document."""
+        return any(mode == DONE or (not frames and mode in _NUMBER_ENDS) for frames, mode, _ in state)
+
+    def in_free_string(self, state: State) -> bool:
+        """Whether every configuration is inside a string without a length bound (where any byte but a quote, a
+        backslash or a control byte leaves the state as it is)."""
+        return all(mode == STRING and aux[1] is None for _, mode, aux in state)  # type: ignore[index]
+
+    def advance(self, state: State | None, data: bytes) -> State | None:
+        """The state after ``data``, or None where no admitted document starts with the bytes read."""
         if state is None:
             return None
-        state = _step(state, byte)
-    return state
+        configs: Iterable[Config] = state
+        i, end = 0, len(data)
+        while i < end:
+            if len(configs) == 1:  # runs that leave a lone configuration as it is: string bytes, whitespace
+                (config,) = configs
+                mode = config[1]
+                if mode == STRING and config[2][1] is None:  # type: ignore[index]
+                    run = _PLAIN.match(data, i).end()  # type: ignore[union-attr]
+                elif mode in _SPACED:
+                    run = _SPACE.match(data, i).end()  # type: ignore[union-attr]
+                else:
+                    run = i
+                if run > i:
+                    i = run
+                    continue
+            nxt: list[Config] = []
+            for config in configs:
+                nxt.extend(self._step(config, data[i]))
+            if not nxt:
+                return None
+            configs = nxt if len(nxt) == 1 else set(nxt)
+            i += 1
+        return configs if isinstance(configs, frozenset) else frozenset(configs)
 
+    # One byte, one configuration: the configurations after it (none: refused).
 
-def _after_value(stack: str) -> State:
-    return (stack, AFTER, None) if stack else ("", DONE, None)
+    def _step(self, config: Config, b: int) -> list[Config]:
+        frames, mode, aux = config
+        if mode == STRING:
+            return self._string(frames, aux, b)  # type: ignore[arg-type]
+        if mode == OTHER_KEY:
+            return self._other_key(frames, aux, b)  # type: ignore[arg-type]
+        if mode == LITERAL:
+            rest, then = aux  # type: ignore[misc]
+            if b != rest[0]:
+                return []
+            return [(frames, LITERAL, (rest[1:], then))] if len(rest) > 1 else [self._after_text(frames, then)]
+        if mode >= MINUS:
+            return self._number(frames, mode, bool(aux), b)
+        if mode == ESCAPE:
+            if b == 0x75:  # 'u'
+                return [(frames, UNICODE, (aux, 4))]
+            return [(frames, STRING, aux)] if b in _ESCAPES else []
+        if mode == UNICODE:
+            string, left = aux  # type: ignore[misc]
+            if b not in _HEX:
+                return []
+            return [(frames, STRING, string)] if left == 1 else [(frames, UNICODE, (string, left - 1))]
+        if b in _WS:
+            return [] if mode in (START, DONE) else [config]
+        if mode in (START, VALUE):
+            return self._value(frames, aux, b)  # type: ignore[arg-type]
+        if mode == DONE:
+            return []  # nothing may follow the document
+        node, n = frames[-1]
+        top = self.nodes[node]
+        if mode == AFTER:
+            if b == 0x2C:  # ','
+                if isinstance(top, Obj):
+                    return [(frames, KEY, None)] if self._keys_left(top, n) else []
+                assert isinstance(top, Arr)
+                if top.max_items is not None and n >= top.max_items:
+                    return []
+                return [(self._count(frames, top), VALUE, top.items)]
+            return self._close(frames, top, n, b)
+        if mode == VALUE_OR_CLOSE:
+            assert isinstance(top, Arr)
+            if b == 0x5D:
+                return self._close(frames, top, n, b)
+            if top.max_items == 0:
+                return []
+            return self._value(self._count(frames, top), top.items, b)
+        if mode in (KEY_OR_CLOSE, KEY):
+            assert isinstance(top, Obj)
+            if b == 0x22:  # '"'
+                return self._key(frames, top, n)
+            return self._close(frames, top, n, b) if mode == KEY_OR_CLOSE else []
+        if mode == COLON:
+            return [(frames, VALUE, aux)] if b == 0x3A else []
+        return []
 
+    def _value(self, frames: tuple[tuple[int, int], ...], node: int, b: int) -> list[Config]:
+        """The first byte of a value of ``node``."""
+        out: list[Config] = []
+        for leaf in self._starts[node].get(b, ()):
+            n = self.nodes[leaf]
+            if isinstance(n, Obj):
+                out.append(((*frames, (leaf, 0)), KEY_OR_CLOSE, None))
+            elif isinstance(n, Arr):
+                out.append(((*frames, (leaf, 0)), VALUE_OR_CLOSE, None))
+            elif isinstance(n, Str):
+                bound = None if n.min_length == 0 and n.max_length is None else leaf
+                out.append((frames, STRING, (None, bound, 0)))
+            elif isinstance(n, Num):
+                out.append((frames, MINUS if b == 0x2D else ZERO if b == 0x30 else INT, n.integer))
+            elif isinstance(n, Lit):
+                out.append(
+                    self._after_text(frames, None) if len(n.text) == 1 else (frames, LITERAL, (n.text[1:], None))
+                )
+        return out
 
-def _step(state: State, b: int) -> State | None:
-    stack, mode, aux = state
-    if mode == STRING:
-        if b == 0x22:  # '"'
-            return (stack, COLON, None) if aux else _after_value(stack)
-        if b == 0x5C:  # '\\'
-            return (stack, ESCAPE, aux)
-        return state if b >= 0x20 else None
-    if mode == ESCAPE:
-        if b == 0x75:  # 'u'
-            return (stack, UNICODE, (aux, 4))
-        return (stack, STRING, aux) if b in _ESCAPES else None
-    if mode == UNICODE:
-        key, left = aux  # type: ignore[misc]
-        if b not in _HEX:
-            return None
-        return (stack, STRING, key) if left == 1 else (stack, UNICODE, (key, left - 1))
-    if mode >= MINUS and mode <= EXP_DIGITS:
-        return _number(stack, mode, b)
-    if mode == LITERAL:
-        rest = str(aux)
-        if b != ord(rest[0]):
-            return None
-        return _after_value(stack) if len(rest) == 1 else (stack, LITERAL, rest[1:])
-    if mode == TOP_OBJECT:  # the object first: no whitespace a model could pad its answer with forever
-        return ("o", KEY_OR_CLOSE, None) if b == 0x7B else None
-    if b in _WS:
-        return None if mode == DONE else state
-    if mode in (VALUE, VALUE_OR_CLOSE):
-        if mode == VALUE_OR_CLOSE and b == 0x5D:  # ']'
-            return _after_value(stack[:-1])
-        return _value(stack, b)
-    if mode in (KEY_OR_CLOSE, KEY):
+    def _key(self, frames: tuple[tuple[int, int], ...], obj: Obj, n: int) -> list[Config]:
+        """The opening quote of a key of an object at property ``n``: each named key from there on that skips only
+        optional ones, and another key where the object takes them and no required one is left."""
+        out: list[Config] = []
+        outer = frames[:-1]
+        node = frames[-1][0]
+        for j in range(n, len(obj.props)):
+            key, value, required = obj.props[j]
+            out.append(((*outer, (node, j + 1)), LITERAL, (key[1:], value)))
+            if required:
+                break
+        else:
+            if obj.extra is not None:
+                frames = (*outer, (node, len(obj.props)))
+                out.append(
+                    (frames, OTHER_KEY, (obj.extra, b"")) if obj.props else (frames, STRING, (obj.extra, None, 0))
+                )
+        return out
+
+    @staticmethod
+    def _keys_left(obj: Obj, n: int) -> bool:
+        return n < len(obj.props) or obj.extra is not None
+
+    def _close(self, frames: tuple[tuple[int, int], ...], top: Node, n: int, b: int) -> list[Config]:
+        """The closing byte of the innermost container, where it may close (no required property left; enough
+        items)."""
+        if b != _CLOSE[type(top)]:
+            return []
+        if isinstance(top, Obj) and any(required for _, _, required in top.props[n:]):
+            return []
+        if isinstance(top, Arr) and n < top.min_items:
+            return []
+        return [self._after_text(frames[:-1], None)]
+
+    @staticmethod
+    def _count(frames: tuple[tuple[int, int], ...], arr: Arr) -> tuple[tuple[int, int], ...]:
+        """The array frame with one more item; counts stop where no bound tells them apart (finite states)."""
+        node, n = frames[-1]
+        cap = arr.max_items if arr.max_items is not None else arr.min_items
+        return (*frames[:-1], (node, min(n + 1, cap)))
+
+    @staticmethod
+    def _after_text(frames: tuple[tuple[int, int], ...], then: int | None) -> Config:
+        """After a string or literal: a key's colon (``then``: its value's node), or the end of a value."""
+        if then is not None:
+            return (frames, COLON, then)
+        return (frames, AFTER, None) if frames else ((), DONE, None)
+
+    def _other_key(self, frames: tuple[tuple[int, int], ...], aux: tuple[int, bytes], b: int) -> list[Config]:
+        """A key other than the named ones: while what was read may still become a named key it is tracked (and takes
+        no escape, which could spell one), then it is a plain string."""
+        then, read = aux
+        names = [key[1:-1] for key, _, _ in self.nodes[frames[-1][0]].props]  # type: ignore[union-attr]
         if b == 0x22:
-            return (stack, STRING, True)
-        return _after_value(stack[:-1]) if mode == KEY_OR_CLOSE and b == 0x7D else None
-    if mode == COLON:
-        return (stack, VALUE, None) if b == 0x3A else None
-    if mode == AFTER:
-        top = stack[-1]
-        if b == 0x2C:  # ','
-            return (stack, KEY, None) if top == "o" else (stack, VALUE, None)
-        if b == (0x7D if top == "o" else 0x5D):
-            return _after_value(stack[:-1])
-        return None
-    return None  # DONE: nothing may follow the document
+            return [] if read in names else [(frames, COLON, then)]
+        if b < 0x20 or b == 0x5C:
+            return []
+        read += bytes([b])
+        if any(name.startswith(read) for name in names):
+            return [(frames, OTHER_KEY, (then, read))]
+        return [(frames, STRING, (then, None, 0))]
 
+    def _string(self, frames: tuple[tuple[int, int], ...], aux: tuple[int | None, int | None, int], b: int) -> list:
+        then, bound, length = aux
+        if b == 0x22:
+            if bound is not None and length < self.nodes[bound].min_length:  # type: ignore[union-attr]
+                return []
+            return [self._after_text(frames, then)]
+        if b < 0x20:
+            return []
+        if bound is None or 0x80 <= b < 0xC0:  # unbounded, or a UTF-8 continuation byte: no new character
+            return [(frames, ESCAPE if b == 0x5C else STRING, aux)]
+        node: Str = self.nodes[bound]  # type: ignore[assignment]
+        if node.max_length is not None and length >= node.max_length:
+            return []
+        cap = node.max_length if node.max_length is not None else node.min_length
+        counted = (then, bound, min(length + 1, cap))
+        return [(frames, ESCAPE if b == 0x5C else STRING, counted)]
 
-def _value(stack: str, b: int) -> State | None:
-    """The first byte of a value."""
-    if b == 0x7B:  # '{'
-        return (stack + "o", KEY_OR_CLOSE, None)
-    if b == 0x5B:  # '['
-        return (stack + "a", VALUE_OR_CLOSE, None)
-    if b == 0x22:
-        return (stack, STRING, False)
-    if b == 0x2D:  # '-'
-        return (stack, MINUS, None)
-    if b == 0x30:
-        return (stack, ZERO, None)
-    if b in _DIGITS:
-        return (stack, INT, None)
-    if b in _LITERALS:
-        return (stack, LITERAL, _LITERALS[b])
-    return None
-
-
-def _number(stack: str, mode: int, b: int) -> State | None:
-    digit = b in _DIGITS
-    if mode == MINUS:
-        return (stack, ZERO if b == 0x30 else INT, None) if digit else None
-    if mode in (DOT, EXP_SIGN):
-        return (stack, FRAC if mode == DOT else EXP_DIGITS, None) if digit else None
-    if mode == EXP:
-        if b in (0x2B, 0x2D):
-            return (stack, EXP_SIGN, None)
-        return (stack, EXP_DIGITS, None) if digit else None
-    # ZERO, INT, FRAC, EXP_DIGITS: the number is whole; it goes on or ends at this byte
-    if digit and mode != ZERO:
-        return (stack, mode, None)
-    if b == 0x2E and mode in (ZERO, INT):  # '.'
-        return (stack, DOT, None)
-    if b in (0x65, 0x45) and mode != EXP_DIGITS:  # 'e', 'E'
-        return (stack, EXP, None)
-    if not stack:
-        return None  # a top-level number: nothing may follow it
-    return _step((stack, AFTER, None), b)
+    def _number(self, frames: tuple[tuple[int, int], ...], mode: int, integer: bool, b: int) -> list[Config]:
+        digit = b in _DIGITS
+        if mode == MINUS:
+            return [(frames, ZERO if b == 0x30 else INT, integer)] if digit else []
+        if mode in (DOT, EXP_SIGN):
+            return [(frames, FRAC if mode == DOT else EXP_DIGITS, integer)] if digit else []
+        if mode == EXP:
+            if b in (0x2B, 0x2D):
+                return [(frames, EXP_SIGN, integer)]
+            return [(frames, EXP_DIGITS, integer)] if digit else []
+        # ZERO, INT, FRAC, EXP_DIGITS: the number is whole; it goes on or ends at this byte
+        if digit and mode != ZERO:
+            return [(frames, mode, integer)]
+        if not integer:
+            if b == 0x2E and mode in (ZERO, INT):  # '.'
+                return [(frames, DOT, integer)]
+            if b in (0x65, 0x45) and mode != EXP_DIGITS:  # 'e', 'E'
+                return [(frames, EXP, integer)]
+        if not frames:
+            return []  # a top-level number: nothing may follow it
+        return self._step((frames, AFTER, None), b)

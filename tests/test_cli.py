@@ -240,7 +240,7 @@ def test_generate_streams_same_text_as_json(tiny_model_dir: Path) -> None:
 
 
 def test_generate_takes_penalties_logit_bias_and_a_json_format(
-    tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+    tiny_model_dir: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     """The options reach the engine: the same tokens as the Python API given the same settings, which differ from the
     unpenalised answer; a bias naming a token outside the vocabulary is a one-line error."""
@@ -274,7 +274,23 @@ def test_generate_takes_penalties_logit_bias_and_a_json_format(
     got = json.loads(proc.stdout)
     want = Generator(target).generate("Hello there", max_new_tokens=12, response_format="json_object")
     assert got["token_ids"] == want.token_ids and got["text"].startswith("{")
-    assert json_grammar.advance(json_grammar.start(object_only=True), got["text"].encode()) is not None
+    grammar = json_grammar.Grammar.any_object()
+    assert grammar.advance(grammar.start(), got["text"].encode()) is not None
+    # --json-schema (a file, or inline): the Python API's answer under that schema; an unsupported keyword is a
+    # one-line error before the model loads
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6}}, "required": ["name"]}
+    (tmp_path / "schema.json").write_text(json.dumps(schema))
+    want = Generator(target).generate("Hello there", max_new_tokens=12, response_format=schema)
+    for given in (str(tmp_path / "schema.json"), json.dumps(schema)):
+        proc = run_in_process(capsys, *common, "--json-schema", given)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["token_ids"] == want.token_ids
+    assert want.text.startswith('{"name"')
+    bad = run_in_process(capsys, *common, "--json-schema", '{"type": "string", "format": "x", "pattern": "y"}')
+    assert_one_line_error(bad, "keyword 'pattern' is not supported")
+    assert_one_line_error(run_in_process(capsys, *common, "--json-schema", "nofile.json"), "cannot read nofile.json")
+    both = run_in_process(capsys, *common, "--json-schema", "{}", "--response-format", "json_object")
+    assert_one_line_error(both, "exclude each other")
 
 
 @pytest.mark.slow

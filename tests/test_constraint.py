@@ -1,6 +1,7 @@
-"""JSON-constrained decoding: token masks equal a brute-force check of every token against the text so far, the lazy
-greedy and sampling choices are the masked argmax and the masked law, and with any drafter the engine commits what a
-naive constrained loop over transformers' forward commits (greedy and seeded sampling)."""
+"""JSON-constrained decoding (any object, and a JSON Schema): token masks equal a brute-force check of every token
+against the text so far, the lazy greedy and sampling choices are the masked argmax and the masked law, and with any
+drafter the engine commits what a naive constrained loop over transformers' forward commits (greedy and seeded
+sampling)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from dartspec.constraint import SAMPLE_TRIES, JsonConstraint, TokenTexts
 from dartspec.drafters import PromptLookupDrafter
 from dartspec.engine import Generator
 from dartspec.errors import DartspecError
+from dartspec.json_schema import compile_schema
 from dartspec.sampling import SamplingParams
 from dartspec.target import Target
 from dartspec.verify import Verifier, sample, warp
@@ -72,27 +74,41 @@ def fake_decode(ids: Sequence[int]) -> str:
     return "".join(PIECES[i] for i in ids)
 
 
+# A schema the fake vocabulary can write: keys in order, a required integer, an enum array, a bounded nullable string.
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "a": {"type": "integer"},
+        "b": {"type": "array", "items": {"enum": ["cat", "ab", 3.5]}, "maxItems": 3},
+        "n": {"type": ["string", "null"], "maxLength": 4},
+    },
+    "required": ["a"],
+}
+OBJECT = jg.Grammar.any_object()
+GRAMMARS = {"json_object": OBJECT, "schema": compile_schema(SCHEMA)}
+
+
 def texts() -> TokenTexts:
     return TokenTexts.of(fake_decode, VOCAB, frozenset({EOS}), anchor=PIECES.index("ab"))
 
 
-def brute_allowed(prefix: str, object_only: bool = True) -> np.ndarray:
+def brute_allowed(prefix: str, grammar: jg.Grammar = OBJECT) -> np.ndarray:
     """Every token checked against the whole text so far, from the start (no incremental state, no shortcuts)."""
     out = np.zeros(VOCAB, dtype=bool)
-    whole = jg.advance(jg.start(object_only), prefix.encode())
+    whole = grammar.advance(grammar.start(), prefix.encode())
     for token in range(VOCAB):
         if token == EOS:
-            out[token] = whole is not None and jg.complete(whole)
+            out[token] = whole is not None and grammar.complete(whole)
         elif PIECES[token]:
-            out[token] = jg.advance(jg.start(object_only), (prefix + PIECES[token]).encode()) is not None
+            out[token] = grammar.advance(grammar.start(), (prefix + PIECES[token]).encode()) is not None
     return out
 
 
-def random_prefix(rng: np.random.Generator, steps: int) -> list[int]:
+def random_prefix(rng: np.random.Generator, steps: int, grammar: jg.Grammar = OBJECT) -> list[int]:
     """A valid answer prefix: tokens drawn among the allowed ones (brute force)."""
     ids: list[int] = []
     for _ in range(steps):
-        allowed = np.flatnonzero(brute_allowed(fake_decode(ids)))
+        allowed = np.flatnonzero(brute_allowed(fake_decode(ids), grammar))
         allowed = allowed[allowed != EOS]
         if not len(allowed):
             break
@@ -108,26 +124,28 @@ def test_token_texts_keep_each_tokens_bytes() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 2**16), steps=st.integers(0, 25))
-def test_masks_equal_a_brute_force_check_of_every_token(seed: int, steps: int) -> None:
-    constraint = JsonConstraint(texts())
-    ids = random_prefix(np.random.default_rng(seed), steps)
+@given(seed=st.integers(0, 2**16), steps=st.integers(0, 25), kind=st.sampled_from(sorted(GRAMMARS)))
+def test_masks_equal_a_brute_force_check_of_every_token(seed: int, steps: int, kind: str) -> None:
+    grammar = GRAMMARS[kind]
+    constraint = JsonConstraint(texts(), grammar)
+    ids = random_prefix(np.random.default_rng(seed), steps, grammar)
     constraint.commit(ids)
     got = constraint.mask(constraint.state, VOCAB + 4, torch.device("cpu"))
-    want = brute_allowed(fake_decode(ids))
+    want = brute_allowed(fake_decode(ids), grammar)
     assert got[:VOCAB].numpy().tolist() == want.tolist() and not got[VOCAB:].any()
     for token in range(VOCAB):
         assert (constraint.after(constraint.state, token) is not None) == want[token]
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 2**16), steps=st.integers(0, 20), bury=st.booleans())
-def test_greedy_takes_the_most_likely_allowed_token(seed: int, steps: int, bury: bool) -> None:
+@given(seed=st.integers(0, 2**16), steps=st.integers(0, 20), bury=st.booleans(), kind=st.sampled_from(sorted(GRAMMARS)))
+def test_greedy_takes_the_most_likely_allowed_token(seed: int, steps: int, bury: bool, kind: str) -> None:
     rng = np.random.default_rng(seed)
-    constraint = JsonConstraint(texts())
-    ids = random_prefix(rng, steps)
+    grammar = GRAMMARS[kind]
+    constraint = JsonConstraint(texts(), grammar)
+    ids = random_prefix(rng, steps, grammar)
     constraint.commit(ids)
-    allowed = torch.from_numpy(brute_allowed(fake_decode(ids)))
+    allowed = torch.from_numpy(brute_allowed(fake_decode(ids), grammar))
     row = torch.tensor(rng.normal(size=VOCAB))
     if bury:  # every refused token more likely than any allowed one (past the first GREEDY_TRIES: the whole mask)
         row[~allowed] += 100.0
@@ -157,7 +175,7 @@ def test_sampling_draws_from_the_restricted_distribution() -> None:
         n = 4000
         counts = Counter()
         for i in range(n):
-            constraint = JsonConstraint(texts())
+            constraint = JsonConstraint(texts(), OBJECT)
             constraint.commit(ids)
             verifier = Verifier(SamplingParams(**{**params.__dict__, "seed": i}), constraint=constraint)
             counts[verifier.next_token(logits)] += 1
@@ -184,7 +202,7 @@ def target(request: pytest.FixtureRequest) -> Target:
 PROMPT = [5, 9, 3, 17, 5, 9, 3, 17, 5, 9, 40, 2, 33, 5, 9]
 
 
-def naive_decode(target: Target, n: int, temperature: float, seed: int) -> list[int]:
+def naive_decode(target: Target, n: int, temperature: float, seed: int, grammar: jg.Grammar) -> list[int]:
     """Plain constrained decoding written out: transformers' forward over the whole sequence, the allowed tokens by
     brute force over the text so far, the masked argmax or a draw from the masked distribution (the verifier's
     generator seeded as it seeds it, and redrawing as the module docstring says: up to SAMPLE_TRIES lazy redraws, then
@@ -194,7 +212,7 @@ def naive_decode(target: Target, n: int, temperature: float, seed: int) -> list[
     while len(answer) < n and (not answer or answer[-1] != EOS):
         with torch.no_grad():
             logits = target.model(torch.tensor([PROMPT + answer])).logits[0, -1].double()
-        allowed = torch.from_numpy(brute_allowed(fake_decode(answer)))
+        allowed = torch.from_numpy(brute_allowed(fake_decode(answer), grammar))
         if temperature == 0:
             answer.append(int(logits.masked_fill(~allowed, -torch.inf).argmax()))
             continue
@@ -212,12 +230,15 @@ def naive_decode(target: Target, n: int, temperature: float, seed: int) -> list[
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
-def test_any_drafter_commits_what_a_naive_constrained_loop_does(target: Target, temperature: float) -> None:
-    ref = naive_decode(target, 40, temperature, seed=4)
-    assert jg.advance(jg.start(True), fake_decode(ref[:-1] if ref[-1] == EOS else ref).encode()) is not None
+@pytest.mark.parametrize("kind", sorted(GRAMMARS))
+def test_any_drafter_commits_what_a_naive_constrained_loop_does(target: Target, temperature: float, kind: str) -> None:
+    grammar = GRAMMARS[kind]
+    fmt = SCHEMA if kind == "schema" else kind
+    ref = naive_decode(target, 40, temperature, 4, grammar)
+    assert grammar.advance(grammar.start(), fake_decode(ref[:-1] if ref[-1] == EOS else ref).encode()) is not None
     for drafter in [None, PromptLookupDrafter(min_ngram=1), RandomDrafter(seed=2, reference=ref, oracle_rate=0.8)]:
         gen = Generator(target, drafter, tree_size=6, max_depth=4)
-        out = gen.generate(PROMPT, max_new_tokens=40, temperature=temperature, seed=4, response_format="json_object")
+        out = gen.generate(PROMPT, max_new_tokens=40, temperature=temperature, seed=4, response_format=fmt)
         assert out.token_ids == ref, drafter
         if isinstance(drafter, RandomDrafter):
             assert out.stats.draft_tokens_accepted > 5
@@ -229,5 +250,7 @@ def test_a_vocabulary_that_cannot_write_json_is_a_clear_error() -> None:
     target = tiny_target("llama", seed=3, layers=2)  # its tokens are words "t0".."t95": no "{"
     with pytest.raises(DartspecError, match="no token of the vocabulary continues the JSON answer"):
         Generator(target).generate(PROMPT, max_new_tokens=4, response_format="json_object")
-    with pytest.raises(DartspecError, match="response_format must be one of text, json_object"):
+    with pytest.raises(DartspecError, match="response_format must be one of text, json_object or a JSON schema"):
         Generator(target).generate(PROMPT, max_new_tokens=4, response_format="json_schema")
+    with pytest.raises(DartspecError, match="'pattern' is not supported"):
+        Generator(target).generate(PROMPT, max_new_tokens=4, response_format={"type": "string", "pattern": "a+"})

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -214,7 +215,20 @@ HI = [{"role": "user", "content": "t5"}]
         ("completions", {"prompt": "t5", "logprobs": 6}, "logprobs", "less than or equal to 5"),
         ("completions", {"prompt": "t5", "logprobs": True}, "logprobs", "valid integer"),
         ("chat/completions", {"messages": HI, "tools": [{"type": "function"}]}, "tools", "not supported"),
-        ("chat/completions", {"messages": HI, "response_format": {"type": "json_schema"}}, "response_format", "not"),
+        ("chat/completions", {"messages": HI, "response_format": {"type": "json_schema"}}, "response_format", "needs"),
+        ("chat/completions", {"messages": HI, "response_format": {"type": "grammar"}}, "response_format", "not supp"),
+        (
+            "chat/completions",
+            {
+                "messages": HI,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "a"}},
+                },
+            },
+            "response_format",
+            "keyword 'pattern' is not supported",
+        ),
         ("chat/completions", {"messages": HI, "response_format": {"type": "json_object"}}, None, "no token of the"),
         (
             "chat/completions",
@@ -301,21 +315,25 @@ def test_penalties_and_logit_bias_give_the_engines_answer(url: str) -> None:
             assert tokens[0] != plain  # the settings changed the answer (else the test could not fail)
 
 
-def test_json_object_answers_are_the_engines() -> None:
-    """response_format json_object, whole and streamed, greedy and seeded: the engine's constrained tokens (a tiny
-    vocabulary of JSON pieces, tests/test_constraint.py)."""
-    from test_constraint import EOS, fake_decode, texts
+@pytest.mark.parametrize("kind", ["json_object", "json_schema"])
+def test_json_answers_are_the_engines(kind: str) -> None:
+    """response_format json_object and json_schema, whole and streamed, greedy and seeded: the engine's constrained
+    tokens (a tiny vocabulary of JSON pieces, tests/test_constraint.py)."""
+    from test_constraint import EOS, SCHEMA, fake_decode, texts
 
     target = make_target()
     target.__dict__["token_texts"] = texts()
     ids = target.encode("t5 t6 t7")
+    fmt: Any = SCHEMA if kind == "json_schema" else kind
     with serving(target=target) as u:
         for temperature in (0.0, 0.9):
             want = Generator(target).generate(
-                ids, max_new_tokens=16, temperature=temperature, seed=2, response_format="json_object"
+                ids, max_new_tokens=16, temperature=temperature, seed=2, response_format=fmt
             )
             body = {"prompt": "t5 t6 t7", "max_tokens": 16, "temperature": temperature, "seed": 2, "logprobs": 0}
-            body["response_format"] = {"type": "json_object"}
+            body["response_format"] = {"type": kind}
+            if kind == "json_schema":
+                body["response_format"]["json_schema"] = {"name": "answer", "schema": SCHEMA, "strict": True}
             got = httpx.post(f"{u}/v1/completions", json=body, timeout=60).json()
             tokens = [target.vocab[t] for t in got["choices"][0]["logprobs"]["tokens"]]
             assert tokens == want.token_ids

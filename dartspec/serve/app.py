@@ -27,7 +27,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from dartspec.constraint import check_response_format
+from dartspec.constraint import response_grammar
 from dartspec.engine import GenerationResult, StepEvent, TokenLogprob
 from dartspec.errors import DartspecError
 from dartspec.serve.engine import GenerationTimeout, Job, QueueFull, ServeEngine
@@ -310,7 +310,7 @@ async def _serve(
         plain=bool(req.dartspec and req.dartspec.drafter == "none"),
         logprobs=req.logprobs_asked(),
         penalties=req.penalties(),
-        response_format=req.response_format_type(),
+        response_format=req.answer_format(),
         min_tokens=req.min_tokens,
         ignore_eos=req.ignore_eos,
     )
@@ -394,7 +394,7 @@ def _check(engine: ServeEngine, req: CommonRequest, ids: list[int], prompt_param
         if asks(getattr(req, name)):
             return f"{name} is not supported by this server (leave it out or at its default)", name
     try:
-        check_response_format(req.response_format_type(), req.min_tokens)
+        response_grammar(req.answer_format(), req.min_tokens)
     except DartspecError as err:
         return str(err), "min_tokens" if "min_tokens" in str(err) else "response_format"
     try:

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dartspec.constraint import ResponseFormat
 from dartspec.engine import GenerationResult, Generator, SequenceState, StepEvent
 from dartspec.errors import DartspecError
 from dartspec.prefix_cache import positions_read
@@ -70,7 +71,7 @@ class Job:
     plain: bool = False  # run without the drafter (the web page's comparison switch)
     logprobs: int | None = None  # each token's log-probability with this many alternatives (None: none)
     penalties: Penalties = field(default_factory=Penalties)
-    response_format: str = "text"  # or "json_object"
+    response_format: ResponseFormat = "text"  # "json_object", or a JSON Schema
     min_tokens: int = 0
     ignore_eos: bool = False
     cancel: threading.Event = field(default_factory=threading.Event)

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from dartspec.constraint import RESPONSE_FORMATS
+from dartspec.constraint import RESPONSE_FORMATS, ResponseFormat
 from dartspec.engine import MAX_TOP_LOGPROBS, GenerationResult, StepEvent, TokenLogprob
 from dartspec.errors import DartspecError
 from dartspec.sampling import MAX_PENALTY, Penalties
@@ -96,7 +96,8 @@ class CommonRequest(BaseModel):
     frequency_penalty: StrictFloat | StrictInt = Field(default=0, ge=-MAX_PENALTY, le=MAX_PENALTY)
     repetition_penalty: StrictFloat | StrictInt = Field(default=1, gt=0)
     logit_bias: dict[str, StrictFloat | StrictInt] | None = None
-    # {"type": "text"} or {"type": "json_object"} (a JSON object, decoded under dartspec.constraint)
+    # {"type": "text"}, {"type": "json_object"} (a JSON object) or {"type": "json_schema", "json_schema": {"name": ...,
+    # "schema": {...}}} (a document the schema admits), decoded under dartspec.constraint
     response_format: dict[str, Any] | None = None
     # Accepted at their defaults only (see UNSUPPORTED): ignoring them would give other text than asked for.
     tools: list[Any] | None = None
@@ -105,12 +106,19 @@ class CommonRequest(BaseModel):
         """Alternatives per token's log-probabilities the request asks for, or None: none (each endpoint's fields)."""
         return None
 
-    def response_format_type(self) -> str:
-        """The answer's format: "text" or "json_object" (a :class:`DartspecError` for others)."""
+    def answer_format(self) -> ResponseFormat:
+        """The answer's format: "text", "json_object" or a JSON Schema (a :class:`DartspecError` for others)."""
         kind = (self.response_format or {}).get("type", "text")
+        if kind == "json_schema":
+            spec = self.response_format.get("json_schema")  # type: ignore[union-attr]
+            if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict | bool):
+                raise DartspecError("response_format json_schema needs json_schema: {name, schema: {...}}")
+            if spec["schema"] is False:
+                raise DartspecError("the JSON schema false admits no document")
+            return spec["schema"] if isinstance(spec["schema"], dict) else {}  # true: any JSON value
         if kind not in RESPONSE_FORMATS:
             raise DartspecError(
-                f"response_format type {kind!r} is not supported by this server (text and json_object are)"
+                f"response_format type {kind!r} is not supported by this server (text, json_object and json_schema are)"
             )
         return str(kind)
 

@@ -1,0 +1,243 @@
+"""JSON Schema to a :class:`~dartspec.json_grammar.Grammar`: the subset a constrained answer can follow byte by byte.
+
+Supported: ``type`` (one or a list), ``properties`` / ``required`` / ``additionalProperties``, ``items`` /
+``minItems`` / ``maxItems``, ``minLength`` / ``maxLength``, ``enum``, ``const``, ``anyOf`` / ``oneOf`` (as
+alternatives: ``oneOf``'s exclusivity is not checked), a one-schema ``allOf``, and ``$ref`` to ``#``, ``#/$defs/...``
+or ``#/definitions/...`` (recursion included). Annotations (``title``, ``description``, ``default``, ``format``, ...)
+are ignored, as JSON Schema lets a validator do. Any other keyword (``pattern``, ``minimum``, ``prefixItems``, ...) is
+refused with its place in the schema: an answer that ignored it could break it.
+
+As OpenAI's structured outputs and most constrained decoders do, an object's properties come in the schema's order,
+and an object with ``properties`` takes no other keys unless ``additionalProperties`` says so (an object schema without
+``properties`` takes any keys). A schema that admits no finite document (``false``, a required property that cannot be
+written, a ``$ref`` to itself) is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from dartspec.errors import DartspecError
+from dartspec.json_grammar import Alt, Arr, Grammar, Lit, Node, Num, Obj, Str, any_nodes
+
+#: Keywords that describe and never constrain.
+ANNOTATIONS = frozenset(
+    {
+        "title",
+        "description",
+        "default",
+        "examples",
+        "format",
+        "$schema",
+        "$id",
+        "$comment",
+        "$defs",
+        "definitions",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+        "discriminator",
+    }
+)
+#: Each type's own keywords.
+TYPE_KEYWORDS = {
+    "object": frozenset({"properties", "required", "additionalProperties"}),
+    "array": frozenset({"items", "minItems", "maxItems"}),
+    "string": frozenset({"minLength", "maxLength"}),
+    "number": frozenset(),
+    "integer": frozenset(),
+    "boolean": frozenset(),
+    "null": frozenset(),
+}
+#: Nodes a schema may compile to (a request's schema must stay small).
+MAX_NODES = 10_000
+
+
+class SchemaError(DartspecError):
+    """A JSON Schema this module cannot follow (the message names the keyword and where it is)."""
+
+
+def compile_schema(schema: object) -> Grammar:
+    """The grammar of the documents ``schema`` admits (a :class:`SchemaError` says what it cannot follow)."""
+    compiler = _Compiler(schema)
+    root = compiler.node(schema, "#")
+    grammar = Grammar(compiler.nodes, root)
+    if root not in _productive(grammar.nodes):
+        raise SchemaError("the JSON schema admits no finite document")
+    return grammar
+
+
+def canonical(value: object) -> bytes:
+    """The JSON text an enum or const value must be written as (compact, UTF-8)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+class _Compiler:
+    def __init__(self, root: object) -> None:
+        self.root = root
+        self.nodes: list[Node] = []
+        self.refs: dict[str, int] = {}
+
+    def add(self, node: Node) -> int:
+        if len(self.nodes) >= MAX_NODES:
+            raise SchemaError(f"the JSON schema is too large (over {MAX_NODES} nodes)")
+        self.nodes.append(node)
+        return len(self.nodes) - 1
+
+    def node(self, schema: object, where: str) -> int:
+        if schema is True:
+            return self.any()
+        if schema is False:
+            return self.add(Alt(()))
+        if not isinstance(schema, Mapping):
+            raise SchemaError(f"{where}: a schema must be an object or a boolean, got {type(schema).__name__}")
+        keys = set(schema) - ANNOTATIONS
+        if "$ref" in keys:
+            _only(schema, keys, {"$ref"}, where)
+            return self.ref(schema["$ref"], where)
+        for combinator in ("anyOf", "oneOf", "allOf"):
+            if combinator in keys:
+                _only(schema, keys, {combinator}, where)
+                options = schema[combinator]
+                if not isinstance(options, list) or not options:
+                    raise SchemaError(f"{where}/{combinator} must be a non-empty list of schemas")
+                if combinator == "allOf" and len(options) > 1:
+                    raise SchemaError(f"{where}/allOf: only a single schema is supported")
+                ids = [self.node(s, f"{where}/{combinator}/{i}") for i, s in enumerate(options)]
+                return self.add(Alt(tuple(ids)))
+        if "const" in keys or "enum" in keys:
+            return self.literals(schema, keys, where)
+        types = schema.get("type")
+        if types is None:  # no type: the one its keywords imply, or any value
+            types = [t for t, words in TYPE_KEYWORDS.items() if words & keys][:1] or None
+            if types is None:
+                _only(schema, keys, set(), where)
+                return self.any()
+        if isinstance(types, str):
+            types = [types]
+        if not isinstance(types, list) or not types or any(t not in TYPE_KEYWORDS for t in types):
+            raise SchemaError(f"{where}/type must be one of {', '.join(TYPE_KEYWORDS)} or a list of them")
+        _only(schema, keys, {"type"}.union(*(TYPE_KEYWORDS[t] for t in types)), where)
+        ids = [self.typed(t, schema, where) for t in dict.fromkeys(types)]
+        return ids[0] if len(ids) == 1 else self.add(Alt(tuple(ids)))
+
+    def any(self) -> int:
+        if "any" not in self.refs:
+            self.refs["any"] = len(self.nodes)
+            for node in any_nodes(len(self.nodes)):
+                self.add(node)
+        return self.refs["any"]
+
+    def ref(self, ref: object, where: str) -> int:
+        if not isinstance(ref, str) or not (ref == "#" or ref.startswith("#/")):
+            raise SchemaError(f"{where}/$ref: only references inside the schema (#, #/$defs/...) are supported")
+        if ref not in self.refs:
+            alias = self.refs[ref] = self.add(Alt(()))  # set below: a reference may lead back to itself
+            self.nodes[alias] = Alt((self.node(_resolve(self.root, ref, where), ref),))
+        return self.refs[ref]
+
+    def literals(self, schema: Mapping[str, Any], keys: set[str], where: str) -> int:
+        _only(schema, keys, {"const", "enum", "type"}, where)
+        if "const" in keys:
+            values = [schema["const"]]
+        elif not isinstance(schema["enum"], list) or not schema["enum"]:
+            raise SchemaError(f"{where}/enum must be a non-empty list")
+        else:
+            values = schema["enum"]
+        try:
+            texts = list(dict.fromkeys(canonical(v) for v in values))
+        except (TypeError, ValueError) as err:
+            raise SchemaError(f"{where}: an enum or const value is not JSON ({err})") from None
+        ids = [self.add(Lit(t)) for t in texts]
+        return ids[0] if len(ids) == 1 else self.add(Alt(tuple(ids)))
+
+    def typed(self, kind: str, schema: Mapping[str, Any], where: str) -> int:
+        if kind == "object":
+            return self.object(schema, where)
+        if kind == "array":
+            items = schema.get("items", True)
+            if isinstance(items, list):
+                raise SchemaError(f"{where}/items: a list of item schemas (tuple validation) is not supported")
+            low, high = _bounds(schema, "minItems", "maxItems", where)
+            return self.add(Arr(self.node(items, f"{where}/items"), low, high))
+        if kind == "string":
+            return self.add(Str(*_bounds(schema, "minLength", "maxLength", where)))
+        if kind in ("number", "integer"):
+            return self.add(Num(integer=kind == "integer"))
+        if kind == "boolean":
+            return self.add(Alt((self.add(Lit(b"true")), self.add(Lit(b"false")))))
+        return self.add(Lit(b"null"))
+
+    def object(self, schema: Mapping[str, Any], where: str) -> int:
+        props = schema.get("properties", {})
+        required = schema.get("required", [])
+        if not isinstance(props, Mapping) or not all(isinstance(k, str) for k in props):
+            raise SchemaError(f"{where}/properties must be an object of schemas")
+        if not isinstance(required, list) or not all(isinstance(k, str) for k in required):
+            raise SchemaError(f"{where}/required must be a list of property names")
+        missing = [k for k in required if k not in props]
+        if missing:
+            raise SchemaError(f"{where}/required names {missing[0]!r}, which is not among its properties")
+        extra_schema = schema.get("additionalProperties", "properties" not in schema)
+        extra = None if extra_schema is False else self.node(extra_schema, f"{where}/additionalProperties")
+        named = tuple(
+            (canonical(k), self.node(s, f"{where}/properties/{_escape(k)}"), k in required) for k, s in props.items()
+        )
+        return self.add(Obj(named, extra))
+
+
+def _only(schema: Mapping[str, Any], keys: set[str], allowed: set[str], where: str) -> None:
+    """Refuse a keyword that the schema's kind does not take (or this module does not support)."""
+    for key in sorted(keys - allowed):
+        raise SchemaError(f"{where}: the JSON schema keyword {key!r} is not supported here")
+
+
+def _bounds(schema: Mapping[str, Any], low_key: str, high_key: str, where: str) -> tuple[int, int | None]:
+    low, high = schema.get(low_key, 0), schema.get(high_key)
+    for key, value in ((low_key, low), (high_key, high)):
+        if value is not None and not (type(value) is int and value >= 0):
+            raise SchemaError(f"{where}/{key} must be a non-negative integer, got {value!r}")
+    if high is not None and low > high:
+        raise SchemaError(f"{where}: {low_key} {low} is above {high_key} {high}")
+    return low, high
+
+
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _resolve(root: object, ref: str, where: str) -> object:
+    """The schema a JSON pointer reference names."""
+    node = root
+    for part in ref[2:].split("/") if ref != "#" else ():
+        part = part.replace("~1", "/").replace("~0", "~")
+        if not isinstance(node, Mapping) or part not in node:
+            raise SchemaError(f"{where}/$ref: {ref!r} names nothing in the schema")
+        node = node[part]
+    return node
+
+
+def _productive(nodes: tuple[Node, ...]) -> set[int]:
+    """The nodes that admit some finite document (a fixpoint: a literal, string or number does; a container when
+    what it must hold does; alternatives when one does)."""
+    done: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for i, n in enumerate(nodes):
+            if i in done:
+                continue
+            if isinstance(n, Alt):
+                ok = any(o in done for o in n.options)
+            elif isinstance(n, Obj):
+                ok = all(v in done for _, v, required in n.props if required)
+            elif isinstance(n, Arr):
+                ok = n.min_items == 0 or n.items in done
+            else:
+                ok = True
+            if ok:
+                done.add(i)
+                changed = True
+    return done

@@ -1,0 +1,233 @@
+"""JSON Schema grammars against an independent validator (``jsonschema``): on random schemas, every document drawn from
+the schema (keys in the schema's order) is accepted with every prefix alive, and any text the grammar finds whole,
+near misses of those documents included, parses and validates (under the stated strictness: named keys in order, no
+other keys unless ``additionalProperties`` allows them). Unsupported keywords and unsatisfiable schemas are refused
+with where they are."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import jsonschema
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dartspec.json_grammar import Grammar
+from dartspec.json_schema import SchemaError, compile_schema
+
+# Keys are written as the schema spells them (UTF-8, escaping only what JSON must): the grammar takes that form only.
+NAMES = st.sampled_from(["a", "b", "ab", "id", "name", "x y", 'q"', "é"])
+SCALARS = st.none() | st.booleans() | st.integers(-50, 50) | st.sampled_from(["u", "v w", "é", 'say "hi"', 1.5])
+
+
+def _leaf() -> st.SearchStrategy[dict[str, Any]]:
+    lengths = st.fixed_dictionaries({}, optional={"minLength": st.integers(0, 3), "maxLength": st.integers(3, 6)})
+    return st.one_of(
+        lengths.map(lambda d: {"type": "string", **d}),
+        st.sampled_from([{"type": "integer"}, {"type": "number"}, {"type": "boolean"}, {"type": "null"}, {}]),
+        st.sampled_from([{"type": ["string", "null"]}, {"type": ["integer", "boolean"]}]),
+        st.lists(SCALARS, min_size=1, max_size=4).map(lambda v: {"enum": v}),
+        SCALARS.map(lambda v: {"const": v}),
+    )
+
+
+def _containers(inner: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy[dict[str, Any]]:
+    @st.composite
+    def obj(draw: st.DrawFn) -> dict[str, Any]:
+        props = draw(st.dictionaries(NAMES, inner, max_size=4))
+        schema: dict[str, Any] = {"type": "object", "properties": props}
+        schema["required"] = [k for k in props if draw(st.booleans())]
+        extra = draw(st.sampled_from(["absent", "false", "true", "schema"]))
+        if extra != "absent":
+            schema["additionalProperties"] = {"false": False, "true": True, "schema": {"type": "integer"}}[extra]
+        return schema
+
+    @st.composite
+    def arr(draw: st.DrawFn) -> dict[str, Any]:
+        schema: dict[str, Any] = {"type": "array", "items": draw(inner)}
+        low = draw(st.integers(0, 2))
+        schema["minItems"] = low
+        if draw(st.booleans()):
+            schema["maxItems"] = low + draw(st.integers(0, 2))
+        return schema
+
+    return obj() | arr() | st.lists(inner, min_size=1, max_size=3).map(lambda s: {"anyOf": s})
+
+
+SCHEMAS = st.recursive(_leaf(), _containers, max_leaves=8)
+
+
+@st.composite
+def instance(draw: st.DrawFn, schema: Any, root: Any = None) -> Any:
+    """A document ``schema`` admits, keys in the schema's order (written from the schema, not the grammar)."""
+    root = schema if root is None else root
+    if schema is True or schema == {}:
+        return draw(SCALARS | st.lists(SCALARS, max_size=2) | st.dictionaries(NAMES, SCALARS, max_size=2))
+    if "$ref" in schema:
+        return draw(instance(root["$defs"][schema["$ref"].split("/")[-1]], root))
+    if "anyOf" in schema:
+        return draw(instance(draw(st.sampled_from(schema["anyOf"])), root))
+    if "const" in schema:
+        return schema["const"]
+    if "enum" in schema:
+        return draw(st.sampled_from(schema["enum"]))
+    types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+    kind = draw(st.sampled_from(types))
+    if kind == "object":
+        out = {}
+        for key, sub in schema.get("properties", {}).items():
+            if key in schema.get("required", []) or draw(st.booleans()):
+                out[key] = draw(instance(sub, root))
+        extra = schema.get("additionalProperties", "properties" not in schema)
+        if extra is not False and draw(st.booleans()):
+            others = [k for k in ("zz", "abc", "nam", "i", "a", "id") if k not in schema.get("properties", {})]
+            key = draw(st.sampled_from(others))  # prefixes of named keys, and keys that start as they do
+            out[key] = draw(instance(True if extra is True else extra, root))
+        return out
+    if kind == "array":
+        high = schema.get("maxItems", schema.get("minItems", 0) + 2)
+        n = draw(st.integers(schema.get("minItems", 0), high))
+        return [draw(instance(schema["items"], root)) for _ in range(n)]
+    if kind == "string":
+        low, high = schema.get("minLength", 0), schema.get("maxLength", 8)
+        return draw(
+            st.text(st.characters(max_codepoint=0xFFFF, exclude_categories=("Cs",)), min_size=low, max_size=high)
+        )
+    if kind == "integer":
+        return draw(st.integers(-(10**6), 10**6))
+    if kind == "number":
+        return draw(st.integers(-100, 100) | st.floats(allow_nan=False, allow_infinity=False))
+    return draw(st.booleans()) if kind == "boolean" else None
+
+
+def strict(schema: Any) -> Any:
+    """The schema as the grammar reads it, for ``jsonschema``: an object with properties takes no other keys unless it
+    says so."""
+    if isinstance(schema, dict):
+        schema = {k: strict(v) for k, v in schema.items()}
+        if "properties" in schema and "additionalProperties" not in schema:
+            schema["additionalProperties"] = False
+    elif isinstance(schema, list):
+        return [strict(v) for v in schema]
+    return schema
+
+
+def whole(grammar: Grammar, text: str) -> bool:
+    state = grammar.advance(grammar.start(), text.encode())
+    return state is not None and grammar.complete(state)
+
+
+def assert_sound(grammar: Grammar, schema: Any, text: str) -> None:
+    """A text the grammar finds whole parses, validates, and names its keys in the schema's order."""
+    if not whole(grammar, text):
+        return
+    value = json.loads(text)
+    jsonschema.validate(value, strict(copy.deepcopy(schema)))
+
+
+def _dump(value: Any, indent: int | None, ascii_only: bool) -> str:
+    return json.dumps(value, indent=indent, ensure_ascii=ascii_only)
+
+
+@settings(max_examples=250, deadline=None)
+@given(schema=SCHEMAS, data=st.data(), indent=st.sampled_from([None, 2]), ascii_only=st.booleans())
+def test_documents_of_the_schema_are_accepted_and_near_misses_only_if_valid(
+    schema: dict[str, Any], data: st.DataObject, indent: int | None, ascii_only: bool
+) -> None:
+    grammar = compile_schema(schema)
+    value = data.draw(instance(schema))
+    jsonschema.validate(value, strict(copy.deepcopy(schema)))  # the generator writes valid documents
+    enums = "enum" in json.dumps(schema) or "const" in json.dumps(schema)
+    # enum values are written compact, keys unescaped
+    text = _dump(value, None if enums else indent, ascii_only and not enums and "é" not in json.dumps(schema))
+    state = grammar.start()
+    for i, byte in enumerate(text.encode()):
+        state = grammar.advance(state, bytes([byte]))
+        assert state is not None, (text, i)
+    assert grammar.complete(state), text
+    for _ in range(6):
+        at = data.draw(st.integers(0, len(text)))
+        char = data.draw(st.sampled_from(list('{}[]",:.-0 1eantrulfx\\')))
+        edit = data.draw(st.sampled_from(["insert", "delete", "replace"]))
+        assert_sound(grammar, schema, text[:at] + (char if edit != "delete" else "") + text[at + (edit != "insert") :])
+
+
+def test_properties_come_in_order_required_ones_always_others_only_when_allowed() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "tags": {"type": "array"}},
+        "required": ["name", "age"],
+    }
+    g = compile_schema(schema)
+    assert whole(g, '{"name": "ann", "age": 3}') and whole(g, '{"name":"ann","age":3,"tags":[1,"x"]}')
+    assert not whole(g, '{"age": 3, "name": "ann"}')  # out of order
+    assert not whole(g, '{"name": "ann"}') and not whole(g, '{"name":"ann","tags":[],"age":3}')
+    assert not whole(g, '{"name":"ann","age":3,"zz":1}')  # no other keys
+    assert not whole(g, '{"name":"ann","age":3.5}') and not whole(g, '{"name":"ann","age":3,}')
+    g = compile_schema({**schema, "additionalProperties": {"type": "boolean"}})
+    assert whole(g, '{"name":"ann","age":3,"zz":true,"yy":false}') and not whole(g, '{"name":"ann","age":3,"zz":1}')
+    assert whole(g, '{"name":"ann","age":3,"nam":true,"names":false}')  # keys that start as named ones do
+    assert not whole(g, '{"name":"ann","age":3,"tags":true}')  # a named key again, as another
+    assert not whole(g, '{"name":"ann","age":3,"\\u0074ags":true}')  # ... even escaped
+    assert whole(compile_schema({"type": "object"}), '{"any": [1, {"x": null}]}')  # no properties: any keys
+
+
+def test_strings_numbers_literals_and_arrays_follow_their_bounds() -> None:
+    g = compile_schema({"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 3}, "maxItems": 2})
+    assert whole(g, '["a", "\\u00e9\\n", "é"]') is False  # three items
+    assert whole(g, '["abc", "é\\nx"]') and not whole(g, '["abcd"]') and not whole(g, '[""]')
+    assert whole(g, "[]") and not whole(compile_schema({"type": "array", "minItems": 1}), "[]")
+    g = compile_schema({"type": "integer"})
+    assert whole(g, "-12") and not whole(g, "1.5") and not whole(g, "1e3") and not whole(g, "01")
+    g = compile_schema({"enum": ["red", 1, None, [1, 2]]})
+    assert all(whole(g, t) for t in ['"red"', "1", "null", "[1,2]"]) and not whole(g, "[1, 2]")
+    assert not whole(g, '"re"') and not whole(g, "10") and whole(compile_schema({"enum": [1, 10]}), "10")
+    g = compile_schema({"type": ["boolean", "null"]})
+    assert whole(g, "true") and whole(g, "null") and not whole(g, '"true"')
+    assert not whole(compile_schema({"type": "string"}), ' "a"')  # no whitespace before the document
+
+
+def test_references_resolve_recursively() -> None:
+    schema = {
+        "$defs": {
+            "Node": {"type": "object", "properties": {"v": {"type": "integer"}, "next": {"$ref": "#/$defs/Node"}}}
+        },
+        "$ref": "#/$defs/Node",
+    }
+    g = compile_schema(schema)
+    assert whole(g, '{"v": 1, "next": {"v": 2, "next": {}}}') and not whole(g, '{"next": {"w": 1}}')
+    tree = {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}}}, "required": ["kids"]}
+    assert whole(compile_schema(tree), '{"kids": [{"kids": []}, {"kids": [{"kids": []}]}]}')
+
+
+@pytest.mark.parametrize(
+    ("schema", "message"),
+    [
+        ({"type": "string", "pattern": "^a"}, "#: the JSON schema keyword 'pattern' is not supported"),
+        ({"type": "object", "properties": {"n": {"minimum": 0}}}, "#/properties/n: the JSON schema keyword 'minimum'"),
+        ({"type": "array", "items": [{}]}, "tuple validation"),
+        ({"type": "object", "properties": {}, "required": ["a"]}, "'a', which is not among its properties"),
+        ({"$ref": "#/$defs/missing"}, "names nothing"),
+        ({"$ref": "https://example.com/s.json"}, "only references inside the schema"),
+        ({"$defs": {"A": {"$ref": "#/$defs/A"}}, "$ref": "#/$defs/A"}, "admits no finite document"),
+        ({"type": "object", "properties": {"a": False}, "required": ["a"]}, "admits no finite document"),
+        ({"type": "array", "items": False, "minItems": 1}, "admits no finite document"),
+        ({"type": "string", "minLength": 3, "maxLength": 2}, "minLength 3 is above maxLength 2"),
+        ({"type": "date"}, "#/type must be one of"),
+        ({"enum": []}, "non-empty list"),
+        ({"allOf": [{}, {}]}, "only a single schema"),
+        ([1], "a schema must be an object or a boolean"),
+    ],
+)
+def test_unsupported_or_unsatisfiable_schemas_are_refused_with_where(schema: Any, message: str) -> None:
+    with pytest.raises(SchemaError, match=message.replace("$", r"\$").replace("(", r"\(")):
+        compile_schema(schema)
+
+
+def test_annotations_are_ignored_and_a_schema_without_type_takes_its_keywords_kind() -> None:
+    g = compile_schema({"title": "T", "description": "d", "properties": {"a": {"format": "date", "type": "string"}}})
+    assert whole(g, '{"a": "2026-11-27"}') and not whole(g, "[]")
+    assert whole(compile_schema({"description": "anything"}), "[1, {}]") and whole(compile_schema(True), "null")
