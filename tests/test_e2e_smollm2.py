@@ -324,3 +324,40 @@ def test_json_object_answers_of_the_cpu_default_parse_and_equal_plain_decodings(
                 assert isinstance(json.loads(out.text), dict), out.text
             accepted += out.stats.draft_tokens_accepted
     assert accepted > 10
+
+
+def test_json_schema_answers_of_the_cpu_default_validate_and_equal_plain_decodings() -> None:
+    """response_format a JSON Schema on the real model: the CPU default's answers are plain decoding's token for
+    token, and validate against the schema (jsonschema, an independent validator), keys in the schema's order."""
+    import json
+
+    import jsonschema
+
+    from dartspec.methods import GeneratorSpec, build_generator
+    from dartspec.targets import load_target
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "title": {"type": "string", "maxLength": 60},
+            "author": {"type": "string"},
+            "year": {"type": "integer"},
+            "genre": {"enum": ["fiction", "non-fiction", "poetry"]},
+            "themes": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+        },
+        "required": ["title", "author", "year", "genre"],
+        "additionalProperties": False,
+    }
+    target = load_target("smollm2-135m")
+    spec, plain = build_generator(target, GeneratorSpec(drafter="auto")), Generator(target)
+    accepted = 0
+    for question in ("Give me a famous book as JSON.", "Describe the novel Dune as a JSON object."):
+        messages = [{"role": "user", "content": question}]
+        out = spec.generate(messages, max_new_tokens=96, response_format=schema)
+        assert out.token_ids == plain.generate(messages, max_new_tokens=96, response_format=schema).token_ids
+        assert out.finish_reason == "stop", out.text
+        value = json.loads(out.text)
+        jsonschema.validate(value, schema)
+        assert list(value) == [k for k in schema["properties"] if k in value]
+        accepted += out.stats.draft_tokens_accepted
+    assert accepted > 10
