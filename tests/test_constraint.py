@@ -65,6 +65,9 @@ _PIECES = [
     "é",
     "\x01",
     '"]}',
+    *"cdghjkmopqvw",  # the rest of the alphabet, and keys of a tool call (tests/test_serve.py)
+    '"name": ',
+    '"arguments": ',
 ]
 PIECES = ["", "", *_PIECES] + [f"w{i}" for i in range(VOCAB - 2 - len(_PIECES))]
 assert len(PIECES) == VOCAB

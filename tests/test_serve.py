@@ -214,7 +214,7 @@ HI = [{"role": "user", "content": "t5"}]
         ("chat/completions", {"messages": HI, "logprobs": 3}, "logprobs", "valid boolean"),
         ("completions", {"prompt": "t5", "logprobs": 6}, "logprobs", "less than or equal to 5"),
         ("completions", {"prompt": "t5", "logprobs": True}, "logprobs", "valid integer"),
-        ("chat/completions", {"messages": HI, "tools": [{"type": "function"}]}, "tools", "not supported"),
+        ("chat/completions", {"messages": HI, "tools": [{"type": "function"}]}, "tools.0.function", "Field required"),
         ("chat/completions", {"messages": HI, "response_format": {"type": "json_schema"}}, "response_format", "needs"),
         ("chat/completions", {"messages": HI, "response_format": {"type": "grammar"}}, "response_format", "not supp"),
         (
@@ -343,6 +343,144 @@ def test_json_answers_are_the_engines(kind: str) -> None:
             pieces = [(ch.get("logprobs") or {}).get("tokens", []) for c in chunks for ch in c["choices"]]
             streamed = [target.vocab[t] for piece in pieces for t in piece]
             assert streamed == tokens
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "sum",
+            "description": "adds",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    },
+    {"type": "function", "function": {"name": "now"}},  # no parameters: {} arguments
+]
+
+
+@pytest.mark.parametrize(
+    ("choice", "parallel"),
+    [("required", True), ("required", False), ({"type": "function", "function": {"name": "sum"}}, False)],
+)
+def test_tool_calls_are_the_engines_constrained_answer(choice: Any, parallel: bool) -> None:
+    """tool_choice "required" or a named function: the answer is the engine's, decoded under the schema of a call,
+    with the functions described in the system message; it comes back as OpenAI's tool_calls (whole and streamed),
+    and a conversation holding those calls and their results renders them as the text the model answered with."""
+    from test_constraint import PIECES, fake_decode, texts
+
+    from dartspec.serve.schema import ChatRequest
+    from dartspec.serve.tools import call_schema, with_tools
+
+    target = make_target()
+    target.__dict__["token_texts"] = texts()
+    target.__dict__["decode"] = fake_decode  # the server's text is what the fake pieces spell
+    messages = [{"role": "system", "content": "t5"}, {"role": "user", "content": "t6 t7"}]
+    body = {"messages": messages, "tools": TOOLS, "tool_choice": choice, "parallel_tool_calls": parallel}
+    spaces = {str(PIECES.index(w)): -100 for w in (" ", "\n", "\t", "\n  ", "  ")}  # a random model pads forever
+    body |= {"max_tokens": 60, "temperature": 0.9, "seed": 5, "logit_bias": spaces}
+    req = ChatRequest(**body)
+    rendered = with_tools(messages, req)
+    assert rendered[0]["content"].startswith("t5\n\nYou can call these functions") and len(rendered) == 2
+    schema = call_schema(req)
+    bias = {int(t): b for t, b in spaces.items()}
+    want = Generator(target).generate(
+        target.encode_chat(rendered),
+        max_new_tokens=60,
+        temperature=0.9,
+        seed=5,
+        response_format=schema,
+        logit_bias=bias,
+    )
+    assert want.finish_reason == "stop", want.text  # a whole call within the limit (else the test proves little)
+    value = json.loads(want.text)
+    calls = value if isinstance(value, list) else [value]
+    assert parallel or isinstance(value, dict)
+    named = [(c["name"], c["arguments"]) for c in calls]
+    with serving(target=target) as u:
+        got = httpx.post(f"{u}/v1/chat/completions", json=body, timeout=60).json()["choices"][0]
+        assert got["finish_reason"] == "tool_calls" and got["message"]["content"] is None
+        made = got["message"]["tool_calls"]
+        assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in made] == named
+        assert all(c["type"] == "function" and c["id"].startswith("call_") for c in made)
+        if not isinstance(choice, str):
+            assert {name for name, _ in named} == {"sum"}
+        with httpx.stream("POST", f"{u}/v1/chat/completions", json={**body, "stream": True}, timeout=60) as r:
+            chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+        deltas = [c["choices"][0]["delta"] for c in chunks]
+        assert not any(d.get("content") for d in deltas)  # the call comes whole, never as text
+        streamed = [tc for d in deltas for tc in d.get("tool_calls", [])]
+        assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in streamed] == named
+        assert [c["index"] for c in streamed] == list(range(len(named)))
+        assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+        # The calls and a result sent back: the prompt renders them as the answer's own text.
+        turn = [*messages, {"role": "assistant", "content": None, "tool_calls": made}]
+        turn.append({"role": "tool", "tool_call_id": made[0]["id"], "content": "t9"})
+        again = {**body, "messages": turn, "tool_choice": "none", "max_tokens": 3, "logprobs": True}
+        got = httpx.post(f"{u}/v1/chat/completions", json=again, timeout=60).json()
+        answered = json.dumps(calls if len(calls) > 1 else calls[0], ensure_ascii=False)  # the calls' JSON
+        said = ChatRequest(**{**body, "messages": turn}).messages[-2].as_chat()
+        assert said == {"role": "assistant", "content": answered}  # (this tokenizer reads JSON as unknown words)
+        history = [*messages, {"role": "assistant", "content": answered}, {"role": "tool", "content": "t9"}]
+        prompt = target.encode_chat(with_tools(history, ChatRequest(**again)))
+        assert got["usage"]["prompt_tokens"] == len(prompt)
+        assert got["choices"][0]["message"]["content"] == fake_decode(
+            Generator(target).generate(prompt, max_new_tokens=3, temperature=0.9, seed=5, logit_bias=bias).token_ids
+        )
+
+
+def test_tool_requests_the_server_cannot_honour_are_400s_naming_the_field(url: str) -> None:
+    base = {"messages": HI, "tools": TOOLS}
+    cases = [
+        ({}, "tool_choice", 'tool_choice "auto"'),
+        ({"tool_choice": "auto"}, "tool_choice", 'ask for "required"'),
+        ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", "'nope', which is not"),
+        ({"tools": [TOOLS[0], TOOLS[0]], "tool_choice": "required"}, "tools.1.function.name", "two tools are named"),
+        (
+            {
+                "tools": [
+                    {"type": "function", "function": {"name": "f", "parameters": {"type": "string", "pattern": "x"}}}
+                ],
+                "tool_choice": "required",
+            },
+            "tools.0.function.parameters",
+            "'pattern' is not supported",
+        ),
+        (
+            {"tool_choice": "required", "response_format": {"type": "json_object"}},
+            "response_format",
+            "cannot be combined",
+        ),
+        ({"tools": None, "tool_choice": "required"}, "tool_choice", "tool_choice needs tools"),
+        ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools.0.function.name", "pattern"),
+        (
+            {"tool_choice": "none", "messages": [{"role": "assistant", "content": None}]},
+            "messages.0",
+            "null only for an assistant message with tool_calls",
+        ),
+        (
+            {
+                "tool_choice": "none",
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [{"id": "c", "function": {"name": "sum", "arguments": "{"}}],
+                    }
+                ],
+            },
+            None,
+            "its arguments are not JSON",
+        ),
+    ]
+    for extra, param, message in cases:
+        r = httpx.post(f"{url}/v1/chat/completions", json={**base, **extra}, timeout=30)
+        assert r.status_code == 400, (extra, r.text)
+        error = r.json()["error"]
+        assert message in error["message"] and error["param"] == param, (extra, error)
 
 
 def test_top_k_and_min_p_give_the_engines_answer(url: str) -> None:
@@ -670,6 +808,37 @@ def test_smollm2_streaming_chat() -> None:
             temperature=0,
         )
         assert text and text == full.choices[0].message.content
+        # A tool call through the official client: the function and arguments its schema admits, the same streamed
+        # (greedy), and the result sent back gets a text answer.
+        weather = {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "The current weather in a city",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+                    "required": ["city", "unit"],
+                },
+            },
+        }
+        ask = [{"role": "user", "content": "What is the weather like in Paris?"}]
+        kw: dict[str, Any] = {"model": "smollm2-135m", "tools": [weather], "tool_choice": "required", "temperature": 0}
+        out = c.chat.completions.create(messages=ask, max_tokens=60, **kw)
+        (call,) = out.choices[0].message.tool_calls
+        assert out.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
+        arguments = json.loads(call.function.arguments)
+        assert list(arguments) == ["city", "unit"] and arguments["unit"] in ("celsius", "fahrenheit")
+        streamed = [
+            tc
+            for chunk in c.chat.completions.create(messages=ask, max_tokens=60, stream=True, **kw)
+            for tc in (chunk.choices[0].delta.tool_calls or [] if chunk.choices else [])
+        ]
+        assert [(s.function.name, s.function.arguments) for s in streamed] == [("get_weather", call.function.arguments)]
+        back = [*ask, out.choices[0].message.model_dump(exclude_none=True)]
+        back.append({"role": "tool", "tool_call_id": call.id, "content": "18 degrees and sunny"})
+        reply = c.chat.completions.create(messages=back, max_tokens=24, **{**kw, "tool_choice": "none"})
+        assert reply.choices[0].message.content and not reply.choices[0].message.tool_calls
 
 
 def test_web_page_streams_in_headless_chromium(url: str, tmp_path: Path) -> None:

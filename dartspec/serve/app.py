@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Any, TypeVar
 
+import jinja2
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
@@ -33,7 +34,6 @@ from dartspec.errors import DartspecError
 from dartspec.serve.engine import GenerationTimeout, Job, QueueFull, ServeEngine
 from dartspec.serve.schema import (
     MAX_SEED,
-    UNSUPPORTED,
     ChatRequest,
     CommonRequest,
     CompletionRequest,
@@ -45,6 +45,7 @@ from dartspec.serve.schema import (
     role_chunk,
     usage,
 )
+from dartspec.serve.tools import ToolError, calls_asked, tool_calls, with_tools
 
 log = logging.getLogger("dartspec.serve")
 T = TypeVar("T")
@@ -267,9 +268,14 @@ async def chat(req: ChatRequest, request: Request):
     if (refused := _unknown_model(served, req)) is not None:
         return refused
     try:
-        ids = await served.tokenized(served.engine.target.encode_chat, [m.as_chat() for m in req.messages])
+        messages = with_tools([m.as_chat() for m in req.messages], req)
+        ids = await served.tokenized(served.engine.target.encode_chat, messages)
+    except ToolError as err:
+        return error_response(400, str(err), param=err.param)
     except DartspecError as err:
         return error_response(400, str(err))
+    except jinja2.TemplateError as err:  # the template's own refusal (e.g. roles that must alternate)
+        return error_response(400, f"the model's chat template refused these messages: {err}", param="messages")
     return await _serve(served, req, ids, chat=True, request=request)
 
 
@@ -333,7 +339,7 @@ async def _serve(
             for events in streams:
                 await events.aclose()
             return _failure(err)
-        stream = _sse(served, rid, chat, list(zip(firsts, streams, strict=True)), jobs, request)
+        stream = _sse(served, rid, chat, list(zip(firsts, streams, strict=True)), jobs, request, _calls(req))
         return StreamingResponse(stream, media_type="text/event-stream")
     tasks = [asyncio.ensure_future(engine.complete(job)) for job in jobs]
     try:
@@ -348,7 +354,11 @@ async def _serve(
         choice: dict[str, Any] = {"index": index, "finish_reason": result.finish_reason, "logprobs": None}
         if result.logprobs is not None:
             choice["logprobs"] = await served.logprobs(result.logprobs, chat)
-        if chat:
+        calls = tool_calls(text) if chat and result.finish_reason == "stop" and _calls(req) else None
+        if calls is not None:
+            choice["message"] = {"role": "assistant", "content": None, "tool_calls": calls}
+            choice["finish_reason"] = "tool_calls"
+        elif chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
@@ -361,6 +371,11 @@ async def _serve(
         "choices": choices,
         "usage": usage(*(result for _, result in outs)),
     }
+
+
+def _calls(req: CommonRequest) -> bool:
+    """Whether the request's answers are tool calls."""
+    return isinstance(req, ChatRequest) and calls_asked(req)
 
 
 async def _first(events: AsyncIterator[StepEvent]) -> StepEvent | None:
@@ -390,11 +405,10 @@ def _check(engine: ServeEngine, req: CommonRequest, ids: list[int], prompt_param
         return f"with n={req.n} the seed must be at most {most} (choice i samples with seed + i)", "seed"
     if isinstance(req, ChatRequest) and req.top_logprobs is not None and not req.logprobs:
         return "top_logprobs needs logprobs: true", "top_logprobs"
-    for name, asks in UNSUPPORTED.items():
-        if asks(getattr(req, name)):
-            return f"{name} is not supported by this server (leave it out or at its default)", name
     try:
         response_grammar(req.answer_format(), req.min_tokens)
+    except ToolError as err:
+        return str(err), err.param
     except DartspecError as err:
         return str(err), "min_tokens" if "min_tokens" in str(err) else "response_format"
     try:
@@ -424,9 +438,11 @@ async def _sse(
     starts: list[tuple[StepEvent | None, AsyncIterator[StepEvent]]],
     jobs: list[Job],
     request: Request,
+    calls: bool = False,
 ) -> AsyncIterator[str]:
     """The server-sent events of a request's choices (``starts``: each one's first event and the rest), in the order
-    their steps come; the last choice to finish carries the usage of all."""
+    their steps come; the last choice to finish carries the usage of all. ``calls``: the answers are tool calls, sent
+    whole in one delta when each is (steps before it carry no content)."""
     created, model = int(time.time()), served.engine.model_name
     offsets = [0] * len(starts)  # a completion's offsets count the characters of its tokens so far
     results: list[GenerationResult] = []
@@ -444,11 +460,19 @@ async def _sse(
                 if ev.logprobs:
                     logprobs = await served.logprobs(ev.logprobs, chat, offsets[index])
                     offsets[index] += sum(len(t) for t in logprobs.get("tokens", ()))
-                yield chunk(model, rid, created, chat, ev.text, None, ev, logprobs=logprobs, index=index)
+                text = "" if calls else ev.text
+                yield chunk(model, rid, created, chat, text, None, ev, logprobs=logprobs, index=index)
             if ev.result is not None:
                 results.append(ev.result)
                 total = usage(*results) if len(results) == len(starts) else None
-                yield chunk(model, rid, created, chat, "", ev.result.finish_reason, usage=total, index=index)
+                finish = ev.result.finish_reason
+                made = tool_calls(ev.result.text) if calls and finish == "stop" else None
+                if made is not None:
+                    yield chunk(model, rid, created, chat, "", None, tool_calls=made, index=index)
+                    finish = "tool_calls"
+                elif calls:  # cut short (length, a stop string): what there is, as text
+                    yield chunk(model, rid, created, chat, ev.result.text, None, index=index)
+                yield chunk(model, rid, created, chat, "", finish, usage=total, index=index)
         else:
             yield "data: [DONE]\n\n"
     except GenerationTimeout as err:

@@ -8,7 +8,17 @@ from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal
 
 from fastapi.responses import JSONResponse
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    model_validator,
+)
 
 from dartspec.constraint import RESPONSE_FORMATS, ResponseFormat
 from dartspec.engine import MAX_TOP_LOGPROBS, GenerationResult, StepEvent, TokenLogprob
@@ -16,6 +26,7 @@ from dartspec.errors import DartspecError
 from dartspec.sampling import MAX_PENALTY, Penalties
 
 MAX_MESSAGES = 256
+MAX_TOOLS = 128
 MAX_STOP_CHARS = 256
 
 
@@ -32,9 +43,11 @@ Text = Annotated[StrictStr, AfterValidator(_encodable)]
 StopText = Annotated[StrictStr, Field(max_length=MAX_STOP_CHARS), AfterValidator(_encodable)]
 
 
-def _content(content: Any) -> str | list[dict[str, Any]]:
+def _content(content: Any) -> str | list[dict[str, Any]] | None:
     """A message's content: a string, or a list of parts as newer OpenAI clients send it, text parts only (a model
     here reads no images). One validator, so a wrong part is named rather than "should be a valid string"."""
+    if content is None:  # an assistant turn of tool calls only (Message checks)
+        return None
     if isinstance(content, str):
         return _encodable(content)
     if not isinstance(content, list):
@@ -49,15 +62,67 @@ def _content(content: Any) -> str | list[dict[str, Any]]:
     return content
 
 
+class FunctionCall(BaseModel):
+    name: StrictStr
+    arguments: StrictStr  # JSON text, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    """A call an earlier assistant turn made (sent back in the conversation)."""
+
+    id: StrictStr
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(BaseModel):
-    # "developer" is OpenAI's newer name for the system role.
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Annotated[Any, AfterValidator(_content)]
+    # "developer" is OpenAI's newer name for the system role; "tool" carries a call's result.
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Annotated[Any, AfterValidator(_content)] = None
+    tool_calls: list[ToolCall] | None = None  # an assistant turn's calls (its content may then be null)
+    tool_call_id: StrictStr | None = None  # the call a "tool" message answers
+
+    @model_validator(mode="after")
+    def _has_content(self) -> Message:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required (null only for an assistant message with tool_calls)")
+        return self
 
     def as_chat(self) -> dict[str, str]:
-        """The message as the chat template takes it: a system role, one string."""
-        content = self.content if isinstance(self.content, str) else "".join(p["text"] for p in self.content)
+        """The message as the chat template takes it: a system role, one string (an assistant turn's calls as JSON
+        in the shape it answered with: :func:`dartspec.serve.tools.calls_text`)."""
+        from dartspec.serve.tools import calls_text
+
+        if self.content is None:
+            content = ""
+        elif isinstance(self.content, str):
+            content = self.content
+        else:
+            content = "".join(p["text"] for p in self.content)
+        if self.tool_calls:
+            content = (content + "\n" if content else "") + calls_text(self.tool_calls)
         return {"role": "system" if self.role == "developer" else self.role, "content": content}
+
+
+class FunctionDef(BaseModel):
+    name: Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None  # a JSON Schema of the arguments (none: no arguments)
+    strict: StrictBool | None = None  # always in force here
+
+
+class Tool(BaseModel):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(BaseModel):
+    name: StrictStr
+
+
+class ToolChoice(BaseModel):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class DartspecOptions(BaseModel):
@@ -99,8 +164,6 @@ class CommonRequest(BaseModel):
     # {"type": "text"}, {"type": "json_object"} (a JSON object) or {"type": "json_schema", "json_schema": {"name": ...,
     # "schema": {...}}} (a document the schema admits), decoded under dartspec.constraint
     response_format: dict[str, Any] | None = None
-    # Accepted at their defaults only (see UNSUPPORTED): ignoring them would give other text than asked for.
-    tools: list[Any] | None = None
 
     def logprobs_asked(self) -> int | None:
         """Alternatives per token's log-probabilities the request asks for, or None: none (each endpoint's fields)."""
@@ -132,12 +195,6 @@ class CommonRequest(BaseModel):
         return Penalties(self.repetition_penalty, self.presence_penalty, self.frequency_penalty, bias)
 
 
-#: Request fields this server does not implement, and whether a request's value asks for them.
-UNSUPPORTED: dict[str, Callable[[Any], bool]] = {
-    "tools": bool,
-}
-
-
 #: The most alternatives a completion's ``logprobs`` asks for (OpenAI's limit for the legacy endpoint).
 MAX_COMPLETION_LOGPROBS = 5
 
@@ -147,9 +204,23 @@ class ChatRequest(CommonRequest):
     # Each token's log-probability, with top_logprobs alternatives (OpenAI's chat fields)
     logprobs: StrictBool | None = None
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    # Function calling (dartspec.serve.tools): the answer is a call when tool_choice is "required" or names one
+    tools: list[Tool] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | ToolChoice | None = None
+    parallel_tool_calls: StrictBool = True
 
     def logprobs_asked(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
+
+    def answer_format(self) -> ResponseFormat:
+        """A call's schema where the request asks for one (:mod:`dartspec.serve.tools`), else the response format."""
+        from dartspec.serve.tools import call_schema, calls_asked
+
+        if not calls_asked(self):
+            return super().answer_format()
+        if self.response_format is not None and self.response_format.get("type", "text") != "text":
+            raise DartspecError("response_format cannot be combined with tool calls (the answer is the call)")
+        return call_schema(self)
 
 
 class CompletionRequest(CommonRequest):
@@ -255,11 +326,17 @@ def chunk(
     usage: dict[str, Any] | None = None,
     logprobs: dict[str, Any] | None = None,
     index: int = 0,
+    tool_calls: list[dict[str, Any]] | None = None,
 ) -> str:
     """One server-sent event of a streamed answer's choice ``index`` (``logprobs``: of its tokens, where the request
     asked)."""
-    if chat:
-        choice: dict[str, Any] = {"index": index, "delta": {"content": text} if text else {}}
+    if tool_calls:
+        choice: dict[str, Any] = {
+            "index": index,
+            "delta": {"tool_calls": [{"index": i, **c} for i, c in enumerate(tool_calls)]},
+        }
+    elif chat:
+        choice = {"index": index, "delta": {"content": text} if text else {}}
     else:
         choice = {"index": index, "text": text}
     if logprobs is not None:
