@@ -30,8 +30,9 @@ from dartspec.json_schema import compile_schema
 
 #: The response formats a request may name (besides a JSON Schema).
 RESPONSE_FORMATS = ("text", "json_object")
-#: What a request may ask the answer to be: "text", "json_object" (any JSON object) or a JSON Schema.
-ResponseFormat: TypeAlias = str | Mapping[str, Any]
+#: What a request may ask the answer to be: "text", "json_object" (any JSON object), a JSON Schema, or a grammar
+#: made already (:func:`dartspec.json_schema.compile_schema`).
+ResponseFormat: TypeAlias = str | Mapping[str, Any] | jg.Grammar
 #: Most likely tokens greedy decoding tries before it checks the whole vocabulary.
 GREEDY_TRIES = 32
 #: Draws refused before sampling checks the whole vocabulary.
@@ -44,7 +45,7 @@ def response_grammar(value: object, min_tokens: object = 0) -> jg.Grammar | None
     """The grammar the answer must follow (None: free text). Refuses an unknown format, a schema it cannot follow
     (:class:`~dartspec.json_schema.SchemaError`), a bad ``min_tokens``, or both a JSON answer and ``min_tokens`` (it
     ends where its document does)."""
-    if not isinstance(value, Mapping) and value not in RESPONSE_FORMATS:
+    if not isinstance(value, Mapping | jg.Grammar) and value not in RESPONSE_FORMATS:
         raise DartspecError(
             f"response_format must be one of {', '.join(RESPONSE_FORMATS)} or a JSON schema, got {value!r}"
         )
@@ -54,6 +55,8 @@ def response_grammar(value: object, min_tokens: object = 0) -> jg.Grammar | None
         return None
     if min_tokens:
         raise DartspecError("min_tokens cannot be combined with a JSON answer (it ends where its document does)")
+    if isinstance(value, jg.Grammar):
+        return value
     return jg.Grammar.any_object() if value == "json_object" else compile_schema(value)
 
 

@@ -68,14 +68,20 @@ class Alt:
     options: tuple[int, ...]
 
 
-Node: TypeAlias = Obj | Arr | Str | Num | Lit | Alt
+@dataclass(frozen=True)
+class Text:
+    """Free text, not JSON: as an alternative to a document at the top, its first byte tells it apart (anything but
+    ``{``, ``[`` or whitespace); then any bytes, and it may end anywhere (a tool call or a plain answer)."""
+
+
+Node: TypeAlias = Obj | Arr | Str | Num | Lit | Alt | Text
 Config: TypeAlias = tuple[tuple[tuple[int, int], ...], int, object]
 State: TypeAlias = frozenset[Config]
 
 # Modes
 START, VALUE, VALUE_OR_CLOSE, KEY_OR_CLOSE, KEY, COLON, AFTER, DONE = range(8)
-STRING, ESCAPE, UNICODE, LITERAL, OTHER_KEY = range(8, 13)
-MINUS, ZERO, INT, DOT, FRAC, EXP, EXP_SIGN, EXP_DIGITS = range(13, 21)
+STRING, ESCAPE, UNICODE, LITERAL, OTHER_KEY, FREE = range(8, 14)
+MINUS, ZERO, INT, DOT, FRAC, EXP, EXP_SIGN, EXP_DIGITS = range(14, 22)
 
 _WS = frozenset(b" \t\n\r")
 _DIGITS = frozenset(b"0123456789")
@@ -134,7 +140,10 @@ class Grammar:
         out: dict[int, list[int]] = {}
         for leaf in leaves:
             n = self.nodes[leaf]
-            firsts = {Obj: b"{", Arr: b"[", Str: b'"', Num: b"-0123456789"}.get(type(n)) or n.text[:1]  # type: ignore[union-attr]
+            if isinstance(n, Text):
+                firsts = bytes(b for b in range(256) if b not in b"{[" and b not in _WS)
+            else:
+                firsts = {Obj: b"{", Arr: b"[", Str: b'"', Num: b"-0123456789"}.get(type(n)) or n.text[:1]  # type: ignore[union-attr]
             for b in firsts:
                 out.setdefault(b, []).append(leaf)
         return {b: tuple(leaves) for b, leaves in out.items()}
@@ -145,7 +154,7 @@ class Grammar:
 
     def complete(self, state: State) -> bool:
         """Whether the bytes read make a whole document."""
-        return any(mode == DONE or (not frames and mode in _NUMBER_ENDS) for frames, mode, _ in state)
+        return any(mode in (DONE, FREE) or (not frames and mode in _NUMBER_ENDS) for frames, mode, _ in state)
 
     def in_free_string(self, state: State) -> bool:
         """Whether every configuration is inside a string without a length bound (where any byte but a quote, a
@@ -162,6 +171,8 @@ class Grammar:
             if len(configs) == 1:  # runs that leave a lone configuration as it is: string bytes, whitespace
                 (config,) = configs
                 mode = config[1]
+                if mode == FREE:  # free text takes anything
+                    return frozenset((config,))
                 if mode == STRING and config[2][1] is None:  # type: ignore[index]
                     run = _PLAIN.match(data, i).end()  # type: ignore[union-attr]
                 elif mode in _SPACED:
@@ -186,6 +197,8 @@ class Grammar:
         frames, mode, aux = config
         if mode == STRING:
             return self._string(frames, aux, b)  # type: ignore[arg-type]
+        if mode == FREE:
+            return [config]
         if mode == OTHER_KEY:
             return self._other_key(frames, aux, b)  # type: ignore[arg-type]
         if mode == LITERAL:
@@ -251,6 +264,9 @@ class Grammar:
                 out.append((frames, STRING, (None, bound, 0)))
             elif isinstance(n, Num):
                 out.append((frames, MINUS if b == 0x2D else ZERO if b == 0x30 else INT, n.integer))
+            elif isinstance(n, Text):
+                assert not frames, "free text is an alternative to the whole document only"
+                out.append(((), FREE, None))
             elif isinstance(n, Lit):
                 out.append(
                     self._after_text(frames, None) if len(n.text) == 1 else (frames, LITERAL, (n.text[1:], None))

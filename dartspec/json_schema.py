@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dartspec.errors import DartspecError
-from dartspec.json_grammar import Alt, Arr, Grammar, Lit, Node, Num, Obj, Str, any_nodes
+from dartspec.json_grammar import Alt, Arr, Grammar, Lit, Node, Num, Obj, Str, Text, any_nodes
 
 #: Keywords that describe and never constrain.
 ANNOTATIONS = frozenset(
@@ -59,14 +59,16 @@ class SchemaError(DartspecError):
     """A JSON Schema this module cannot follow (the message names the keyword and where it is)."""
 
 
-def compile_schema(schema: object) -> Grammar:
-    """The grammar of the documents ``schema`` admits (a :class:`SchemaError` says what it cannot follow)."""
+def compile_schema(schema: object, or_text: bool = False) -> Grammar:
+    """The grammar of the documents ``schema`` admits (a :class:`SchemaError` says what it cannot follow); with
+    ``or_text``, free text instead is admitted too (text that does not start as JSON: ``{``, ``[`` or whitespace)."""
     compiler = _Compiler(schema)
     root = compiler.node(schema, "#")
-    grammar = Grammar(compiler.nodes, root)
-    if root not in _productive(grammar.nodes):
+    if root not in _productive(tuple(compiler.nodes)):
         raise SchemaError("the JSON schema admits no finite document")
-    return grammar
+    if or_text:
+        root = compiler.add(Alt((root, compiler.add(Text()))))
+    return Grammar(compiler.nodes, root)
 
 
 def canonical(value: object) -> bytes:

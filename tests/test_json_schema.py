@@ -231,3 +231,11 @@ def test_annotations_are_ignored_and_a_schema_without_type_takes_its_keywords_ki
     g = compile_schema({"title": "T", "description": "d", "properties": {"a": {"format": "date", "type": "string"}}})
     assert whole(g, '{"a": "2026-11-27"}') and not whole(g, "[]")
     assert whole(compile_schema({"description": "anything"}), "[1, {}]") and whole(compile_schema(True), "null")
+
+
+def test_or_text_admits_a_document_or_text_told_apart_by_the_first_byte() -> None:
+    g = compile_schema({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}, or_text=True)
+    assert whole(g, '{"a": 1}') and whole(g, "Hello {not json") and whole(g, "x")
+    assert not whole(g, '{"a": "x"}') and not whole(g, '{"a": 1') and not whole(g, "[1]")  # JSON is held to it
+    assert g.advance(g.start(), b" hi") is None and not whole(g, "")  # no leading whitespace, no empty answer
+    assert not whole(compile_schema({"type": "object"}), "Hello")

@@ -363,29 +363,40 @@ TOOLS = [
 
 
 @pytest.mark.parametrize(
-    ("choice", "parallel"),
-    [("required", True), ("required", False), ({"type": "function", "function": {"name": "sum"}}, False)],
+    ("choice", "parallel", "lean"),
+    [
+        ("required", True, 0),
+        ("required", False, 0),
+        ({"type": "function", "function": {"name": "sum"}}, False, 0),
+        ("auto", True, 100),  # the model leaning to "{": it calls
+        (None, False, 100),  # (None: left out, "auto")
+    ],
 )
-def test_tool_calls_are_the_engines_constrained_answer(choice: Any, parallel: bool) -> None:
-    """tool_choice "required" or a named function: the answer is the engine's, decoded under the schema of a call,
-    with the functions described in the system message; it comes back as OpenAI's tool_calls (whole and streamed),
-    and a conversation holding those calls and their results renders them as the text the model answered with."""
+def test_tool_calls_are_the_engines_constrained_answer(choice: Any, parallel: bool, lean: int) -> None:
+    """tool_choice "required", a named function or "auto": the answer is the engine's, decoded under the grammar of
+    a call (or text), with the functions described in the system message; a call comes back as OpenAI's tool_calls
+    (whole and streamed), and a conversation holding those calls and their results renders them as JSON in the shape
+    the model answered with."""
     from test_constraint import PIECES, fake_decode, texts
 
     from dartspec.serve.schema import ChatRequest
-    from dartspec.serve.tools import call_schema, with_tools
+    from dartspec.serve.tools import call_grammar, with_tools
 
     target = make_target()
     target.__dict__["token_texts"] = texts()
     target.__dict__["decode"] = fake_decode  # the server's text is what the fake pieces spell
     messages = [{"role": "system", "content": "t5"}, {"role": "user", "content": "t6 t7"}]
-    body = {"messages": messages, "tools": TOOLS, "tool_choice": choice, "parallel_tool_calls": parallel}
+    body = {"messages": messages, "tools": TOOLS, "parallel_tool_calls": parallel}
+    if choice is not None:
+        body["tool_choice"] = choice
     spaces = {str(PIECES.index(w)): -100 for w in (" ", "\n", "\t", "\n  ", "  ")}  # a random model pads forever
+    if lean:
+        spaces[str(PIECES.index("{"))] = lean
     body |= {"max_tokens": 60, "temperature": 0.9, "seed": 5, "logit_bias": spaces}
     req = ChatRequest(**body)
     rendered = with_tools(messages, req)
     assert rendered[0]["content"].startswith("t5\n\nYou can call these functions") and len(rendered) == 2
-    schema = call_schema(req)
+    schema = call_grammar(req)
     bias = {int(t): b for t, b in spaces.items()}
     want = Generator(target).generate(
         target.encode_chat(rendered),
@@ -406,7 +417,7 @@ def test_tool_calls_are_the_engines_constrained_answer(choice: Any, parallel: bo
         made = got["message"]["tool_calls"]
         assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in made] == named
         assert all(c["type"] == "function" and c["id"].startswith("call_") for c in made)
-        if not isinstance(choice, str):
+        if isinstance(choice, dict):
             assert {name for name, _ in named} == {"sum"}
         with httpx.stream("POST", f"{u}/v1/chat/completions", json={**body, "stream": True}, timeout=60) as r:
             chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
@@ -432,11 +443,41 @@ def test_tool_calls_are_the_engines_constrained_answer(choice: Any, parallel: bo
         )
 
 
+def test_with_tool_choice_auto_a_text_answer_streams_as_text() -> None:
+    """ "auto" and an answer that does not start as JSON: the engine's text under the same grammar (it ends where the
+    model ends it), whole and streamed as content, with no tool_calls."""
+    from test_constraint import PIECES, fake_decode, texts
+
+    from dartspec.serve.schema import ChatRequest
+    from dartspec.serve.tools import call_grammar, with_tools
+
+    target = make_target()
+    target.__dict__["token_texts"] = texts()
+    target.__dict__["decode"] = fake_decode
+    messages = [{"role": "user", "content": "t6 t7"}]
+    away = {PIECES.index("{"): -100, PIECES.index("["): -100}  # the model leaning away from a call
+    body = {"messages": messages, "tools": TOOLS, "max_tokens": 30, "temperature": 0.9, "seed": 3}
+    body["logit_bias"] = {str(t): b for t, b in away.items()}
+    req = ChatRequest(**body)
+    prompt = target.encode_chat(with_tools(messages, req))
+    want = Generator(target).generate(
+        prompt, max_new_tokens=30, temperature=0.9, seed=3, response_format=call_grammar(req), logit_bias=away
+    )
+    assert want.text and not want.text.startswith(("{", "["))
+    with serving(target=target) as u:
+        got = httpx.post(f"{u}/v1/chat/completions", json=body, timeout=60).json()["choices"][0]
+        assert got["message"] == {"role": "assistant", "content": want.text}
+        assert got["finish_reason"] == want.finish_reason
+        with httpx.stream("POST", f"{u}/v1/chat/completions", json={**body, "stream": True}, timeout=60) as r:
+            chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+        deltas = [c["choices"][0]["delta"] for c in chunks]
+        assert "".join(d.get("content", "") for d in deltas) == want.text
+        assert not any("tool_calls" in d for d in deltas)
+
+
 def test_tool_requests_the_server_cannot_honour_are_400s_naming_the_field(url: str) -> None:
     base = {"messages": HI, "tools": TOOLS}
     cases = [
-        ({}, "tool_choice", 'tool_choice "auto"'),
-        ({"tool_choice": "auto"}, "tool_choice", 'ask for "required"'),
         ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", "'nope', which is not"),
         ({"tools": [TOOLS[0], TOOLS[0]], "tool_choice": "required"}, "tools.1.function.name", "two tools are named"),
         (
@@ -454,6 +495,7 @@ def test_tool_requests_the_server_cannot_honour_are_400s_naming_the_field(url: s
             "response_format",
             "cannot be combined",
         ),
+        ({"response_format": {"type": "json_object"}}, "response_format", 'tool_choice "none" can'),
         ({"tools": None, "tool_choice": "required"}, "tool_choice", "tool_choice needs tools"),
         ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools.0.function.name", "pattern"),
         (

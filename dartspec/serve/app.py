@@ -45,7 +45,7 @@ from dartspec.serve.schema import (
     role_chunk,
     usage,
 )
-from dartspec.serve.tools import ToolError, calls_asked, tool_calls, with_tools
+from dartspec.serve.tools import ToolError, call_mode, tool_calls, with_tools
 
 log = logging.getLogger("dartspec.serve")
 T = TypeVar("T")
@@ -354,7 +354,7 @@ async def _serve(
         choice: dict[str, Any] = {"index": index, "finish_reason": result.finish_reason, "logprobs": None}
         if result.logprobs is not None:
             choice["logprobs"] = await served.logprobs(result.logprobs, chat)
-        calls = tool_calls(text) if chat and result.finish_reason == "stop" and _calls(req) else None
+        calls = tool_calls(text) if result.finish_reason == "stop" and _calls(req) else None
         if calls is not None:
             choice["message"] = {"role": "assistant", "content": None, "tool_calls": calls}
             choice["finish_reason"] = "tool_calls"
@@ -373,9 +373,9 @@ async def _serve(
     }
 
 
-def _calls(req: CommonRequest) -> bool:
-    """Whether the request's answers are tool calls."""
-    return isinstance(req, ChatRequest) and calls_asked(req)
+def _calls(req: CommonRequest) -> str | None:
+    """Whether the request's answers may be tool calls: "required", "auto" (a call or text), or None."""
+    return call_mode(req) if isinstance(req, ChatRequest) else None
 
 
 async def _first(events: AsyncIterator[StepEvent]) -> StepEvent | None:
@@ -438,13 +438,15 @@ async def _sse(
     starts: list[tuple[StepEvent | None, AsyncIterator[StepEvent]]],
     jobs: list[Job],
     request: Request,
-    calls: bool = False,
+    calls: str | None = None,
 ) -> AsyncIterator[str]:
     """The server-sent events of a request's choices (``starts``: each one's first event and the rest), in the order
-    their steps come; the last choice to finish carries the usage of all. ``calls``: the answers are tool calls, sent
-    whole in one delta when each is (steps before it carry no content)."""
+    their steps come; the last choice to finish carries the usage of all. ``calls`` ("required" or "auto"): answers
+    may be tool calls, each sent whole in one delta once it is (the steps of a call carry no content; with "auto" an
+    answer is a call when its first text starts as one)."""
     created, model = int(time.time()), served.engine.model_name
     offsets = [0] * len(starts)  # a completion's offsets count the characters of its tokens so far
+    is_call: list[bool | None] = [True if calls == "required" else None] * len(starts)  # known from the first text
     results: list[GenerationResult] = []
     events = _merged(starts)
     try:
@@ -460,17 +462,19 @@ async def _sse(
                 if ev.logprobs:
                     logprobs = await served.logprobs(ev.logprobs, chat, offsets[index])
                     offsets[index] += sum(len(t) for t in logprobs.get("tokens", ()))
-                text = "" if calls else ev.text
+                if calls and is_call[index] is None and ev.text:
+                    is_call[index] = ev.text.startswith(("{", "["))
+                text = "" if is_call[index] else ev.text
                 yield chunk(model, rid, created, chat, text, None, ev, logprobs=logprobs, index=index)
             if ev.result is not None:
                 results.append(ev.result)
                 total = usage(*results) if len(results) == len(starts) else None
                 finish = ev.result.finish_reason
-                made = tool_calls(ev.result.text) if calls and finish == "stop" else None
+                made = tool_calls(ev.result.text) if is_call[index] and finish == "stop" else None
                 if made is not None:
                     yield chunk(model, rid, created, chat, "", None, tool_calls=made, index=index)
                     finish = "tool_calls"
-                elif calls:  # cut short (length, a stop string): what there is, as text
+                elif is_call[index]:  # a call cut short (length, a stop string): what there is, as text
                     yield chunk(model, rid, created, chat, ev.result.text, None, index=index)
                 yield chunk(model, rid, created, chat, "", finish, usage=total, index=index)
         else:

@@ -204,7 +204,8 @@ class ChatRequest(CommonRequest):
     # Each token's log-probability, with top_logprobs alternatives (OpenAI's chat fields)
     logprobs: StrictBool | None = None
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
-    # Function calling (dartspec.serve.tools): the answer is a call when tool_choice is "required" or names one
+    # Function calling (dartspec.serve.tools): the answer is a call ("required" or a named function), a call or text
+    # ("auto", the default with tools) or text ("none")
     tools: list[Tool] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | ToolChoice | None = None
     parallel_tool_calls: StrictBool = True
@@ -213,14 +214,18 @@ class ChatRequest(CommonRequest):
         return (self.top_logprobs or 0) if self.logprobs else None
 
     def answer_format(self) -> ResponseFormat:
-        """A call's schema where the request asks for one (:mod:`dartspec.serve.tools`), else the response format."""
-        from dartspec.serve.tools import call_schema, calls_asked
+        """The grammar of a call where the answer may be one (:mod:`dartspec.serve.tools`), else the response
+        format."""
+        from dartspec.serve.tools import ToolError, call_grammar, call_mode
 
-        if not calls_asked(self):
+        if call_mode(self) is None:
             return super().answer_format()
         if self.response_format is not None and self.response_format.get("type", "text") != "text":
-            raise DartspecError("response_format cannot be combined with tool calls (the answer is the call)")
-        return call_schema(self)
+            raise ToolError(
+                'response_format cannot be combined with tools that may be called (tool_choice "none" can)',
+                "response_format",
+            )
+        return call_grammar(self)
 
 
 class CompletionRequest(CommonRequest):

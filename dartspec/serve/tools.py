@@ -1,16 +1,18 @@
 """OpenAI function calling on any model, by constrained decoding.
 
-With ``tools`` and ``tool_choice`` ``"required"`` (or one function named), the answer is the call itself: a JSON
-document that names one of the functions and gives arguments its parameter schema admits (:mod:`dartspec.json_schema`),
-decoded under the constraint as any structured answer is (lossless under speculation). So the model cannot name a
-function that does not exist or give arguments its schema refuses. The answer's shape is
-``{"name": ..., "arguments": {...}}``; with ``parallel_tool_calls`` (the default) it may also be a list of one or more
-of them (a model writes the one call it means as one object, and rarely a list it then never ends).
+A call is a JSON document that names one of the functions and gives arguments its parameter schema admits
+(:mod:`dartspec.json_schema`): ``{"name": ..., "arguments": {...}}``, or with ``parallel_tool_calls`` (the default)
+also a list of them (a model writes the one call it means as one object, and rarely a list it then never ends). It is
+decoded under the constraint as any structured answer is (lossless under speculation), so the model cannot name a
+function that does not exist or give arguments its schema refuses.
+
+``tool_choice`` ``"required"`` (or one function named): the answer is a call. ``"auto"`` (the default with tools): the
+answer is a call or text, told apart by its first byte (a call starts with ``{`` or ``[``, text with anything else), so
+the model decides, and the grammar keeps a call well-formed once it starts one. ``"none"``: text.
 
 The model is told of the functions in the system message (every model, whatever its chat template knows of tools: the
-call syntax is this module's, not the model family's), and an earlier assistant turn's calls come back to it as JSON
-in the shape it answered with. ``"none"`` answers in text. ``"auto"``, where the model itself chooses between text and a
-call, would need each model family's own call syntax to tell them apart, and is refused with the alternatives named.
+call syntax is this module's, not the model family's), and an earlier assistant turn's calls come back to it as JSON in
+the shape it answered with.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from dartspec.errors import DartspecError
+from dartspec.json_grammar import Grammar
 from dartspec.json_schema import SchemaError, compile_schema
 
 if TYPE_CHECKING:
@@ -38,22 +41,21 @@ class ToolError(DartspecError):
         self.param = param
 
 
-def calls_asked(req: ChatRequest) -> bool:
-    """Whether the answer must be a call (tools given and ``tool_choice`` "required" or a named function); a
-    :class:`ToolError` for a choice this server cannot honour."""
+def call_mode(req: ChatRequest) -> str | None:
+    """What the answer may be: "required" (a call), "auto" (a call or text) or None (text: no tools, or "none")."""
     choice = req.tool_choice
     if not req.tools:
         if choice not in (None, "none"):
             raise ToolError("tool_choice needs tools", "tool_choice")
-        return False
-    if choice is None or choice == "auto":
-        raise ToolError(
-            'tool_choice "auto" (the default with tools) is not supported: the model choosing between text and a '
-            'call needs its family\'s own call syntax; ask for "required" or a named function (the answer is then a '
-            'call, decoded under its schema), or "none"',
-            "tool_choice",
-        )
-    return choice != "none"
+        return None
+    if choice == "none":
+        return None
+    return "auto" if choice in (None, "auto") else "required"
+
+
+def call_grammar(req: ChatRequest) -> Grammar:
+    """The grammar of an answer that may be a call: the call schema's, with "auto" also free text."""
+    return compile_schema(call_schema(req), or_text=call_mode(req) == "auto")
 
 
 def call_schema(req: ChatRequest) -> dict[str, Any]:
@@ -64,7 +66,7 @@ def call_schema(req: ChatRequest) -> dict[str, Any]:
         if name in names[:i]:
             raise ToolError(f"two tools are named {name!r}", f"tools.{i}.function.name")
     choice = req.tool_choice
-    wanted = names if isinstance(choice, str) else [choice.function.name]  # type: ignore[union-attr]
+    wanted = [choice.function.name] if choice is not None and not isinstance(choice, str) else names
     if wanted[0] not in names:
         raise ToolError(f"tool_choice names {wanted[0]!r}, which is not among the tools", "tool_choice")
     calls = []
@@ -89,7 +91,7 @@ def call_schema(req: ChatRequest) -> dict[str, Any]:
 
 def with_tools(messages: list[dict[str, str]], req: ChatRequest) -> list[dict[str, str]]:
     """The conversation with the functions described in its system message (one is added where there is none)."""
-    if not calls_asked(req) and not (req.tools and req.tool_choice == "none"):
+    if not req.tools:
         return messages
     listed = [
         {"name": t.function.name, "description": t.function.description or "", "parameters": t.function.parameters}
@@ -97,9 +99,15 @@ def with_tools(messages: list[dict[str, str]], req: ChatRequest) -> list[dict[st
     ]
     shape = '{"name": <function name>, "arguments": {<its arguments>}}'
     several = " (several calls at once: a JSON list of them)" if req.parallel_tool_calls else ""
+    how = {
+        "required": f"Answer with a call, as JSON: {shape}{several}.",
+        "auto": f"When one of them helps to answer, reply with only the call, as JSON: {shape}{several}. "
+        "Otherwise answer in text.",
+        None: "Do not call them now: answer in text.",
+    }[call_mode(req)]
     note = (
         "You can call these functions (each one's arguments as a JSON Schema):\n"
-        f"{json.dumps(listed, ensure_ascii=False)}\nTo call one, answer with JSON: {shape}{several}."
+        f"{json.dumps(listed, ensure_ascii=False)}\n{how}"
     )
     if messages and messages[0]["role"] == "system":
         return [{"role": "system", "content": messages[0]["content"] + "\n\n" + note}, *messages[1:]]
@@ -121,7 +129,9 @@ def calls_text(calls: Sequence[ToolCall]) -> str:
 
 def tool_calls(text: str) -> list[dict[str, Any]] | None:
     """OpenAI's ``tool_calls`` of a whole answer (a call or a list of calls), each with an id of its own; None where
-    the answer is not whole (a stop string cut it)."""
+    the answer is text, or a call not whole (a stop string cut it)."""
+    if not text.startswith(("{", "[")):
+        return None
     try:
         value = json.loads(text)
     except ValueError:
