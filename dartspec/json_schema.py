@@ -51,8 +51,9 @@ TYPE_KEYWORDS = {
     "boolean": frozenset(),
     "null": frozenset(),
 }
-#: Nodes a schema may compile to (a request's schema must stay small).
+#: Nodes a schema may compile to, and how deep it may nest (a request's schema must stay small).
 MAX_NODES = 10_000
+MAX_DEPTH = 64
 
 
 class SchemaError(DartspecError):
@@ -81,6 +82,7 @@ class _Compiler:
         self.root = root
         self.nodes: list[Node] = []
         self.refs: dict[str, int] = {}
+        self.depth = 0
 
     def add(self, node: Node) -> int:
         if len(self.nodes) >= MAX_NODES:
@@ -89,6 +91,15 @@ class _Compiler:
         return len(self.nodes) - 1
 
     def node(self, schema: object, where: str) -> int:
+        if self.depth >= MAX_DEPTH:
+            raise SchemaError(f"{where}: the JSON schema nests deeper than {MAX_DEPTH} levels")
+        self.depth += 1
+        try:
+            return self._node(schema, where)
+        finally:
+            self.depth -= 1
+
+    def _node(self, schema: object, where: str) -> int:
         if schema is True:
             return self.any()
         if schema is False:
@@ -150,7 +161,7 @@ class _Compiler:
             values = schema["enum"]
         try:
             texts = list(dict.fromkeys(canonical(v) for v in values))
-        except (TypeError, ValueError) as err:
+        except (TypeError, ValueError, RecursionError) as err:
             raise SchemaError(f"{where}: an enum or const value is not JSON ({err})") from None
         ids = [self.add(Lit(t)) for t in texts]
         return ids[0] if len(ids) == 1 else self.add(Alt(tuple(ids)))

@@ -142,7 +142,9 @@ def test_documents_of_the_schema_are_accepted_and_near_misses_only_if_valid(
     jsonschema.validate(value, strict(copy.deepcopy(schema)))  # the generator writes valid documents
     enums = "enum" in json.dumps(schema) or "const" in json.dumps(schema)
     # enum values are written compact, keys unescaped
-    text = _dump(value, None if enums else indent, ascii_only and not enums and "é" not in json.dumps(schema))
+    text = _dump(
+        value, None if enums else indent, ascii_only and not enums and "é" not in json.dumps(schema, ensure_ascii=False)
+    )
     state = grammar.start()
     for i, byte in enumerate(text.encode()):
         state = grammar.advance(state, bytes([byte]))
@@ -203,6 +205,12 @@ def test_references_resolve_recursively() -> None:
     assert whole(compile_schema(tree), '{"kids": [{"kids": []}, {"kids": [{"kids": []}]}]}')
 
 
+def _nested(inner: Any, depth: int, kind: str = "items") -> Any:
+    for _ in range(depth):
+        inner = {"type": "array", "items": inner} if kind == "items" else [inner]
+    return inner
+
+
 @pytest.mark.parametrize(
     ("schema", "message"),
     [
@@ -220,6 +228,8 @@ def test_references_resolve_recursively() -> None:
         ({"enum": []}, "non-empty list"),
         ({"allOf": [{}, {}]}, "only a single schema"),
         ([1], "a schema must be an object or a boolean"),
+        (_nested({"type": "string"}, 70), "nests deeper than 64 levels"),
+        (_nested({"const": _nested([], 5000, "x")}, 1), "not JSON"),
     ],
 )
 def test_unsupported_or_unsatisfiable_schemas_are_refused_with_where(schema: Any, message: str) -> None:
