@@ -3,9 +3,10 @@ become a document the schema admits.
 
 A :class:`Grammar` is a table of nodes (compiled from a JSON Schema by :mod:`dartspec.json_schema`, or the two built in:
 any JSON value, any JSON object): an object with its properties in order, an array, a string, a number, one exact
-literal (``true``, an enum's value), or alternatives. A parse configuration is a small hashable tuple ``(frames, mode,
-aux)``: ``frames`` the open containers innermost last, each ``(node, n)`` (an object's next property index, an array's
-items so far), ``mode`` what the next byte may be and ``aux`` its detail. Alternatives that the bytes read have not
+literal (``true``, an enum's value), alternatives, or free text (only as the alternative to a whole document: a tool
+call or a text answer). A parse configuration is a small hashable tuple ``(frames, mode, aux)``: ``frames`` the open
+containers innermost last, each ``(node, n)`` (an object's next property index, an array's items so far), ``mode``
+what the next byte may be and ``aux`` its detail. Alternatives that the bytes read have not
 told apart yet live side by side, so a :data:`State` is a frozenset of configurations (almost always one).
 
 :meth:`Grammar.advance` takes bytes and returns the state after them, or None as soon as no admitted document starts
