@@ -29,6 +29,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TypeAlias
 
+from dartspec.json_numbers import NumberBounds
+
 
 @dataclass(frozen=True)
 class Obj:
@@ -54,7 +56,10 @@ class Str:
 
 @dataclass(frozen=True)
 class Num:
+    """A number; with ``bounds``, one inside them, written without an exponent."""
+
     integer: bool = False
+    bounds: NumberBounds | None = None
 
 
 @dataclass(frozen=True)
@@ -155,7 +160,7 @@ class Grammar:
 
     def complete(self, state: State) -> bool:
         """Whether the bytes read make a whole document."""
-        return any(mode in (DONE, FREE) or (not frames and mode in _NUMBER_ENDS) for frames, mode, _ in state)
+        return any(mode in (DONE, FREE) or (not frames and self._number_ends(mode, aux)) for frames, mode, aux in state)
 
     def in_free_string(self, state: State) -> bool:
         """Whether every configuration is inside a string without a length bound (where any byte but a quote, a
@@ -208,7 +213,7 @@ class Grammar:
                 return []
             return [(frames, LITERAL, (rest[1:], then))] if len(rest) > 1 else [self._after_text(frames, then)]
         if mode >= MINUS:
-            return self._number(frames, mode, bool(aux), b)
+            return self._number(frames, mode, aux, b)
         if mode == ESCAPE:
             if b == 0x75:  # 'u'
                 return [(frames, UNICODE, (aux, 4))]
@@ -264,7 +269,11 @@ class Grammar:
                 bound = None if n.min_length == 0 and n.max_length is None else leaf
                 out.append((frames, STRING, (None, bound, 0)))
             elif isinstance(n, Num):
-                out.append((frames, MINUS if b == 0x2D else ZERO if b == 0x30 else INT, n.integer))
+                mode = MINUS if b == 0x2D else ZERO if b == 0x30 else INT
+                if n.bounds is None:
+                    out.append((frames, mode, n.integer))
+                elif n.bounds.viable(bytes([b])):  # a bounded number carries its text so far
+                    out.append((frames, mode, (n.integer, leaf, bytes([b]))))
             elif isinstance(n, Text):
                 assert not frames, "free text is an alternative to the whole document only"
                 out.append(((), FREE, None))
@@ -353,24 +362,39 @@ class Grammar:
         counted = (then, bound, min(length + 1, cap))
         return [(frames, ESCAPE if b == 0x5C else STRING, counted)]
 
-    def _number(self, frames: tuple[tuple[int, int], ...], mode: int, integer: bool, b: int) -> list[Config]:
+    def _number_ends(self, mode: int, aux: object) -> bool:
+        """Whether a number read so far is whole (and inside its bounds)."""
+        if mode not in _NUMBER_ENDS:
+            return False
+        if isinstance(aux, tuple):
+            _, node, text = aux
+            return self.nodes[node].bounds.admits(text)  # type: ignore[union-attr]
+        return True
+
+    def _number(self, frames: tuple[tuple[int, int], ...], mode: int, aux: object, b: int) -> list[Config]:
+        bounded = isinstance(aux, tuple)
+        integer = aux[0] if bounded else bool(aux)  # type: ignore[index]
         digit = b in _DIGITS
         if mode == MINUS:
-            return [(frames, ZERO if b == 0x30 else INT, integer)] if digit else []
-        if mode in (DOT, EXP_SIGN):
-            return [(frames, FRAC if mode == DOT else EXP_DIGITS, integer)] if digit else []
-        if mode == EXP:
-            if b in (0x2B, 0x2D):
-                return [(frames, EXP_SIGN, integer)]
-            return [(frames, EXP_DIGITS, integer)] if digit else []
-        # ZERO, INT, FRAC, EXP_DIGITS: the number is whole; it goes on or ends at this byte
-        if digit and mode != ZERO:
-            return [(frames, mode, integer)]
-        if not integer:
-            if b == 0x2E and mode in (ZERO, INT):  # '.'
-                return [(frames, DOT, integer)]
-            if b in (0x65, 0x45) and mode != EXP_DIGITS:  # 'e', 'E'
-                return [(frames, EXP, integer)]
-        if not frames:
-            return []  # a top-level number: nothing may follow it
-        return self._step((frames, AFTER, None), b)
+            nxt = (ZERO if b == 0x30 else INT) if digit else None
+        elif mode in (DOT, EXP_SIGN):
+            nxt = (FRAC if mode == DOT else EXP_DIGITS) if digit else None
+        elif mode == EXP:
+            nxt = EXP_SIGN if b in (0x2B, 0x2D) else EXP_DIGITS if digit else None
+        elif digit and mode != ZERO:  # ZERO, INT, FRAC, EXP_DIGITS: the number is whole; it goes on or ends here
+            nxt = mode
+        elif not integer and b == 0x2E and mode in (ZERO, INT):  # '.'
+            nxt = DOT
+        elif not integer and not bounded and b in (0x65, 0x45) and mode != EXP_DIGITS:  # 'e', 'E'
+            nxt = EXP
+        else:  # the number ended before this byte, which counts as what follows it
+            if not frames or not self._number_ends(mode, aux):
+                return []  # a top-level number: nothing may follow it
+            return self._step((frames, AFTER, None), b)
+        if nxt is None:
+            return []
+        if not bounded:
+            return [(frames, nxt, integer)]
+        _, node, text = aux  # type: ignore[misc]
+        text += bytes([b])
+        return [(frames, nxt, (integer, node, text))] if self.nodes[node].bounds.viable(text) else []  # type: ignore[union-attr]

@@ -1,11 +1,13 @@
 """JSON Schema to a :class:`~dartspec.json_grammar.Grammar`: the subset a constrained answer can follow byte by byte.
 
 Supported: ``type`` (one or a list), ``properties`` / ``required`` / ``additionalProperties``, ``items`` /
-``minItems`` / ``maxItems``, ``minLength`` / ``maxLength``, ``enum``, ``const``, ``anyOf`` / ``oneOf`` (as
-alternatives: ``oneOf``'s exclusivity is not checked), a one-schema ``allOf``, and ``$ref`` to ``#``, ``#/$defs/...``
-or ``#/definitions/...`` (recursion included). Annotations (``title``, ``description``, ``default``, ``format``, ...)
-are ignored, as JSON Schema lets a validator do. Any other keyword (``pattern``, ``minimum``, ``prefixItems``, ...) is
-refused with its place in the schema: an answer that ignored it could break it.
+``minItems`` / ``maxItems``, ``minLength`` / ``maxLength``, ``minimum`` / ``maximum`` / ``exclusiveMinimum`` /
+``exclusiveMaximum`` (:mod:`dartspec.json_numbers`; a bounded number is written without an exponent), ``enum``,
+``const``, ``anyOf`` / ``oneOf`` (as alternatives: ``oneOf``'s exclusivity is not checked), a one-schema ``allOf``,
+and ``$ref`` to ``#``, ``#/$defs/...`` or ``#/definitions/...`` (recursion included). Annotations (``title``,
+``description``, ``default``, ``format``, ...) are ignored, as JSON Schema lets a validator do. Any other keyword
+(``pattern``, ``multipleOf``, ``prefixItems``, ...) is refused with its place in the schema: an answer that ignored it
+could break it.
 
 As OpenAI's structured outputs and most constrained decoders do, an object's properties come in the schema's order,
 and an object with ``properties`` takes no other keys unless ``additionalProperties`` says so (an object schema without
@@ -16,11 +18,14 @@ written, a ``$ref`` to itself) is refused.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any
 
 from dartspec.errors import DartspecError
 from dartspec.json_grammar import Alt, Arr, Grammar, Lit, Node, Num, Obj, Str, Text, any_nodes
+from dartspec.json_numbers import NumberBounds
 
 #: Keywords that describe and never constrain.
 ANNOTATIONS = frozenset(
@@ -41,13 +46,14 @@ ANNOTATIONS = frozenset(
         "discriminator",
     }
 )
+_BOUNDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
 #: Each type's own keywords.
 TYPE_KEYWORDS = {
     "object": frozenset({"properties", "required", "additionalProperties"}),
     "array": frozenset({"items", "minItems", "maxItems"}),
     "string": frozenset({"minLength", "maxLength"}),
-    "number": frozenset(),
-    "integer": frozenset(),
+    "number": _BOUNDS,
+    "integer": _BOUNDS,
     "boolean": frozenset(),
     "null": frozenset(),
 }
@@ -178,7 +184,7 @@ class _Compiler:
         if kind == "string":
             return self.add(Str(*_bounds(schema, "minLength", "maxLength", where)))
         if kind in ("number", "integer"):
-            return self.add(Num(integer=kind == "integer"))
+            return self.add(Num(kind == "integer", _number_bounds(schema, kind == "integer", where)))
         if kind == "boolean":
             return self.add(Alt((self.add(Lit(b"true")), self.add(Lit(b"false")))))
         return self.add(Lit(b"null"))
@@ -215,6 +221,30 @@ def _bounds(schema: Mapping[str, Any], low_key: str, high_key: str, where: str) 
     if high is not None and low > high:
         raise SchemaError(f"{where}: {low_key} {low} is above {high_key} {high}")
     return low, high
+
+
+def _number_bounds(schema: Mapping[str, Any], integer: bool, where: str) -> NumberBounds | None:
+    """``minimum`` / ``maximum`` / ``exclusiveMinimum`` / ``exclusiveMaximum`` (numbers, as since draft 6), the tighter
+    of each side where both are given; None where none is."""
+    given = {}
+    for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        if key in schema:
+            value = schema[key]
+            if type(value) not in (int, float) or not math.isfinite(value):
+                raise SchemaError(f"{where}/{key} must be a number, got {value!r}")
+            given[key] = Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
+    if not given:
+        return None
+    low, low_open = given.get("minimum"), False
+    if "exclusiveMinimum" in given and (low is None or given["exclusiveMinimum"] >= low):
+        low, low_open = given["exclusiveMinimum"], True
+    high, high_open = given.get("maximum"), False
+    if "exclusiveMaximum" in given and (high is None or given["exclusiveMaximum"] <= high):
+        high, high_open = given["exclusiveMaximum"], True
+    bounds = NumberBounds(low, high, low_open, high_open, integer)
+    if bounds.empty():
+        raise SchemaError(f"{where}: no {'integer' if integer else 'number'} lies within its bounds")
+    return bounds
 
 
 def _escape(key: str) -> str:

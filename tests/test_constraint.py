@@ -77,11 +77,12 @@ def fake_decode(ids: Sequence[int]) -> str:
     return "".join(PIECES[i] for i in ids)
 
 
-# A schema the fake vocabulary can write: keys in order, a required integer, an enum array, a bounded nullable string.
+# A schema the fake vocabulary can write: keys in order, a required bounded integer, an enum array, a bounded nullable
+# string.
 SCHEMA = {
     "type": "object",
     "properties": {
-        "a": {"type": "integer"},
+        "a": {"type": "integer", "minimum": -5, "maximum": 500},
         "b": {"type": "array", "items": {"enum": ["cat", "ab", 3.5]}, "maxItems": 3},
         "n": {"type": ["string", "null"], "maxLength": 4},
     },

@@ -343,7 +343,7 @@ def test_json_schema_answers_of_the_cpu_default_validate_and_equal_plain_decodin
         "properties": {
             "title": {"type": "string", "maxLength": 60},
             "author": {"type": "string"},
-            "year": {"type": "integer"},
+            "year": {"type": "integer", "minimum": 1000, "maximum": 2100},
             "genre": {"enum": ["fiction", "non-fiction", "poetry"]},
             "themes": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
         },

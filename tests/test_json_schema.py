@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from typing import Any
 
 import jsonschema
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from dartspec.json_grammar import Grammar
@@ -23,6 +24,19 @@ NAMES = st.sampled_from(["a", "b", "ab", "id", "name", "x y", 'q"', "é"])
 SCALARS = st.none() | st.booleans() | st.integers(-50, 50) | st.sampled_from(["u", "v w", "é", 'say "hi"', 1.5])
 
 
+@st.composite
+def _bounded(draw: st.DrawFn) -> dict[str, Any]:
+    """An integer or number with some of its four bounds (never an empty range), ends at halves too."""
+    low = draw(st.integers(-30, 30)) + draw(st.sampled_from([0, 0.5]))
+    high = low + draw(st.integers(2, 40)) + draw(st.sampled_from([0, 0.5]))
+    schema: dict[str, Any] = {"type": draw(st.sampled_from(["integer", "number"]))}
+    for side, value in (("minimum", low), ("maximum", high)):
+        how = draw(st.sampled_from(["", "plain", "exclusive"]))
+        if how:
+            schema[side if how == "plain" else "exclusive" + side.capitalize()] = value
+    return schema
+
+
 def _leaf() -> st.SearchStrategy[dict[str, Any]]:
     lengths = st.fixed_dictionaries({}, optional={"minLength": st.integers(0, 3), "maxLength": st.integers(3, 6)})
     return st.one_of(
@@ -31,6 +45,7 @@ def _leaf() -> st.SearchStrategy[dict[str, Any]]:
         st.sampled_from([{"type": ["string", "null"]}, {"type": ["integer", "boolean"]}]),
         st.lists(SCALARS, min_size=1, max_size=4).map(lambda v: {"enum": v}),
         SCALARS.map(lambda v: {"const": v}),
+        _bounded(),
     )
 
 
@@ -96,6 +111,14 @@ def instance(draw: st.DrawFn, schema: Any, root: Any = None) -> Any:
         return draw(
             st.text(st.characters(max_codepoint=0xFFFF, exclude_categories=("Cs",)), min_size=low, max_size=high)
         )
+    if kind in ("integer", "number") and set(schema) & {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}:
+        scale = 1 if kind == "integer" else 1000  # numbers in thousandths: written without an exponent
+        low = schema.get("minimum", schema.get("exclusiveMinimum", -100))
+        high = schema.get("maximum", schema.get("exclusiveMaximum", 100))
+        value = draw(st.integers(math.ceil(low * scale), math.floor(high * scale))) / scale
+        value = int(value) if kind == "integer" else value
+        assume(value != schema.get("exclusiveMinimum") and value != schema.get("exclusiveMaximum"))
+        return value
     if kind == "integer":
         return draw(st.integers(-(10**6), 10**6))
     if kind == "number":
@@ -215,7 +238,10 @@ def _nested(inner: Any, depth: int, kind: str = "items") -> Any:
     ("schema", "message"),
     [
         ({"type": "string", "pattern": "^a"}, "#: the JSON schema keyword 'pattern' is not supported"),
-        ({"type": "object", "properties": {"n": {"minimum": 0}}}, "#/properties/n: the JSON schema keyword 'minimum'"),
+        ({"type": "object", "properties": {"n": {"multipleOf": 2}}}, "#/properties/n: the JSON schema keyword 'multip"),
+        ({"type": "integer", "minimum": 2.5, "exclusiveMaximum": 3}, "no integer lies within its bounds"),
+        ({"type": "number", "minimum": 1, "maximum": 1, "exclusiveMaximum": 1}, "no number lies within its bounds"),
+        ({"type": "number", "maximum": "9"}, "maximum must be a number"),
         ({"type": "array", "items": [{}]}, "tuple validation"),
         ({"type": "object", "properties": {}, "required": ["a"]}, "'a', which is not among its properties"),
         ({"$ref": "#/$defs/missing"}, "names nothing"),
@@ -249,3 +275,39 @@ def test_or_text_admits_a_document_or_text_told_apart_by_the_first_byte() -> Non
     assert not whole(g, '{"a": "x"}') and not whole(g, '{"a": 1') and not whole(g, "[1]")  # JSON is held to it
     assert g.advance(g.start(), b" hi") is None and not whole(g, "")  # no leading whitespace, no empty answer
     assert not whole(compile_schema({"type": "object"}), "Hello")
+
+
+@settings(max_examples=400, deadline=None)
+@given(schema=_bounded(), text=st.from_regex(r"-?(0|[1-9][0-9]{0,2})(\.[0-9]{1,2})?", fullmatch=True))
+def test_a_bounded_number_is_whole_exactly_when_jsonschema_takes_it(schema: dict[str, Any], text: str) -> None:
+    """Against ``jsonschema`` on number texts near the bounds (an integer written with a point is refused, as a
+    bounded number with an exponent is)."""
+    g = compile_schema(schema)
+    valid = jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
+    assert whole(g, text) == (valid and not (schema["type"] == "integer" and "." in text)), (schema, text)
+
+
+@settings(max_examples=150, deadline=None)
+@given(schema=_bounded(), text=st.from_regex(r"-?[0-9]{0,2}(\.[0-9]?)?", fullmatch=True))
+def test_a_live_number_prefix_can_still_end_inside_the_bounds(schema: dict[str, Any], text: str) -> None:
+    """No dead ends: where a prefix lives, some completion of at most three more characters is whole (the bounds
+    are within +-71, two decimals enough), so a constrained answer can always go on."""
+    g = compile_schema(schema)
+    state = g.advance(g.start(), text.encode())
+    if state is None:
+        return
+    tails = [""] + [a + b + c for a in "-0123456789." for b in ["", *"0123456789."] for c in ["", *"05"] if b or not c]
+    assert any(whole(g, text + tail) for tail in tails), (schema, text)
+
+
+def test_number_bounds_hold_while_the_number_is_written() -> None:
+    g = compile_schema({"type": "integer", "minimum": 1, "maximum": 120})
+    assert [whole(g, t) for t in ["1", "120", "99", "0", "121", "-1", "1200"]] == [True] * 3 + [False] * 4
+    assert g.advance(g.start(), b"13") is not None and g.advance(g.start(), b"130") is None  # 13 lives, 130 cannot
+    assert g.advance(g.start(), b"-") is None and g.advance(g.start(), b"0") is None
+    g = compile_schema({"type": "number", "exclusiveMinimum": 0, "maximum": 1.5})
+    assert [whole(g, t) for t in ["0.01", "1.5", "1.50", "1", "0", "0.0", "1.51", "-0.5"]] == [True] * 4 + [False] * 4
+    assert g.advance(g.start(), b"1e") is None  # a bounded number takes no exponent
+    g = compile_schema({"type": "object", "properties": {"n": {"type": "integer", "maximum": -10}}, "required": ["n"]})
+    assert whole(g, '{"n": -10}') and whole(g, '{"n": -1000}') and not whole(g, '{"n": -9}')
+    assert g.advance(g.start(), b'{"n": -9') is not None and g.advance(g.start(), b'{"n": -9}') is None  # -9x lives
