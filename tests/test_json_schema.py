@@ -296,7 +296,8 @@ def test_a_live_number_prefix_can_still_end_inside_the_bounds(schema: dict[str, 
     state = g.advance(g.start(), text.encode())
     if state is None:
         return
-    tails = [""] + [a + b + c for a in "-0123456789." for b in ["", *"0123456789."] for c in ["", *"05"] if b or not c]
+    digits = ["", *"0123456789"]
+    tails = [""] + [a + b + c for a in "-0123456789." for b in [*digits, "."] for c in digits if b or not c]
     assert any(whole(g, text + tail) for tail in tails), (schema, text)
 
 
