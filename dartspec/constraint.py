@@ -11,8 +11,9 @@ grammar forbids is simply not accepted).
 
 Checking is lazy: greedy tries the most likely tokens in order (almost always the first or second), sampling draws and
 redraws without a rejected token (exact for the restricted distribution); only when many are refused is the whole
-vocabulary checked for that grammar state, once per state (most tokens are ruled out by their first byte, and inside a
-string only those holding a quote, a backslash or a control byte need a look).
+vocabulary checked for that grammar state, once per state: most tokens are ruled out by their first byte (a token led by
+whitespace, where whitespace changes nothing, by its first other byte), and inside a string only those holding a quote,
+a backslash or a control byte need a look (the others fit by their length).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ GREEDY_TRIES = 32
 SAMPLE_TRIES = 16
 #: Grammar states whose whole-vocabulary masks a sequence keeps.
 MASK_CACHE = 256
+#: JSON's whitespace bytes.
+WHITESPACE = frozenset(b" \t\n\r")
 
 
 def response_grammar(value: object, min_tokens: object = 0) -> jg.Grammar | None:
@@ -68,7 +71,10 @@ class TokenTexts:
     pieces: tuple[bytes, ...]
     eos: frozenset[int]
     by_first_byte: dict[int, np.ndarray]  # first byte -> token ids starting with it
+    # of the tokens that start with whitespace: the first other byte (-1: none) -> token ids
+    by_first_solid_byte: dict[int, np.ndarray]
     string_safe: np.ndarray  # bool per token: non-empty, no quote, backslash or control byte (free inside a string)
+    chars: np.ndarray  # characters per token, as the grammar counts them (bytes that do not continue a UTF-8 one)
 
     @classmethod
     def of(cls, decode: Callable[[Sequence[int]], str], size: int, eos: frozenset[int], anchor: int) -> TokenTexts:
@@ -81,16 +87,24 @@ class TokenTexts:
             text = decode([anchor, token])
             pieces.append((text[len(head) :] if text.startswith(head) else decode([token])).encode())
         firsts: dict[int, list[int]] = {}
+        solid: dict[int, list[int]] = {}
         safe = np.zeros(size, dtype=bool)
         for token, piece in enumerate(pieces):
             if piece:
                 firsts.setdefault(piece[0], []).append(token)
                 safe[token] = min(piece) >= 0x20 and b'"' not in piece and b"\\" not in piece
+                if piece[0] in WHITESPACE:
+                    rest = piece.lstrip(bytes(WHITESPACE))
+                    solid.setdefault(rest[0] if rest else -1, []).append(token)
         for token in eos:
             if token < size:
                 safe[token] = False
-        groups = {b: np.array(ids, dtype=np.int64) for b, ids in firsts.items()}
-        return cls(tuple(pieces), frozenset(eos), groups, safe)
+
+        def arrays(ids: dict[int, list[int]]) -> dict[int, np.ndarray]:
+            return {b: np.array(group, dtype=np.int64) for b, group in ids.items()}
+
+        chars = np.array([sum(not 0x80 <= b < 0xC0 for b in piece) for piece in pieces], dtype=np.int64)
+        return cls(tuple(pieces), frozenset(eos), arrays(firsts), arrays(solid), safe, chars)
 
 
 class JsonConstraint:
@@ -132,21 +146,27 @@ class JsonConstraint:
     def _whole_mask(self, state: jg.State) -> torch.Tensor:
         texts = self.texts
         allowed = np.zeros(len(texts.pieces), dtype=bool)
-        if self.grammar.in_free_string(
-            state
-        ):  # tokens without a quote, backslash or control byte just extend the string
-            allowed |= texts.string_safe
+        grammar = self.grammar
+        room = grammar.string_room(state)
+        if room is not None:  # tokens without a quote, backslash or control byte just extend the string, if it fits
+            allowed |= texts.string_safe & (texts.chars <= room)
             candidates = np.flatnonzero(~texts.string_safe)
         else:
-            firsts = [b for b in texts.by_first_byte if self.grammar.advance(state, bytes([b])) is not None]
-            groups = [texts.by_first_byte[b] for b in firsts]
+            after_byte = {b: grammar.advance(state, bytes([b])) for b in range(256)}
+            # Where whitespace changes nothing (between JSON tokens), a token led by it goes as its first other byte:
+            # most of a vocabulary starts with a space, and is ruled out there by what follows it.
+            spaced = after_byte[0x20] == state and all(after_byte[w] in (state, None) for w in WHITESPACE)
+            led = WHITESPACE if spaced else frozenset()  # whitespace-led tokens taken by their first other byte
+            groups = [ids for b, ids in texts.by_first_byte.items() if b not in led and after_byte[b] is not None]
+            if spaced:
+                groups += [ids for b, ids in texts.by_first_solid_byte.items() if b < 0 or after_byte[b] is not None]
             candidates = np.concatenate(groups) if groups else np.zeros(0, dtype=np.int64)
         for token in candidates.tolist():
             if not allowed[token] and self.after(state, token) is not None:
                 allowed[token] = True
         for token in texts.eos:
             if token < len(allowed):
-                allowed[token] = self.grammar.complete(state)
+                allowed[token] = grammar.complete(state)
         return torch.from_numpy(allowed)
 
     def greedy(self, row: torch.Tensor, state: jg.State, argmax: int | None = None) -> int:

@@ -24,6 +24,7 @@ only at the end).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -162,10 +163,18 @@ class Grammar:
         """Whether the bytes read make a whole document."""
         return any(mode in (DONE, FREE) or (not frames and self._number_ends(mode, aux)) for frames, mode, aux in state)
 
-    def in_free_string(self, state: State) -> bool:
-        """Whether every configuration is inside a string without a length bound (where any byte but a quote, a
-        backslash or a control byte leaves the state as it is)."""
-        return all(mode == STRING and aux[1] is None for _, mode, aux in state)  # type: ignore[index]
+    def string_room(self, state: State) -> float | None:
+        """Where every configuration is inside a string: how many more characters one of them takes (inf: no bound),
+        each plain byte just extending it; else None."""
+        room = 0.0
+        for _, mode, aux in state:
+            if mode != STRING:
+                return None
+            _, bound, length = aux  # type: ignore[misc]
+            node = None if bound is None else self.nodes[bound]
+            high = None if node is None else node.max_length  # type: ignore[union-attr]
+            room = max(room, math.inf if high is None else high - length)
+        return room
 
     def advance(self, state: State | None, data: bytes) -> State | None:
         """The state after ``data``, or None where no admitted document starts with the bytes read."""

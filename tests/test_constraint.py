@@ -141,6 +141,20 @@ def test_masks_equal_a_brute_force_check_of_every_token(seed: int, steps: int, k
         assert (constraint.after(constraint.state, token) is not None) == want[token]
 
 
+@pytest.mark.parametrize(
+    "prefix", ['{"a":1,"n":"', '{"a":1,"n":"a', '{"a":1,"n":"ab', '{"a":1,"n":"abc', '{"a": 1', "{"]
+)
+def test_masks_near_a_strings_bound_and_between_tokens_equal_a_brute_force_check(prefix: str) -> None:
+    """The masks' shortcuts at the states they serve: a bounded string with 4, 3, 2 and 1 characters of room (a
+    token fits by its length), and places where whitespace changes nothing (a token led by it goes by what
+    follows)."""
+    grammar = GRAMMARS["schema"]
+    constraint = JsonConstraint(texts(), grammar)
+    constraint.commit(_tokenize(prefix))
+    got = constraint.mask(constraint.state, VOCAB, torch.device("cpu"))
+    assert got.numpy().tolist() == brute_allowed(prefix, grammar).tolist()
+
+
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 2**16), steps=st.integers(0, 20), bury=st.booleans(), kind=st.sampled_from(sorted(GRAMMARS)))
 def test_greedy_takes_the_most_likely_allowed_token(seed: int, steps: int, bury: bool, kind: str) -> None:
