@@ -87,7 +87,8 @@ class _Compiler:
     def __init__(self, root: object) -> None:
         self.root = root
         self.nodes: list[Node] = []
-        self.refs: dict[str, int] = {}
+        self.refs: dict[str, int] = {}  # a reference -> its node
+        self.any_value: int | None = None  # the node of any JSON value, once made
         self.depth = 0
 
     def add(self, node: Node) -> int:
@@ -124,8 +125,7 @@ class _Compiler:
                     raise SchemaError(f"{where}/{combinator} must be a non-empty list of schemas")
                 if combinator == "allOf" and len(options) > 1:
                     raise SchemaError(f"{where}/allOf: only a single schema is supported")
-                ids = [self.node(s, f"{where}/{combinator}/{i}") for i, s in enumerate(options)]
-                return self.add(Alt(tuple(ids)))
+                return self.one_of([self.node(s, f"{where}/{combinator}/{i}") for i, s in enumerate(options)])
         if "const" in keys or "enum" in keys:
             return self.literals(schema, keys, where)
         types = schema.get("type")
@@ -139,15 +139,18 @@ class _Compiler:
         if not isinstance(types, list) or not types or any(t not in TYPE_KEYWORDS for t in types):
             raise SchemaError(f"{where}/type must be one of {', '.join(TYPE_KEYWORDS)} or a list of them")
         _only(schema, keys, {"type"}.union(*(TYPE_KEYWORDS[t] for t in types)), where)
-        ids = [self.typed(t, schema, where) for t in dict.fromkeys(types)]
-        return ids[0] if len(ids) == 1 else self.add(Alt(tuple(ids)))
+        return self.one_of([self.typed(t, schema, where) for t in dict.fromkeys(types)])
 
     def any(self) -> int:
-        if "any" not in self.refs:
-            self.refs["any"] = len(self.nodes)
+        if self.any_value is None:
+            self.any_value = len(self.nodes)
             for node in any_nodes(len(self.nodes)):
                 self.add(node)
-        return self.refs["any"]
+        return self.any_value
+
+    def one_of(self, ids: list[int]) -> int:
+        """The node of one of ``ids`` (that node itself where there is one)."""
+        return ids[0] if len(ids) == 1 else self.add(Alt(tuple(ids)))
 
     def ref(self, ref: object, where: str) -> int:
         if not isinstance(ref, str) or not (ref == "#" or ref.startswith("#/")):
@@ -169,8 +172,7 @@ class _Compiler:
             texts = list(dict.fromkeys(canonical(v) for v in values))
         except (TypeError, ValueError, RecursionError) as err:
             raise SchemaError(f"{where}: an enum or const value is not JSON ({err})") from None
-        ids = [self.add(Lit(t)) for t in texts]
-        return ids[0] if len(ids) == 1 else self.add(Alt(tuple(ids)))
+        return self.one_of([self.add(Lit(t)) for t in texts])
 
     def typed(self, kind: str, schema: Mapping[str, Any], where: str) -> int:
         if kind == "object":

@@ -304,6 +304,13 @@ async def _serve(
     problem = _check(engine, req, ids, "messages" if chat else "prompt")
     if problem:
         return error_response(400, problem[0], param=problem[1])
+    try:  # the answer's grammar, made once for all the request's choices
+        grammar = response_grammar(req.answer_format(), req.min_tokens)
+    except ToolError as err:
+        return error_response(400, str(err), param=err.param)
+    except DartspecError as err:
+        param = "min_tokens" if "min_tokens" in str(err) else "response_format"
+        return error_response(400, str(err), param=param)
     base = Job(
         prompt_ids=ids,
         max_tokens=req.max_completion_tokens or req.max_tokens or served.default_max_tokens,
@@ -316,7 +323,7 @@ async def _serve(
         plain=bool(req.dartspec and req.dartspec.drafter == "none"),
         logprobs=req.logprobs_asked(),
         penalties=req.penalties(),
-        response_format=req.answer_format(),
+        response_format="text" if grammar is None else grammar,
         min_tokens=req.min_tokens,
         ignore_eos=req.ignore_eos,
     )
@@ -405,12 +412,6 @@ def _check(engine: ServeEngine, req: CommonRequest, ids: list[int], prompt_param
         return f"with n={req.n} the seed must be at most {most} (choice i samples with seed + i)", "seed"
     if isinstance(req, ChatRequest) and req.top_logprobs is not None and not req.logprobs:
         return "top_logprobs needs logprobs: true", "top_logprobs"
-    try:
-        response_grammar(req.answer_format(), req.min_tokens)
-    except ToolError as err:
-        return str(err), err.param
-    except DartspecError as err:
-        return str(err), "min_tokens" if "min_tokens" in str(err) else "response_format"
     try:
         req.penalties().check_vocabulary(engine.target.vocab_size, engine.model_name)
     except DartspecError as err:  # the message names the field

@@ -71,7 +71,7 @@ class Job:
     plain: bool = False  # run without the drafter (the web page's comparison switch)
     logprobs: int | None = None  # each token's log-probability with this many alternatives (None: none)
     penalties: Penalties = field(default_factory=Penalties)
-    response_format: ResponseFormat = "text"  # "json_object", or a JSON Schema
+    response_format: ResponseFormat = "text"  # "json_object", a JSON Schema, or its grammar
     min_tokens: int = 0
     ignore_eos: bool = False
     cancel: threading.Event = field(default_factory=threading.Event)
