@@ -25,9 +25,9 @@ uniform of its own, so the seed no longer gives plain sampling's tokens.
 Penalties and a logit bias (:class:`~dartspec.sampling.Penalties`) are applied to the rows before any of this, each
 row with the history up to its own node (:mod:`dartspec.penalties`): what is walked is then the distribution plain
 decoding under the same penalties would sample from, so every rule above stays exact. A constraint on the answer
-(JSON mode, a JSON Schema, a tool call: :mod:`dartspec.constraint`) is consulted at each node walked, with the grammar state after that node's
-path: the token chosen there is the target's choice among the allowed tokens, as plain decoding's would be (sampled
-trees are then walked by matching).
+(JSON mode, a JSON Schema, a tool call: :mod:`dartspec.constraint`) is consulted at each node walked, with the grammar
+state after that node's path: the token chosen there is the target's choice among the allowed tokens, as plain
+decoding's would be (sampled trees are then walked by matching).
 """
 
 from __future__ import annotations
