@@ -12,8 +12,9 @@ grammar forbids is simply not accepted).
 Checking is lazy: greedy tries the most likely tokens in order (almost always the first or second), sampling draws and
 redraws without a rejected token (exact for the restricted distribution); only when many are refused is the whole
 vocabulary checked for that grammar state, once per state: most tokens are ruled out by their first byte (a token led by
-whitespace, where whitespace changes nothing, by its first other byte), and inside a string only those holding a quote,
-a backslash or a control byte need a look (the others fit by their length).
+whitespace, where whitespace changes nothing, by its first other byte), inside a string only those holding a quote,
+a backslash or a control byte need a look (the others fit by their length), and inside a string a pattern checks,
+tokens whose characters all leave its automaton's state as it is fit at once.
 """
 
 from __future__ import annotations
@@ -75,6 +76,8 @@ class TokenTexts:
     by_first_solid_byte: dict[int, np.ndarray]
     string_safe: np.ndarray  # bool per token: non-empty, no quote, backslash or control byte (free inside a string)
     chars: np.ndarray  # characters per token, as the grammar counts them (bytes that do not continue a UTF-8 one)
+    ascii_safe: np.ndarray  # bool per token: string-safe and all ASCII
+    ascii_bits: np.ndarray  # of those, the characters each holds as two 64-bit masks (low, high); others 0
 
     @classmethod
     def of(cls, decode: Callable[[Sequence[int]], str], size: int, eos: frozenset[int], anchor: int) -> TokenTexts:
@@ -104,7 +107,12 @@ class TokenTexts:
             return {b: np.array(group, dtype=np.int64) for b, group in ids.items()}
 
         chars = np.array([sum(not 0x80 <= b < 0xC0 for b in piece) for piece in pieces], dtype=np.int64)
-        return cls(tuple(pieces), frozenset(eos), arrays(firsts), arrays(solid), safe, chars)
+        plain = safe & np.array([bool(piece) and max(piece) < 0x80 for piece in pieces])
+        bits = np.zeros((size, 2), dtype=np.uint64)
+        for token in np.flatnonzero(plain).tolist():
+            mask = sum(1 << b for b in set(pieces[token]))
+            bits[token] = (mask & (2**64 - 1), mask >> 64)
+        return cls(tuple(pieces), frozenset(eos), arrays(firsts), arrays(solid), safe, chars, plain, bits)
 
 
 class JsonConstraint:
@@ -148,6 +156,10 @@ class JsonConstraint:
         allowed = np.zeros(len(texts.pieces), dtype=bool)
         grammar = self.grammar
         room = grammar.string_room(state)
+        loop = grammar.ascii_loop(state)
+        if loop:  # in a string a pattern checks: tokens of characters that leave its state as it is fit
+            outside = np.array([~loop & (2**64 - 1), (~loop >> 64) & (2**64 - 1)], dtype=np.uint64)
+            allowed |= texts.ascii_safe & ~(texts.ascii_bits & outside).any(axis=1)
         if room is not None:  # tokens without a quote, backslash or control byte just extend the string, if it fits
             allowed |= texts.string_safe & (texts.chars <= room)
             candidates = np.flatnonzero(~texts.string_safe)

@@ -17,7 +17,9 @@ ends where its value does, and a model cannot pad it forever. Between tokens whi
 An object's properties come in the schema's order, each optional one possibly left out, the required ones never;
 keys other than the named ones only where the schema allows them (after the named ones). Strings take any byte from
 0x20 up but ``"`` and ``\\`` (UTF-8 is the tokenizer's business: a multi-byte character split over tokens arrives in
-pieces), control bytes only escaped; a length bound counts characters (an escape is one). Numbers end at the first
+pieces), control bytes only escaped; a length bound counts characters (an escape is one). A string with a ``pattern``
+decodes its characters (escapes, UTF-8 split over tokens) and feeds them to the pattern's automaton
+(:mod:`dartspec.json_pattern`). Numbers end at the first
 byte that cannot extend them, which then counts as what follows the number (a number at the top level is complete
 only at the end).
 """
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from typing import TypeAlias
 
 from dartspec.json_numbers import NumberBounds
+from dartspec.json_pattern import Pattern, decode_step
 
 
 @dataclass(frozen=True)
@@ -51,8 +54,11 @@ class Arr:
 
 @dataclass(frozen=True)
 class Str:
+    """A string; with ``pattern`` (which holds the same length bounds), one it matches."""
+
     min_length: int = 0
     max_length: int | None = None
+    pattern: Pattern | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,7 @@ State: TypeAlias = frozenset[Config]
 START, VALUE, VALUE_OR_CLOSE, KEY_OR_CLOSE, KEY, COLON, AFTER, DONE = range(8)
 STRING, ESCAPE, UNICODE, LITERAL, OTHER_KEY, FREE = range(8, 14)
 MINUS, ZERO, INT, DOT, FRAC, EXP, EXP_SIGN, EXP_DIGITS = range(14, 22)
+PATTERN = 22  # inside a string a pattern checks: aux is (node, pattern state, characters, bytes of a character so far)
 
 _WS = frozenset(b" \t\n\r")
 _DIGITS = frozenset(b"0123456789")
@@ -176,6 +183,17 @@ class Grammar:
             room = max(room, math.inf if high is None else high - length)
         return room
 
+    def ascii_loop(self, state: State) -> int:
+        """Where the state is one string a pattern checks, between characters: the ASCII characters that leave it as it
+        is (:meth:`dartspec.json_pattern.Pattern.ascii_loop`); else 0."""
+        if len(state) != 1:
+            return 0
+        ((_, mode, aux),) = state
+        if mode != PATTERN or aux[3]:  # type: ignore[index]
+            return 0
+        node, d = aux[0], aux[1]  # type: ignore[index]
+        return self.nodes[node].pattern.ascii_loop(d)  # type: ignore[union-attr]
+
     def advance(self, state: State | None, data: bytes) -> State | None:
         """The state after ``data``, or None where no admitted document starts with the bytes read."""
         if state is None:
@@ -212,6 +230,8 @@ class Grammar:
         frames, mode, aux = config
         if mode == STRING:
             return self._string(frames, aux, b)  # type: ignore[arg-type]
+        if mode == PATTERN:
+            return self._pattern(frames, aux, b)  # type: ignore[arg-type]
         if mode == FREE:
             return [config]
         if mode == OTHER_KEY:
@@ -274,6 +294,8 @@ class Grammar:
                 out.append(((*frames, (leaf, 0)), KEY_OR_CLOSE, None))
             elif isinstance(n, Arr):
                 out.append(((*frames, (leaf, 0)), VALUE_OR_CLOSE, None))
+            elif isinstance(n, Str) and n.pattern is not None:
+                out.append((frames, PATTERN, (leaf, n.pattern.start, 0, b"")))
             elif isinstance(n, Str):
                 bound = None if n.min_length == 0 and n.max_length is None else leaf
                 out.append((frames, STRING, (None, bound, 0)))
@@ -370,6 +392,22 @@ class Grammar:
         cap = node.max_length if node.max_length is not None else node.min_length
         counted = (then, bound, min(length + 1, cap))
         return [(frames, ESCAPE if b == 0x5C else STRING, counted)]
+
+    def _pattern(self, frames: tuple[tuple[int, int], ...], aux: tuple[int, int, int, bytes], b: int) -> list:
+        """A byte of a string a pattern checks: characters are decoded (escapes, UTF-8) and fed to the pattern, and
+        a character read in part lives while one it may become keeps the string alive."""
+        node, d, n, pending = aux
+        pattern: Pattern = self.nodes[node].pattern  # type: ignore[union-attr, assignment]
+        if b == 0x22 and not pending:
+            return [self._after_text(frames, None)] if pattern.can_end(d, n) else []
+        char = decode_step(pending, b)
+        if char is None:
+            return []
+        pending, low, high = char
+        if pending:
+            return [(frames, PATTERN, (node, d, n, pending))] if pattern.viable(d, n, low, high) else []
+        after = pattern.step(d, n, low)
+        return [] if after is None else [(frames, PATTERN, (node, *after, b""))]
 
     def _number_ends(self, mode: int, aux: object) -> bool:
         """Whether a number read so far is whole (and inside its bounds)."""

@@ -2,11 +2,12 @@
 
 Supported: ``type`` (one or a list), ``properties`` / ``required`` / ``additionalProperties``, ``items`` /
 ``minItems`` / ``maxItems``, ``minLength`` / ``maxLength``, ``minimum`` / ``maximum`` / ``exclusiveMinimum`` /
-``exclusiveMaximum`` (:mod:`dartspec.json_numbers`; a bounded number is written without an exponent), ``enum``,
+``exclusiveMaximum`` (:mod:`dartspec.json_numbers`; a bounded number is written without an exponent), ``pattern``
+(:mod:`dartspec.json_pattern`: ECMA-262 regular expressions without backreferences or lookarounds), ``enum``,
 ``const``, ``anyOf`` / ``oneOf`` (as alternatives: ``oneOf``'s exclusivity is not checked), a one-schema ``allOf``,
 and ``$ref`` to ``#``, ``#/$defs/...`` or ``#/definitions/...`` (recursion included). Annotations (``title``,
 ``description``, ``default``, ``format``, ...) are ignored, as JSON Schema lets a validator do. Any other keyword
-(``pattern``, ``multipleOf``, ``prefixItems``, ...) is refused with its place in the schema: an answer that ignored it
+(``multipleOf``, ``prefixItems``, ...) is refused with its place in the schema: an answer that ignored it
 could break it.
 
 As OpenAI's structured outputs and most constrained decoders do, an object's properties come in the schema's order,
@@ -26,6 +27,7 @@ from typing import Any
 from dartspec.errors import DartspecError
 from dartspec.json_grammar import Alt, Arr, Grammar, Lit, Node, Num, Obj, Str, Text, any_nodes
 from dartspec.json_numbers import NumberBounds
+from dartspec.json_pattern import Pattern, PatternError
 
 #: Keywords that describe and never constrain.
 ANNOTATIONS = frozenset(
@@ -51,7 +53,7 @@ _BOUNDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum
 TYPE_KEYWORDS = {
     "object": frozenset({"properties", "required", "additionalProperties"}),
     "array": frozenset({"items", "minItems", "maxItems"}),
-    "string": frozenset({"minLength", "maxLength"}),
+    "string": frozenset({"minLength", "maxLength", "pattern"}),
     "number": _BOUNDS,
     "integer": _BOUNDS,
     "boolean": frozenset(),
@@ -184,7 +186,13 @@ class _Compiler:
             low, high = _bounds(schema, "minItems", "maxItems", where)
             return self.add(Arr(self.node(items, f"{where}/items"), low, high))
         if kind == "string":
-            return self.add(Str(*_bounds(schema, "minLength", "maxLength", where)))
+            low, high = _bounds(schema, "minLength", "maxLength", where)
+            if "pattern" not in schema:
+                return self.add(Str(low, high))
+            try:
+                return self.add(Str(low, high, Pattern(schema["pattern"], low, high)))
+            except PatternError as err:
+                raise SchemaError(f"{where}/pattern: {err}") from None
         if kind in ("number", "integer"):
             return self.add(Num(kind == "integer", _number_bounds(schema, kind == "integer", where)))
         if kind == "boolean":
@@ -280,6 +288,8 @@ def _productive(nodes: tuple[Node, ...]) -> set[int]:
                 ok = all(v in done for _, v, required in n.props if required)
             elif isinstance(n, Arr):
                 ok = n.min_items == 0 or n.items in done
+            elif isinstance(n, Str) and n.pattern is not None:
+                ok = n.pattern.live(n.pattern.start, 0)
             else:
                 ok = True
             if ok:

@@ -78,13 +78,16 @@ def fake_decode(ids: Sequence[int]) -> str:
 
 
 # A schema the fake vocabulary can write: keys in order, a required bounded integer, an enum array, a bounded nullable
-# string.
+# string, a string a pattern checks (its tokens split and join its characters).
 SCHEMA = {
     "type": "object",
     "properties": {
         "a": {"type": "integer", "minimum": -5, "maximum": 500},
         "b": {"type": "array", "items": {"enum": ["cat", "ab", 3.5]}, "maxItems": 3},
         "n": {"type": ["string", "null"], "maxLength": 4},
+        "p": {"type": "string", "pattern": "^(ab|c|\u00e9)+[0-9]?$", "maxLength": 5},
+        "q": {"type": "string", "pattern": "^(ab|c|\u00e9)+[0-9]?$|^b"},
+        "r": {"type": "string", "pattern": "^[a-z]*$", "maxLength": 3},
     },
     "required": ["a"],
 }
@@ -142,12 +145,25 @@ def test_masks_equal_a_brute_force_check_of_every_token(seed: int, steps: int, k
 
 
 @pytest.mark.parametrize(
-    "prefix", ['{"a":1,"n":"', '{"a":1,"n":"a', '{"a":1,"n":"ab', '{"a":1,"n":"abc', '{"a": 1', "{"]
+    "prefix",
+    [
+        *('{"a":1,"n":"', '{"a":1,"n":"a', '{"a":1,"n":"ab', '{"a":1,"n":"abc', '{"a": 1', "{", '{"a":1,"p":"a'),
+        *(
+            '{"a":1,"p":"c',
+            '{"a":1,"q":"',
+            '{"a":1,"q":"c',
+            '{"a":1,"q":"a',
+            '{"a":1,"q":"b',
+            '{"a":1,"q":"bc',
+            '{"a":1,"q":"\\u00',
+            '{"a":1,"r":"ab',
+        ),
+    ],
 )
 def test_masks_near_a_strings_bound_and_between_tokens_equal_a_brute_force_check(prefix: str) -> None:
     """The masks' shortcuts at the states they serve: a bounded string with 4, 3, 2 and 1 characters of room (a
-    token fits by its length), and places where whitespace changes nothing (a token led by it goes by what
-    follows)."""
+    token fits by its length), places where whitespace changes nothing (a token led by it goes by what follows), and
+    inside a string a pattern checks."""
     grammar = GRAMMARS["schema"]
     constraint = JsonConstraint(texts(), grammar)
     constraint.commit(_tokenize(prefix))
@@ -270,5 +286,5 @@ def test_a_vocabulary_that_cannot_write_json_is_a_clear_error() -> None:
         Generator(target).generate(PROMPT, max_new_tokens=4, response_format="json_object")
     with pytest.raises(DartspecError, match="response_format must be one of text, json_object or a JSON schema"):
         Generator(target).generate(PROMPT, max_new_tokens=4, response_format="json_schema")
-    with pytest.raises(DartspecError, match="'pattern' is not supported"):
-        Generator(target).generate(PROMPT, max_new_tokens=4, response_format={"type": "string", "pattern": "a+"})
+    with pytest.raises(DartspecError, match="backreferences are not supported"):
+        Generator(target).generate(PROMPT, max_new_tokens=4, response_format={"type": "string", "pattern": "(a)\\1"})

@@ -328,6 +328,36 @@ def test_json_object_answers_of_the_cpu_default_parse_and_equal_plain_decodings(
     assert accepted > 10
 
 
+def test_patterned_strings_of_the_cpu_default_validate_and_equal_plain_decodings() -> None:
+    """Strings a ``pattern`` checks (a name, a date, an e-mail address, a phone number) on the real model: the answer
+    validates (``jsonschema``, whose matcher is Python's ``re``) and the CPU default's tokens are plain decoding's."""
+    import json
+
+    import jsonschema
+
+    from dartspec.methods import GeneratorSpec, build_generator
+    from dartspec.targets import load_target
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "pattern": "^[A-Z][a-z]+( [A-Z][a-z]+)*$", "maxLength": 40},
+            "born": {"type": "string", "pattern": "^\\d{4}-\\d{2}-\\d{2}$"},
+            "email": {"type": "string", "pattern": "^[a-z0-9._]+@[a-z0-9]+\\.[a-z]{2,4}$"},
+            "phone": {"type": "string", "pattern": "^\\+?[0-9 ()-]{7,15}$"},
+        },
+        "required": ["name", "born", "email", "phone"],
+        "additionalProperties": False,
+    }
+    target = load_target("smollm2-135m")
+    spec, plain = build_generator(target, GeneratorSpec(drafter="auto")), Generator(target)
+    messages = [{"role": "user", "content": "Make up a person's contact card as JSON."}]
+    out = spec.generate(messages, max_new_tokens=96, response_format=schema)
+    assert out.token_ids == plain.generate(messages, max_new_tokens=96, response_format=schema).token_ids
+    assert out.finish_reason == "stop", out.text
+    jsonschema.validate(json.loads(out.text), schema)
+
+
 def test_json_schema_answers_of_the_cpu_default_validate_and_equal_plain_decodings() -> None:
     """response_format a JSON Schema on the real model: the CPU default's answers are plain decoding's token for
     token, and validate against the schema (jsonschema, an independent validator), keys in the schema's order."""

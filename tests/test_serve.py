@@ -223,11 +223,11 @@ HI = [{"role": "user", "content": "t5"}]
                 "messages": HI,
                 "response_format": {
                     "type": "json_schema",
-                    "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "a"}},
+                    "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "(a)\\1"}},
                 },
             },
             "response_format",
-            "keyword 'pattern' is not supported",
+            "backreferences are not supported",
         ),
         ("chat/completions", {"messages": HI, "response_format": {"type": "json_object"}}, None, "no token of the"),
         (
@@ -483,12 +483,15 @@ def test_tool_requests_the_server_cannot_honour_are_400s_naming_the_field(url: s
         (
             {
                 "tools": [
-                    {"type": "function", "function": {"name": "f", "parameters": {"type": "string", "pattern": "x"}}}
+                    {
+                        "type": "function",
+                        "function": {"name": "f", "parameters": {"type": "array", "uniqueItems": True}},
+                    }
                 ],
                 "tool_choice": "required",
             },
             "tools.0.function.parameters",
-            "'pattern' is not supported",
+            "'uniqueItems' is not supported",
         ),
         (
             {"tool_choice": "required", "response_format": {"type": "json_object"}},
