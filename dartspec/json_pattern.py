@@ -499,6 +499,22 @@ class Pattern:
         after = (targets[k], min(n + 1, self._cap) if self.max_length is None else n + 1)
         return after if self.live(*after) else None
 
+    def completion(self, d: int, n: int) -> str | None:
+        """A shortest string that, read from state ``(d, n)``, ends a match within the bounds (None: there is none);
+        a witness that the state lives."""
+        todo, seen, i = [(d, n, "")], {(d, n)}, 0
+        while i < len(todo):
+            d, n, text = todo[i]
+            i += 1
+            if self.can_end(d, n):
+                return text
+            for code in self._intervals(d)[0]:  # one character of each move
+                after = self.step(d, n, code)
+                if after is not None and after not in seen:
+                    seen.add(after)
+                    todo.append((*after, text + chr(code)))
+        return None
+
     def viable(self, d: int, n: int, low: int, high: int) -> bool:
         """Whether some character in ``low..high`` keeps the string alive (a character read only in part)."""
         starts, ends, targets = self._intervals(d)

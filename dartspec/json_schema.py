@@ -5,8 +5,10 @@ Supported: ``type`` (one or a list), ``properties`` / ``required`` / ``additiona
 ``exclusiveMaximum`` (:mod:`dartspec.json_numbers`; a bounded number is written without an exponent), ``pattern``
 (:mod:`dartspec.json_pattern`: ECMA-262 regular expressions without backreferences or lookarounds), ``enum``,
 ``const``, ``anyOf`` / ``oneOf`` (as alternatives: ``oneOf``'s exclusivity is not checked), a one-schema ``allOf``,
-and ``$ref`` to ``#``, ``#/$defs/...`` or ``#/definitions/...`` (recursion included). Annotations (``title``,
-``description``, ``default``, ``format``, ...) are ignored, as JSON Schema lets a validator do. Any other keyword
+and ``$ref`` to ``#``, ``#/$defs/...`` or ``#/definitions/...`` (recursion included). A string's ``format`` is
+followed where it is one of :data:`FORMATS` (``date``, ``time``, ``date-time``, ``duration``, ``uuid``, ``email``,
+``ipv4``, ``hostname``: an answer a strict validator takes) and is otherwise, like the other annotations (``title``,
+``description``, ``default``, ...), ignored, as JSON Schema lets a validator do. Any other keyword
 (``multipleOf``, ``prefixItems``, ...) is refused with its place in the schema: an answer that ignored it
 could break it.
 
@@ -58,6 +60,29 @@ TYPE_KEYWORDS = {
     "integer": _BOUNDS,
     "boolean": frozenset(),
     "null": frozenset(),
+}
+_YEAR = r"(?:[1-9]\d{3}|0[1-9]\d{2}|00[1-9]\d|000[1-9])"  # 0001-9999, as Python's dates (and jsonschema's check)
+_LEAP = r"(?:\d{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
+_DATE = (
+    rf"(?:{_YEAR}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\d|30)"
+    rf"|02-(?:0[1-9]|1\d|2[0-8]))|{_LEAP}-02-29)"
+)
+_TIME = r"(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{1,6})?(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d)"
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+_HMS = r"T(?:\d+H(?:\d+M)?(?:\d+S)?|\d+M(?:\d+S)?|\d+S)"
+#: The string formats an answer is made to follow, as patterns (the rest stay annotations): RFC 3339 dates and times
+#: (real calendar days, leap years included; no leap seconds), ISO 8601 durations, UUIDs, e-mail addresses of the
+#: common dotted form, IPv4 addresses without leading zeros, host names of RFC 1123 labels.
+FORMATS = {
+    "date": f"^{_DATE}$",
+    "time": f"^{_TIME}$",
+    "date-time": f"^{_DATE}T{_TIME}$",
+    "duration": rf"^P(?:\d+W|(?:\d+Y(?:\d+M)?(?:\d+D)?|\d+M(?:\d+D)?|\d+D)(?:{_HMS})?|{_HMS})$",
+    "uuid": r"^[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}$",
+    "email": rf"^[A-Za-z0-9_%+-]+(?:\.[A-Za-z0-9_%+-]+)*@(?:{_LABEL}\.)+[A-Za-z]{{2,63}}$",
+    "ipv4": rf"^(?:{_OCTET}\.){{3}}{_OCTET}$",
+    "hostname": rf"^{_LABEL}(?:\.{_LABEL})*$",
 }
 #: Nodes a schema may compile to, and how deep it may nest (a request's schema must stay small).
 MAX_NODES = 10_000
@@ -186,18 +211,29 @@ class _Compiler:
             low, high = _bounds(schema, "minItems", "maxItems", where)
             return self.add(Arr(self.node(items, f"{where}/items"), low, high))
         if kind == "string":
-            low, high = _bounds(schema, "minLength", "maxLength", where)
-            if "pattern" not in schema:
-                return self.add(Str(low, high))
-            try:
-                return self.add(Str(low, high, Pattern(schema["pattern"], low, high)))
-            except PatternError as err:
-                raise SchemaError(f"{where}/pattern: {err}") from None
+            return self.string(schema, where)
         if kind in ("number", "integer"):
             return self.add(Num(kind == "integer", _number_bounds(schema, kind == "integer", where)))
         if kind == "boolean":
             return self.add(Alt((self.add(Lit(b"true")), self.add(Lit(b"false")))))
         return self.add(Lit(b"null"))
+
+    def string(self, schema: Mapping[str, Any], where: str) -> int:
+        """A string within its length bounds, matching its ``pattern``, or else its ``format`` where it is one of
+        :data:`FORMATS` (with both, the pattern alone: the format stays an annotation)."""
+        low, high = _bounds(schema, "minLength", "maxLength", where)
+        if "pattern" in schema:
+            source, place = schema["pattern"], f"{where}/pattern"
+        elif schema.get("format") in FORMATS:
+            source, place = FORMATS[schema["format"]], f"{where}/format"
+            if schema["format"] == "hostname":
+                high = 253 if high is None else min(high, 253)
+        else:
+            return self.add(Str(low, high))
+        try:
+            return self.add(Str(low, high, Pattern(source, low, high)))
+        except PatternError as err:
+            raise SchemaError(f"{place}: {err}") from None
 
     def object(self, schema: Mapping[str, Any], where: str) -> int:
         props = schema.get("properties", {})

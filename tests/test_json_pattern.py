@@ -5,9 +5,12 @@ without line ends, ``$`` only at the very end), the anchors and what is refused 
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
 import itertools
 import json
 import re
+import uuid
 from typing import Any
 
 import jsonschema
@@ -17,7 +20,7 @@ from hypothesis import strategies as st
 
 from dartspec.json_grammar import Grammar
 from dartspec.json_pattern import Pattern
-from dartspec.json_schema import SchemaError, compile_schema
+from dartspec.json_schema import FORMATS, SchemaError, compile_schema
 
 # Random patterns as (ECMA-262 text, Python text with the same meaning): Python's '.' also matches '\r' and its '$'
 # a trailing '\n', so those are spelled out for it.
@@ -131,22 +134,21 @@ def _completable(python: str, prefix: str, low: int | None, high: int | None, de
 def test_a_prefix_lives_exactly_while_some_completion_matches(
     pattern: tuple[str, str], text: str, bounds: tuple[int | None, int | None]
 ) -> None:
+    """A live state's shortest completion (a witness) makes a match for Python's ``re``; a state found dead has no
+    completion of up to four characters either (a search over characters that stand for every class here)."""
     ecma, python = pattern
-    try:
-        grammar = compile_schema(string_schema(ecma, *bounds))
-    except SchemaError:
-        assert not _completable(python, "", *bounds, depth=4)
-        return
-    state = grammar.advance(grammar.start(), b'"')
-    assert state is not None
-    for i, char in enumerate(text):
-        state = grammar.advance(state, json.dumps(char)[1:-1].encode())
-        alive = state is not None
-        # Random patterns need at most a few more characters to match: 4 is past their longest shortest completion
-        # here (quantifiers of at most two, bounds of at most six).
-        assert alive == _completable(python, text[: i + 1], *bounds, depth=4), (ecma, text[: i + 1])
+    automaton = Pattern(ecma, bounds[0] or 0, bounds[1])
+    state: tuple[int, int] | None = (automaton.start, 0)
+    for i in range(len(text) + 1):
+        alive = state is not None and automaton.live(*state)
         if not alive:
+            assert not _completable(python, text[:i], *bounds, depth=4), (ecma, text[:i])
             return
+        assert state is not None
+        witness = automaton.completion(*state)
+        assert witness is not None and matches(python, text[:i] + witness, *bounds), (ecma, text[:i], witness)
+        if i < len(text):
+            state = automaton.step(*state, ord(text[i]))
 
 
 def test_ecma_meanings_anchors_escapes_and_split_characters() -> None:
@@ -223,3 +225,60 @@ def test_unsatisfiable_patterns_are_refused_and_bounds_count_characters() -> Non
         state = pattern.step(*state, ord(char))  # type: ignore[assignment,misc]
         assert state is not None
     assert pattern.can_end(*state) and pattern.step(*state, ord("a")) is None  # 5 characters cannot end even
+
+
+# Independent checks of each format the grammar makes answers follow (Python's own parsers where it has one).
+def _hostname(text: str) -> bool:
+    return len(text) <= 253 and all(0 < len(label) <= 63 for label in text.split("."))
+
+
+FORMAT_CHECKS = {
+    "date": datetime.date.fromisoformat,
+    "time": datetime.time.fromisoformat,
+    "date-time": datetime.datetime.fromisoformat,
+    "uuid": uuid.UUID,
+    "ipv4": ipaddress.IPv4Address,
+    "email": lambda text: jsonschema.FormatChecker().conforms(text, "email") or 1 / 0,
+    "hostname": lambda text: _hostname(text) or 1 / 0,
+    "duration": lambda text: text.startswith("P") or 1 / 0,
+}
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), name=st.sampled_from(sorted(FORMATS)))
+def test_strings_a_format_admits_parse_as_that_format(data: st.DataObject, name: str) -> None:
+    """Every string the format's grammar takes (drawn from its pattern read by Python's ``re``) is whole for the
+    grammar and parses with Python's own parser for the format."""
+    assert sorted(FORMAT_CHECKS) == sorted(FORMATS)
+    text = data.draw(st.from_regex(re.compile(FORMATS[name], re.ASCII), fullmatch=True))
+    assert whole(compile_schema({"type": "string", "format": name}), json.dumps(text).encode()), text
+    FORMAT_CHECKS[name](text)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    value=st.dates().map(lambda d: ("date", d.isoformat()))
+    | st.datetimes().map(lambda t: ("date-time", t.isoformat() + "Z"))
+    | st.times().map(lambda t: ("time", t.isoformat() + "+01:30"))
+    | st.uuids().map(lambda u: ("uuid", str(u)))
+    | st.ip_addresses(v=4).map(lambda a: ("ipv4", str(a)))
+)
+def test_values_written_by_pythons_own_formatters_are_admitted(value: tuple[str, str]) -> None:
+    name, text = value
+    assert whole(compile_schema({"type": "string", "format": name}), json.dumps(text).encode()), text
+
+
+def test_formats_by_hand_and_a_pattern_before_its_format() -> None:
+    def ok(name: str, text: str) -> bool:
+        return whole(compile_schema({"type": "string", "format": name}), json.dumps(text).encode())
+
+    assert ok("date", "2024-02-29") and ok("date", "2000-02-29") and not ok("date", "1900-02-29")
+    assert not ok("date", "2023-02-29") and not ok("date", "2024-04-31") and not ok("date", "0000-01-01")
+    assert ok("date-time", "2024-01-31T12:30:00.5+02:00") and not ok("date-time", "2024-01-31 12:30:00Z")
+    assert ok("duration", "P3Y6M4DT12H30M5S") and ok("duration", "PT20M") and ok("duration", "P1W")
+    assert not ok("duration", "P") and not ok("duration", "PT") and not ok("duration", "P1W2D")
+    assert ok("email", "john.smith@mail.example.com") and not ok("email", "john@localhost")
+    assert not ok("ipv4", "192.168.0.01") and ok("hostname", "a-b.example") and not ok("hostname", "a..b")
+    assert ok("uri", "anything: an unsupported format stays an annotation")
+    both = compile_schema({"type": "string", "format": "date", "pattern": "^x"})
+    assert whole(both, b'"xyz"')  # with a pattern, the pattern alone
