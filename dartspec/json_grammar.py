@@ -47,9 +47,16 @@ class Obj:
 
 @dataclass(frozen=True)
 class Arr:
+    """An array: its first items of the ``prefix`` nodes in turn (a tuple), the others of ``items``."""
+
     items: int
     min_items: int = 0
     max_items: int | None = None
+    prefix: tuple[int, ...] = ()
+
+    def item(self, n: int) -> int:
+        """The node of the item at index ``n``."""
+        return self.prefix[n] if n < len(self.prefix) else self.items
 
 
 @dataclass(frozen=True)
@@ -267,7 +274,7 @@ class Grammar:
                 assert isinstance(top, Arr)
                 if top.max_items is not None and n >= top.max_items:
                     return []
-                return [(self._count(frames, top), VALUE, top.items)]
+                return [(self._count(frames, top), VALUE, top.item(n))]
             return self._close(frames, top, n, b)
         if mode == VALUE_OR_CLOSE:
             assert isinstance(top, Arr)
@@ -275,7 +282,7 @@ class Grammar:
                 return self._close(frames, top, n, b)
             if top.max_items == 0:
                 return []
-            return self._value(self._count(frames, top), top.items, b)
+            return self._value(self._count(frames, top), top.item(n), b)
         if mode in (KEY_OR_CLOSE, KEY):
             assert isinstance(top, Obj)
             if b == 0x22:  # '"'
@@ -350,9 +357,10 @@ class Grammar:
 
     @staticmethod
     def _count(frames: tuple[tuple[int, int], ...], arr: Arr) -> tuple[tuple[int, int], ...]:
-        """The array frame with one more item; counts stop where no bound tells them apart (finite states)."""
+        """The array frame with one more item; counts stop where neither a bound nor the prefix tells them apart (finite
+        states)."""
         node, n = frames[-1]
-        cap = arr.max_items if arr.max_items is not None else arr.min_items
+        cap = max(arr.max_items if arr.max_items is not None else arr.min_items, len(arr.prefix))
         return (*frames[:-1], (node, min(n + 1, cap)))
 
     @staticmethod

@@ -1,7 +1,8 @@
 """JSON Schema to a :class:`~dartspec.json_grammar.Grammar`: the subset a constrained answer can follow byte by byte.
 
 Supported: ``type`` (one or a list), ``properties`` / ``required`` / ``additionalProperties``, ``items`` /
-``minItems`` / ``maxItems``, ``minLength`` / ``maxLength``, ``minimum`` / ``maximum`` / ``exclusiveMinimum`` /
+``prefixItems`` (or a list ``items`` with ``additionalItems``), ``minItems`` / ``maxItems``, ``minLength`` /
+``maxLength``, ``minimum`` / ``maximum`` / ``exclusiveMinimum`` /
 ``exclusiveMaximum`` (:mod:`dartspec.json_numbers`; a bounded number is written without an exponent), ``pattern``
 (:mod:`dartspec.json_pattern`: ECMA-262 regular expressions without backreferences or lookarounds), ``enum``,
 ``const``, ``anyOf`` / ``oneOf`` (as alternatives: ``oneOf``'s exclusivity is not checked), a one-schema ``allOf``,
@@ -9,7 +10,7 @@ and ``$ref`` to ``#``, ``#/$defs/...`` or ``#/definitions/...`` (recursion inclu
 followed where it is one of :data:`FORMATS` (``date``, ``time``, ``date-time``, ``duration``, ``uuid``, ``email``,
 ``ipv4``, ``hostname``: an answer a strict validator takes) and is otherwise, like the other annotations (``title``,
 ``description``, ``default``, ...), ignored, as JSON Schema lets a validator do. Any other keyword
-(``multipleOf``, ``prefixItems``, ...) is refused with its place in the schema: an answer that ignored it
+(``multipleOf``, ``uniqueItems``, ...) is refused with its place in the schema: an answer that ignored it
 could break it.
 
 As OpenAI's structured outputs and most constrained decoders do, an object's properties come in the schema's order,
@@ -54,7 +55,7 @@ _BOUNDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum
 #: Each type's own keywords.
 TYPE_KEYWORDS = {
     "object": frozenset({"properties", "required", "additionalProperties"}),
-    "array": frozenset({"items", "minItems", "maxItems"}),
+    "array": frozenset({"items", "prefixItems", "additionalItems", "minItems", "maxItems"}),
     "string": frozenset({"minLength", "maxLength", "pattern"}),
     "number": _BOUNDS,
     "integer": _BOUNDS,
@@ -205,11 +206,7 @@ class _Compiler:
         if kind == "object":
             return self.object(schema, where)
         if kind == "array":
-            items = schema.get("items", True)
-            if isinstance(items, list):
-                raise SchemaError(f"{where}/items: a list of item schemas (tuple validation) is not supported")
-            low, high = _bounds(schema, "minItems", "maxItems", where)
-            return self.add(Arr(self.node(items, f"{where}/items"), low, high))
+            return self.array(schema, where)
         if kind == "string":
             return self.string(schema, where)
         if kind in ("number", "integer"):
@@ -234,6 +231,23 @@ class _Compiler:
             return self.add(Str(low, high, Pattern(source, low, high)))
         except PatternError as err:
             raise SchemaError(f"{place}: {err}") from None
+
+    def array(self, schema: Mapping[str, Any], where: str) -> int:
+        """An array: ``prefixItems`` (or, as before draft 2020-12, a list ``items`` with ``additionalItems``) for its
+        first items, ``items`` for the rest (``false``: no more than the prefix)."""
+        items, prefix, place = schema.get("items", True), schema.get("prefixItems", []), "prefixItems"
+        if isinstance(items, list):
+            if "prefixItems" in schema:
+                raise SchemaError(f"{where}: a list 'items' and 'prefixItems' cannot both be given")
+            items, prefix, place = schema.get("additionalItems", True), items, "items"
+        if not isinstance(prefix, list):
+            raise SchemaError(f"{where}/prefixItems must be a list of schemas")
+        low, high = _bounds(schema, "minItems", "maxItems", where)
+        firsts = tuple(self.node(s, f"{where}/{place}/{i}") for i, s in enumerate(prefix))
+        if items is False:
+            high = len(firsts) if high is None else min(high, len(firsts))
+        rest = self.node(items, f"{where}/{'additionalItems' if place == 'items' else 'items'}")
+        return self.add(Arr(rest, low, high, firsts))
 
     def object(self, schema: Mapping[str, Any], where: str) -> int:
         props = schema.get("properties", {})
@@ -323,7 +337,7 @@ def _productive(nodes: tuple[Node, ...]) -> set[int]:
             elif isinstance(n, Obj):
                 ok = all(v in done for _, v, required in n.props if required)
             elif isinstance(n, Arr):
-                ok = n.min_items == 0 or n.items in done
+                ok = all(n.item(i) in done for i in range(min(n.min_items, len(n.prefix) + 1)))
             elif isinstance(n, Str) and n.pattern is not None:
                 ok = n.pattern.live(n.pattern.start, 0)
             else:

@@ -62,8 +62,11 @@ def _containers(inner: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy[d
 
     @st.composite
     def arr(draw: st.DrawFn) -> dict[str, Any]:
-        schema: dict[str, Any] = {"type": "array", "items": draw(inner)}
-        low = draw(st.integers(0, 2))
+        schema: dict[str, Any] = {"type": "array", "items": draw(inner | st.just(False))}
+        prefix = draw(st.lists(inner, max_size=3))
+        if prefix:  # (the metaschema wants a non-empty list)
+            schema["prefixItems"] = prefix
+        low = draw(st.integers(0, 2 if schema["items"] is not False else len(prefix)))
         schema["minItems"] = low
         if draw(st.booleans()):
             schema["maxItems"] = low + draw(st.integers(0, 2))
@@ -103,9 +106,11 @@ def instance(draw: st.DrawFn, schema: Any, root: Any = None) -> Any:
             out[key] = draw(instance(True if extra is True else extra, root))
         return out
     if kind == "array":
+        prefix = schema.get("prefixItems", [])
         high = schema.get("maxItems", schema.get("minItems", 0) + 2)
+        high = min(high, len(prefix)) if schema["items"] is False else high
         n = draw(st.integers(schema.get("minItems", 0), high))
-        return [draw(instance(schema["items"], root)) for _ in range(n)]
+        return [draw(instance(prefix[i] if i < len(prefix) else schema["items"], root)) for i in range(n)]
     if kind == "string":
         low, high = schema.get("minLength", 0), schema.get("maxLength", 8)
         return draw(
@@ -213,6 +218,12 @@ def test_strings_numbers_literals_and_arrays_follow_their_bounds() -> None:
     g = compile_schema({"type": ["boolean", "null"]})
     assert whole(g, "true") and whole(g, "null") and not whole(g, '"true"')
     assert not whole(compile_schema({"type": "string"}), ' "a"')  # no whitespace before the document
+    tuple_ = {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}], "items": False, "minItems": 1}
+    g = compile_schema(tuple_)
+    assert whole(g, '[1, "a"]') and whole(g, "[1]") and not whole(g, '[1, "a", 2]') and not whole(g, '["a"]')
+    assert not whole(g, "[]") and not whole(g, "[1, 2]")
+    g = compile_schema({"type": "array", "items": [{"type": "integer"}], "additionalItems": {"type": "null"}})
+    assert whole(g, "[1, null, null]") and whole(g, "[]") and not whole(g, "[1, 2]")  # the form before 2020-12
 
 
 def test_references_resolve_recursively() -> None:
@@ -242,7 +253,8 @@ def _nested(inner: Any, depth: int, kind: str = "items") -> Any:
         ({"type": "integer", "minimum": 2.5, "exclusiveMaximum": 3}, "no integer lies within its bounds"),
         ({"type": "number", "minimum": 1, "maximum": 1, "exclusiveMaximum": 1}, "no number lies within its bounds"),
         ({"type": "number", "maximum": "9"}, "maximum must be a number"),
-        ({"type": "array", "items": [{}]}, "tuple validation"),
+        ({"type": "array", "items": [{}], "prefixItems": [{}]}, "a list 'items' and 'prefixItems' cannot both"),
+        ({"type": "array", "prefixItems": [{}], "items": False, "minItems": 2}, "admits no finite document"),
         ({"type": "object", "properties": {}, "required": ["a"]}, "'a', which is not among its properties"),
         ({"$ref": "#/$defs/missing"}, "names nothing"),
         ({"$ref": "https://example.com/s.json"}, "only references inside the schema"),
