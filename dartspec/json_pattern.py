@@ -25,8 +25,10 @@ from dartspec.errors import DartspecError
 Ranges: TypeAlias = tuple[tuple[int, int], ...]
 #: Unicode scalar values: every code point but the surrogates.
 UNIVERSE: Ranges = ((0, 0xD7FF), (0xE000, 0x10FFFF))
-#: NFA states a pattern may take (bounded repeats are copies), and bits of length bookkeeping.
+#: NFA states a pattern may take (bounded repeats are copies), deterministic states it may reach (made as an answer
+#: needs them; each holds a set of NFA states, so this bounds a request's memory), and bits of length bookkeeping.
 MAX_STATES = 20_000
+MAX_DFA_STATES = 50_000
 MAX_LENGTH_BITS = 20_000_000
 
 _DIGIT: Ranges = ((0x30, 0x39),)
@@ -436,6 +438,8 @@ class Pattern:
 
     def _id(self, states: frozenset[int]) -> int:
         if states not in self._ids:
+            if len(self._sets) >= MAX_DFA_STATES:
+                raise PatternError(f"pattern {self.source!r} needs over {MAX_DFA_STATES} automaton states; simplify it")
             self._ids[states] = len(self._sets)
             self._sets.append(states)
         return self._ids[states]

@@ -9,6 +9,7 @@ import datetime
 import ipaddress
 import itertools
 import json
+import random
 import re
 import uuid
 from typing import Any
@@ -282,3 +283,15 @@ def test_formats_by_hand_and_a_pattern_before_its_format() -> None:
     assert ok("uri", "anything: an unsupported format stays an annotation")
     both = compile_schema({"type": "string", "format": "date", "pattern": "^x"})
     assert whole(both, b'"xyz"')  # with a pattern, the pattern alone
+
+
+def test_a_pattern_that_needs_too_many_automaton_states_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dartspec import json_pattern
+
+    monkeypatch.setattr(json_pattern, "MAX_DFA_STATES", 40)
+    automaton = Pattern("^(a|b)*a(a|b){6}$")  # 2^7 deterministic states as the answer walks them
+    state: tuple[int, int] | None = (automaton.start, 0)
+    with pytest.raises(json_pattern.PatternError, match="needs over 40 automaton states; simplify it"):
+        for char in random.Random(0).choices("ab", k=200):
+            assert state is not None
+            state = automaton.step(*state, ord(char))
