@@ -221,7 +221,7 @@ class _Compiler:
         low, high = _bounds(schema, "minLength", "maxLength", where)
         if "pattern" in schema:
             source, place = schema["pattern"], f"{where}/pattern"
-        elif schema.get("format") in FORMATS:
+        elif isinstance(schema.get("format"), str) and schema["format"] in FORMATS:
             source, place = FORMATS[schema["format"]], f"{where}/format"
             if schema["format"] == "hostname":
                 high = 253 if high is None else min(high, 253)
