@@ -29,6 +29,8 @@ UNIVERSE: Ranges = ((0, 0xD7FF), (0xE000, 0x10FFFF))
 #: needs them; each holds a set of NFA states, so this bounds a request's memory), and bits of length bookkeeping.
 MAX_STATES = 20_000
 MAX_DFA_STATES = 50_000
+#: Groups a pattern may nest (the parser and the builder recurse).
+MAX_NESTING = 100
 MAX_LENGTH_BITS = 20_000_000
 
 _DIGIT: Ranges = ((0x30, 0x39),)
@@ -90,6 +92,7 @@ class _Parser:
     def __init__(self, source: str) -> None:
         self.src = source
         self.i = 0
+        self.depth = 0
 
     def fail(self, what: str, at: int | None = None) -> PatternError:
         at = self.i if at is None else at
@@ -173,7 +176,11 @@ class _Parser:
                     self.i = end + 1
                 else:
                     raise self.fail("lookahead and lookbehind are not supported", start)
+            self.depth += 1
+            if self.depth > MAX_NESTING:
+                raise self.fail(f"groups nest deeper than {MAX_NESTING} levels", start)
             inner = self.alternation()
+            self.depth -= 1
             if self.peek() != ")":
                 raise self.fail("a '(' without its ')'", start)
             self.i += 1
@@ -323,6 +330,7 @@ class _Nfa:
         self.source = source
         self.eps: list[list[int]] = []
         self.moves: list[list[tuple[Ranges, int]]] = []
+        self.work = 0  # pieces built: empty ones add no state, yet repeating them must still end
         self.start = self.new()
         self.accept = self.build(tree, self.start)
 
@@ -335,6 +343,9 @@ class _Nfa:
 
     def build(self, tree: Tree, start: int) -> int:
         """Adds ``tree`` from state ``start``; returns its end state."""
+        self.work += 1
+        if self.work > 4 * MAX_STATES:
+            raise PatternError(f"pattern {self.source!r} is too large (it repeats too many pieces)")
         kind = tree[0]
         if kind == "chars":
             end = self.new()

@@ -206,6 +206,8 @@ def test_a_pattern_inside_a_schema_and_its_place_in_errors() -> None:
         ("\\xZZ", "hexadecimal escape"),
         ("\\A", "not supported"),
         ("(a{100}){300}", "too large"),
+        ("((){9999}){9999}", "too large"),
+        ("(" * 500 + ")" * 500, "nest deeper than 100 levels"),
         (5, "must be a string"),
     ],
 )
