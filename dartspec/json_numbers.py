@@ -1,11 +1,12 @@
-"""Bounds on a JSON number (``minimum``, ``maximum``, ``exclusiveMinimum``, ``exclusiveMaximum``), checked as the
-number is written: which prefixes can still end inside the bounds.
+"""Bounds on a JSON number (``minimum``, ``maximum``, ``exclusiveMinimum``, ``exclusiveMaximum``, ``multipleOf``),
+checked as the number is written: which prefixes can still end inside the bounds.
 
 A bounded number is written without an exponent (else any prefix could still be scaled into range). The numbers a
 prefix can become form intervals of magnitudes: ``12`` becomes 12 or something in [12, 13) (a fraction), or in
 [120, 130), [1200, 1300), ... (more digits); ``12.3`` something in [12.3, 12.4); a minus sign mirrors them. A prefix
-lives while one of those intervals meets the bounds; the number may end where its own value lies inside them.
-Arithmetic is exact (:class:`~decimal.Decimal` from the schema's own digits).
+lives while one of those intervals meets the bounds (and, with ``multipleOf``, holds a multiple inside them: every
+value of an interval can be written from its prefix); the number may end where its own value lies inside them.
+Arithmetic is exact (:class:`~decimal.Decimal` from the schema's own digits, fractions for multiples).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from decimal import Decimal
+from fractions import Fraction
 
 # An interval end: (value, closed), None for unbounded.
 _End = tuple[Decimal, bool] | None
@@ -26,8 +28,11 @@ class NumberBounds:
     low_open: bool = False
     high_open: bool = False
     integer: bool = False
+    multiple: Decimal | None = None  # positive; for an integer, the integer multiples only count
 
     def __post_init__(self) -> None:
+        if self.integer and self.multiple is not None:  # integer multiples of p/q (lowest terms) are those of p
+            object.__setattr__(self, "multiple", Decimal(Fraction(self.multiple).numerator))
         if self.integer:  # the integers inside, as closed bounds
             low = (
                 None
@@ -46,12 +51,26 @@ class NumberBounds:
 
     def empty(self) -> bool:
         """Whether no number lies inside."""
-        return not _meets(self._low(), self._high(), None, None)
+        return not self._fits(None, None)
 
     def admits(self, text: bytes) -> bool:
         """Whether the whole number ``text`` lies inside."""
         value = Decimal(text.decode())
-        return _meets(self._low(), self._high(), (value, True), (value, True))
+        return self._fits((value, True), (value, True))
+
+    def _fits(self, low: _End, high: _End) -> bool:
+        """Whether the interval from ``low`` to ``high`` holds a number inside (a multiple, where one is asked)."""
+        low, high = _larger(self._low(), low), _smaller(self._high(), high)
+        if not _meets(low, high, None, None):
+            return False
+        if self.multiple is None or low is None or high is None or not (low[0].is_finite() and high[0].is_finite()):
+            return True  # an unbounded side holds multiples
+        step = Fraction(self.multiple)
+        k = math.ceil(Fraction(low[0]) / step)
+        if k * step == low[0] and not low[1]:
+            k += 1
+        first = k * step
+        return first < high[0] or (first == high[0] and high[1])
 
     def viable(self, text: bytes) -> bool:
         """Whether the number prefix ``text`` (sign, digits, a point, digits; no exponent) can still end inside."""
@@ -61,7 +80,7 @@ class NumberBounds:
         for a, b in self._magnitudes(whole.decode(), bool(dot), fraction.decode()):
             top = self.integer  # magnitudes [a, b), integers [a, b]
             low, high = ((-b, top), (-a, True)) if negative else ((a, True), (b, top))
-            if _meets(self._low(), self._high(), low, high):
+            if self._fits(low, high):
                 return True
             if self._past(a, negative):
                 return False

@@ -2,15 +2,15 @@
 
 Supported: ``type`` (one or a list), ``properties`` / ``required`` / ``additionalProperties``, ``items`` /
 ``prefixItems`` (or a list ``items`` with ``additionalItems``), ``minItems`` / ``maxItems``, ``minLength`` /
-``maxLength``, ``minimum`` / ``maximum`` / ``exclusiveMinimum`` /
-``exclusiveMaximum`` (:mod:`dartspec.json_numbers`; a bounded number is written without an exponent), ``pattern``
+``maxLength``, ``minimum`` / ``maximum`` / ``exclusiveMinimum`` / ``exclusiveMaximum`` / ``multipleOf``
+(:mod:`dartspec.json_numbers`; such a number is written without an exponent), ``pattern``
 (:mod:`dartspec.json_pattern`: ECMA-262 regular expressions without backreferences or lookarounds), ``enum``,
 ``const``, ``anyOf`` / ``oneOf`` (as alternatives: ``oneOf``'s exclusivity is not checked), a one-schema ``allOf``,
 and ``$ref`` to ``#``, ``#/$defs/...`` or ``#/definitions/...`` (recursion included). A string's ``format`` is
 followed where it is one of :data:`FORMATS` (``date``, ``time``, ``date-time``, ``duration``, ``uuid``, ``email``,
 ``ipv4``, ``hostname``: an answer a strict validator takes) and is otherwise, like the other annotations (``title``,
 ``description``, ``default``, ...), ignored, as JSON Schema lets a validator do. Any other keyword
-(``multipleOf``, ``uniqueItems``, ...) is refused with its place in the schema: an answer that ignored it
+(``uniqueItems``, ``minProperties``, ...) is refused with its place in the schema: an answer that ignored it
 could break it.
 
 As OpenAI's structured outputs and most constrained decoders do, an object's properties come in the schema's order,
@@ -51,7 +51,7 @@ ANNOTATIONS = frozenset(
         "discriminator",
     }
 )
-_BOUNDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+_BOUNDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
 #: Each type's own keywords.
 TYPE_KEYWORDS = {
     "object": frozenset({"properties", "required", "additionalProperties"}),
@@ -285,9 +285,9 @@ def _bounds(schema: Mapping[str, Any], low_key: str, high_key: str, where: str) 
 
 def _number_bounds(schema: Mapping[str, Any], integer: bool, where: str) -> NumberBounds | None:
     """``minimum`` / ``maximum`` / ``exclusiveMinimum`` / ``exclusiveMaximum`` (numbers, as since draft 6), the tighter
-    of each side where both are given; None where none is."""
+    of each side where both are given, and ``multipleOf``; None where none is."""
     given = {}
-    for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+    for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"):
         if key in schema:
             value = schema[key]
             if type(value) not in (int, float) or not math.isfinite(value):
@@ -295,13 +295,15 @@ def _number_bounds(schema: Mapping[str, Any], integer: bool, where: str) -> Numb
             given[key] = Decimal(repr(value)) if isinstance(value, float) else Decimal(value)
     if not given:
         return None
+    if given.get("multipleOf", 1) <= 0:
+        raise SchemaError(f"{where}/multipleOf must be above 0, got {schema['multipleOf']!r}")
     low, low_open = given.get("minimum"), False
     if "exclusiveMinimum" in given and (low is None or given["exclusiveMinimum"] >= low):
         low, low_open = given["exclusiveMinimum"], True
     high, high_open = given.get("maximum"), False
     if "exclusiveMaximum" in given and (high is None or given["exclusiveMaximum"] <= high):
         high, high_open = given["exclusiveMaximum"], True
-    bounds = NumberBounds(low, high, low_open, high_open, integer)
+    bounds = NumberBounds(low, high, low_open, high_open, integer, given.get("multipleOf"))
     if bounds.empty():
         raise SchemaError(f"{where}: no {'integer' if integer else 'number'} lies within its bounds")
     return bounds

@@ -26,7 +26,8 @@ SCALARS = st.none() | st.booleans() | st.integers(-50, 50) | st.sampled_from(["u
 
 @st.composite
 def _bounded(draw: st.DrawFn) -> dict[str, Any]:
-    """An integer or number with some of its four bounds (never an empty range), ends at halves too."""
+    """An integer or number with some of its four bounds (never an empty range), ends at halves too, and perhaps a
+    ``multipleOf``."""
     low = draw(st.integers(-30, 30)) + draw(st.sampled_from([0, 0.5]))
     high = low + draw(st.integers(2, 40)) + draw(st.sampled_from([0, 0.5]))
     schema: dict[str, Any] = {"type": draw(st.sampled_from(["integer", "number"]))}
@@ -34,6 +35,11 @@ def _bounded(draw: st.DrawFn) -> dict[str, Any]:
         how = draw(st.sampled_from(["", "plain", "exclusive"]))
         if how:
             schema[side if how == "plain" else "exclusive" + side.capitalize()] = value
+    multiple = draw(
+        st.sampled_from([None, None, 2, 3, 7, 0.5, 0.25, 1.5])
+    )  # binary fractions: jsonschema divides floats
+    if multiple is not None:
+        schema["multipleOf"] = multiple
     return schema
 
 
@@ -121,9 +127,17 @@ def instance(draw: st.DrawFn, schema: Any, root: Any = None) -> Any:
         low = schema.get("minimum", schema.get("exclusiveMinimum", -100))
         high = schema.get("maximum", schema.get("exclusiveMaximum", 100))
         value = draw(st.integers(math.ceil(low * scale), math.floor(high * scale))) / scale
+        step = schema.get("multipleOf")
+        if step is not None:  # the nearest multiple inside (an integer one for an integer)
+            step = step if kind == "number" else math.lcm(int(step * 4), 4) / 4
+            value = math.ceil(value / step) * step
+            assume(value <= high)
         value = int(value) if kind == "integer" else value
         assume(value != schema.get("exclusiveMinimum") and value != schema.get("exclusiveMaximum"))
         return value
+    if kind in ("integer", "number") and "multipleOf" in schema:
+        step = schema["multipleOf"] if kind == "number" else math.lcm(int(schema["multipleOf"] * 4), 4) // 4
+        return draw(st.integers(-1000, 1000)) * step
     if kind == "integer":
         return draw(st.integers(-(10**6), 10**6))
     if kind == "number":
@@ -249,7 +263,12 @@ def _nested(inner: Any, depth: int, kind: str = "items") -> Any:
     ("schema", "message"),
     [
         ({"type": "array", "uniqueItems": True}, "#: the JSON schema keyword 'uniqueItems' is not supported"),
-        ({"type": "object", "properties": {"n": {"multipleOf": 2}}}, "#/properties/n: the JSON schema keyword 'multip"),
+        (
+            {"type": "object", "properties": {"n": {"minProperties": 2}}},
+            "#/properties/n: the JSON schema keyword 'minPr",
+        ),
+        ({"type": "integer", "multipleOf": 0}, "multipleOf must be above 0"),
+        ({"type": "integer", "minimum": 1, "maximum": 4, "multipleOf": 5}, "no integer lies within its bounds"),
         ({"type": "integer", "minimum": 2.5, "exclusiveMaximum": 3}, "no integer lies within its bounds"),
         ({"type": "number", "minimum": 1, "maximum": 1, "exclusiveMaximum": 1}, "no number lies within its bounds"),
         ({"type": "number", "maximum": "9"}, "maximum must be a number"),
@@ -294,8 +313,12 @@ def test_or_text_admits_a_document_or_text_told_apart_by_the_first_byte() -> Non
 def test_a_bounded_number_is_whole_exactly_when_jsonschema_takes_it(schema: dict[str, Any], text: str) -> None:
     """Against ``jsonschema`` on number texts near the bounds (an integer written with a point is refused, as a
     bounded number with an exponent is)."""
-    g = compile_schema(schema)
     valid = jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
+    try:
+        g = compile_schema(schema)
+    except SchemaError:  # no multiple inside the bounds
+        assert not valid and "multipleOf" in schema
+        return
     assert whole(g, text) == (valid and not (schema["type"] == "integer" and "." in text)), (schema, text)
 
 
@@ -304,13 +327,30 @@ def test_a_bounded_number_is_whole_exactly_when_jsonschema_takes_it(schema: dict
 def test_a_live_number_prefix_can_still_end_inside_the_bounds(schema: dict[str, Any], text: str) -> None:
     """No dead ends: where a prefix lives, some completion of at most three more characters is whole (the bounds
     are within +-71, two decimals enough), so a constrained answer can always go on."""
-    g = compile_schema(schema)
+    try:
+        g = compile_schema(schema)
+    except SchemaError:  # no multiple inside the bounds
+        return
     state = g.advance(g.start(), text.encode())
     if state is None:
         return
     digits = ["", *"0123456789"]
     tails = [""] + [a + b + c for a in "-0123456789." for b in [*digits, "."] for c in digits if b or not c]
     assert any(whole(g, text + tail) for tail in tails), (schema, text)
+
+
+def test_multiples_hold_while_the_number_is_written() -> None:
+    g = compile_schema({"type": "number", "exclusiveMinimum": 3, "maximum": 7, "multipleOf": 3})  # 6 alone
+    assert whole(g, "6") and whole(g, "6.00") and not whole(g, "3") and not whole(g, "6.5")
+    assert g.advance(g.start(), b"3") is None and g.advance(g.start(), b"6.1") is None
+    g = compile_schema({"type": "number", "multipleOf": 0.25})
+    assert whole(g, "-1.75") and not whole(g, "0.3") and g.advance(g.start(), b"1e") is None  # no exponent
+    g = compile_schema({"type": "integer", "multipleOf": 2.5})  # integers that are multiples of 2.5: of 5
+    assert whole(g, "15") and not whole(g, "12") and g.advance(g.start(), b"12") is not None  # 120 goes on
+    with pytest.raises(SchemaError, match="no number lies within its bounds"):
+        compile_schema({"type": "number", "exclusiveMinimum": 3, "exclusiveMaximum": 6, "multipleOf": 3})
+    with pytest.raises(SchemaError, match="no integer lies within its bounds"):  # 12.5 is no integer
+        compile_schema({"type": "integer", "minimum": 12, "maximum": 13, "multipleOf": 2.5})
 
 
 def test_number_bounds_hold_while_the_number_is_written() -> None:
