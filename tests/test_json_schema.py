@@ -364,3 +364,55 @@ def test_number_bounds_hold_while_the_number_is_written() -> None:
     g = compile_schema({"type": "object", "properties": {"n": {"type": "integer", "maximum": -10}}, "required": ["n"]})
     assert whole(g, '{"n": -10}') and whole(g, '{"n": -1000}') and not whole(g, '{"n": -9}')
     assert g.advance(g.start(), b'{"n": -9') is not None and g.advance(g.start(), b'{"n": -9}') is None  # -9x lives
+
+
+def test_a_pydantic_models_schema_compiles_and_admits_pydantics_own_json() -> None:
+    """The schema pydantic writes for a model with the usual field kinds (UUID, dates, bounded and stepped numbers,
+    enums, literals, tuples, optional and recursive models, dicts, patterned strings) compiles, and the JSON pydantic
+    writes for instances of it is whole (its properties come in the schema's order)."""
+    import datetime
+    import enum
+    import uuid
+    from typing import Literal
+
+    pydantic = pytest.importorskip("pydantic")
+
+    class Color(enum.StrEnum):
+        red = "red"
+        blue = "blue"
+
+    class Address(pydantic.BaseModel):
+        street: str
+        zip: str = pydantic.Field(pattern=r"^\d{5}$")
+
+    class Person(pydantic.BaseModel):
+        id: uuid.UUID
+        name: str = pydantic.Field(min_length=1, max_length=40)
+        born: datetime.date
+        seen: datetime.datetime
+        age: int = pydantic.Field(ge=0, le=150)
+        score: float = pydantic.Field(gt=0, lt=1)
+        color: Color
+        kind: Literal["a", "b"]
+        tags: list[str] = pydantic.Field(max_length=3)
+        pair: tuple[int, str]
+        address: Address | None = None
+        friends: list[Person] = pydantic.Field(default_factory=list)
+        meta: dict[str, int] = pydantic.Field(default_factory=dict)
+        step: int = pydantic.Field(multiple_of=5, default=0)
+        price: float = pydantic.Field(multiple_of=0.01, ge=0, default=0)
+
+    grammar = compile_schema(Person.model_json_schema())
+    seen = datetime.datetime(2024, 2, 29, 23, 59, 59, 123456, tzinfo=datetime.UTC)
+    common = {"born": "2000-02-29", "seen": seen, "color": "red", "kind": "a", "tags": ["x"], "pair": (1, "y")}
+    ann = Person(id=uuid.uuid4(), name="Ann", age=30, score=0.5, step=10, price=9.99, **common)
+    bob = Person(
+        id=uuid.uuid4(), name="Bob Li", age=0, score=0.001, address={"street": "Main", "zip": "12345"}, **common
+    )
+    bob.friends = [ann]
+    bob.meta = {"k": -3}
+    for person in (ann, bob):
+        assert whole(grammar, person.model_dump_json()), person.model_dump_json()
+        assert whole(grammar, person.model_dump_json(indent=2))
+    assert not whole(grammar, ann.model_dump_json().replace('"step":10', '"step":12'))
+    assert not whole(grammar, ann.model_dump_json().replace("2000-02-29", "2001-02-29"))
