@@ -157,8 +157,10 @@ class _Compiler:
         if "const" in keys or "enum" in keys:
             return self.literals(schema, keys, where)
         types = schema.get("type")
-        if types is None:  # no type: the one its keywords imply, or any value
+        if types is None:  # no type: the one its keywords imply (a followed format: a string), or any value
             types = [t for t, words in TYPE_KEYWORDS.items() if words & keys][:1] or None
+            if types is None and isinstance(schema.get("format"), str) and schema["format"] in FORMATS:
+                types = ["string"]
             if types is None:
                 _only(schema, keys, set(), where)
                 return self.any()

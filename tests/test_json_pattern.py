@@ -284,6 +284,9 @@ def test_formats_by_hand_and_a_pattern_before_its_format() -> None:
     assert not ok("ipv4", "192.168.0.01") and ok("hostname", "a-b.example") and not ok("hostname", "a..b")
     assert ok("uri", "anything: an unsupported format stays an annotation")
     assert whole(compile_schema({"type": "string", "format": ["date"]}), b'"x"')  # not a format name: an annotation
+    assert whole(compile_schema({"format": "date"}), b'"2024-01-31"') and not whole(
+        compile_schema({"format": "date"}), b"1"
+    )
     both = compile_schema({"type": "string", "format": "date", "pattern": "^x"})
     assert whole(both, b'"xyz"')  # with a pattern, the pattern alone
 
