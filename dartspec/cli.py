@@ -307,6 +307,19 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
         "for the keywords supported",
     )
     p.add_argument(
+        "--regex",
+        default=None,
+        metavar="PATTERN",
+        help="the answer is plain text this regular expression (ECMA-262) matches whole (vLLM's guided_regex)",
+    )
+    p.add_argument(
+        "--choice",
+        action="append",
+        default=None,
+        metavar="TEXT",
+        help="the answer is exactly one of these texts (repeatable; vLLM's guided_choice)",
+    )
+    p.add_argument(
         "--repetition-penalty",
         type=float,
         default=1.0,
@@ -361,14 +374,28 @@ def _decoding_args(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _response_format(args: argparse.Namespace) -> Any:
-    """``--response-format``, or the schema of ``--json-schema`` (read and checked: an unsupported keyword is an error
-    here, before the model loads)."""
+    """``--response-format``, the schema of ``--json-schema`` or the grammar of ``--regex`` / ``--choice`` (read and
+    checked: an unsupported keyword or pattern is an error here, before the model loads)."""
+    given = [
+        name
+        for name, value in (
+            ("--response-format json_object", args.response_format != "text"),
+            ("--json-schema", args.json_schema is not None),
+            ("--regex", args.regex is not None),
+            ("--choice", args.choice is not None),
+        )
+        if value
+    ]
+    if len(given) > 1:
+        raise DartspecError(f"{given[0]} and {given[1]} exclude each other")
+    if args.regex is not None or args.choice is not None:
+        from dartspec.json_grammar import Grammar
+
+        return Grammar.regex(args.regex) if args.regex is not None else Grammar.choice(args.choice)
     if args.json_schema is None:
         return args.response_format
     from dartspec.json_schema import compile_schema
 
-    if args.response_format != "text":
-        raise DartspecError("--json-schema and --response-format json_object exclude each other")
     source = args.json_schema
     if not source.lstrip().startswith(("{", "true")):
         try:

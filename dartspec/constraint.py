@@ -1,5 +1,5 @@
-"""Constrained decoding to JSON (OpenAI's ``response_format`` ``json_object`` and ``json_schema``), lossless under
-speculation.
+"""Constrained decoding to JSON (OpenAI's ``response_format`` ``json_object`` and ``json_schema``) or to plain text a
+regular expression matches (vLLM's ``guided_regex`` and ``guided_choice``), lossless under speculation.
 
 The answer must be a JSON object, or a document a JSON Schema admits (:mod:`dartspec.json_schema`): a token is allowed
 where the text so far plus its bytes is still a prefix of one (:mod:`dartspec.json_grammar`), EOS only once the
@@ -33,7 +33,7 @@ from dartspec.json_schema import compile_schema
 #: The response formats a request may name (besides a JSON Schema).
 RESPONSE_FORMATS = ("text", "json_object")
 #: What a request may ask the answer to be: "text", "json_object" (any JSON object), a JSON Schema, or a grammar
-#: made already (:func:`dartspec.json_schema.compile_schema`).
+#: made already (:func:`dartspec.json_schema.compile_schema`, :meth:`~dartspec.json_grammar.Grammar.regex`, ...).
 ResponseFormat: TypeAlias = str | Mapping[str, Any] | jg.Grammar
 #: Most likely tokens greedy decoding tries before it checks the whole vocabulary.
 GREEDY_TRIES = 32

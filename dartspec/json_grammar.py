@@ -3,10 +3,11 @@ become a document the schema admits.
 
 A :class:`Grammar` is a table of nodes (compiled from a JSON Schema by :mod:`dartspec.json_schema`, or the two built in:
 any JSON value, any JSON object): an object with its properties in order, an array, a string, a number, one exact
-literal (``true``, an enum's value), alternatives, or free text (only as the alternative to a whole document: a tool
-call or a text answer). A parse configuration is a small hashable tuple ``(frames, mode, aux)``: ``frames`` the open
-containers innermost last, each ``(node, n)`` (an object's next property index, an array's items so far), ``mode``
-what the next byte may be and ``aux`` its detail. Alternatives that the bytes read have not
+literal (``true``, an enum's value), alternatives, free text (only as the alternative to a whole document: a tool
+call or a text answer), or plain text a regular expression matches whole (only as the whole answer:
+:meth:`Grammar.regex`, :meth:`Grammar.choice`). A parse configuration is a small hashable tuple ``(frames, mode,
+aux)``: ``frames`` the open containers innermost last, each ``(node, n)`` (an object's next property index, an array's
+items so far), ``mode`` what the next byte may be and ``aux`` its detail. Alternatives that the bytes read have not
 told apart yet live side by side, so a :data:`State` is a frozenset of configurations (almost always one).
 
 :meth:`Grammar.advance` takes bytes and returns the state after them, or None as soon as no admitted document starts
@@ -28,12 +29,12 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
 from dartspec.json_numbers import NumberBounds
-from dartspec.json_pattern import Pattern, decode_step
+from dartspec.json_pattern import Pattern, PatternError, decode_step, utf8_step
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,15 @@ class Text:
     ``{``, ``[`` or whitespace); then any bytes, and it may end anywhere (a tool call or a plain answer)."""
 
 
-Node: TypeAlias = Obj | Arr | Str | Num | Lit | Alt | Text
+@dataclass(frozen=True)
+class Regex:
+    """Plain text (not JSON) that a regular expression matches whole, as the whole answer (vLLM's ``guided_regex``
+    and ``guided_choice``): its UTF-8 characters go to ``pattern`` as they come, and it may end where that matches."""
+
+    pattern: Pattern
+
+
+Node: TypeAlias = Obj | Arr | Str | Num | Lit | Alt | Text | Regex
 Config: TypeAlias = tuple[tuple[tuple[int, int], ...], int, object]
 State: TypeAlias = frozenset[Config]
 
@@ -103,6 +112,7 @@ START, VALUE, VALUE_OR_CLOSE, KEY_OR_CLOSE, KEY, COLON, AFTER, DONE = range(8)
 STRING, ESCAPE, UNICODE, LITERAL, OTHER_KEY, FREE = range(8, 14)
 MINUS, ZERO, INT, DOT, FRAC, EXP, EXP_SIGN, EXP_DIGITS = range(14, 22)
 PATTERN = 22  # inside a string a pattern checks: aux is (node, pattern state, characters, bytes of a character so far)
+RAW = 23  # plain text a regular expression checks (a Regex node): aux as for PATTERN
 
 _WS = frozenset(b" \t\n\r")
 _DIGITS = frozenset(b"0123456789")
@@ -131,6 +141,12 @@ class Grammar:
         # node -> first byte -> the nodes (other than alternatives) a value of it starting with that byte may be
         self._starts = [self._by_first_byte(self._expand(i)) for i in range(len(self.nodes))]
 
+    def __repr__(self) -> str:
+        root = self.nodes[self.root]
+        if isinstance(root, Regex):
+            return f"Grammar.regex({root.pattern.source!r})"
+        return f"Grammar({len(self.nodes)} nodes)"
+
     @classmethod
     def any_value(cls) -> Grammar:
         return cls(any_nodes(), 0)
@@ -139,6 +155,19 @@ class Grammar:
     def any_object(cls) -> Grammar:
         """OpenAI's ``json_object``: any JSON object."""
         return cls(any_nodes(), 1)
+
+    @classmethod
+    def regex(cls, source: str) -> Grammar:
+        """Plain text that the ECMA-262 regular expression ``source`` matches whole (:mod:`dartspec.json_pattern`;
+        a :class:`~dartspec.json_pattern.PatternError` says what it cannot follow)."""
+        return cls([Regex(Pattern(source, whole=True))], 0)
+
+    @classmethod
+    def choice(cls, options: Sequence[str]) -> Grammar:
+        """Exactly one of the strings ``options``, as plain text."""
+        if isinstance(options, str) or not options or not all(isinstance(o, str) for o in options):
+            raise PatternError(f"a choice needs a non-empty list of strings, got {options!r}")
+        return cls.regex("|".join(re.sub(r"([\\^$.|?*+()\[\]{}/])", r"\\\1", o) for o in options))
 
     def _expand(self, node: int) -> tuple[int, ...]:
         """The nodes other than alternatives a value of ``node`` may be (alternatives' cycles end)."""
@@ -163,6 +192,8 @@ class Grammar:
             n = self.nodes[leaf]
             if isinstance(n, Text):
                 firsts = bytes(b for b in range(256) if b not in b"{[" and b not in _WS)
+            elif isinstance(n, Regex):
+                firsts = bytes(range(256))  # its pattern tells
             else:
                 firsts = {Obj: b"{", Arr: b"[", Str: b'"', Num: b"-0123456789"}.get(type(n)) or n.text[:1]  # type: ignore[union-attr]
             for b in firsts:
@@ -175,7 +206,21 @@ class Grammar:
 
     def complete(self, state: State) -> bool:
         """Whether the bytes read make a whole document."""
-        return any(mode in (DONE, FREE) or (not frames and self._number_ends(mode, aux)) for frames, mode, aux in state)
+        return any(
+            mode in (DONE, FREE)
+            or (not frames and self._number_ends(mode, aux))
+            or (mode == RAW and not aux[3] and self.nodes[aux[0]].pattern.can_end(aux[1], aux[2]))  # type: ignore[index, union-attr]
+            or (mode == START and self._empty_text(aux))  # type: ignore[arg-type]
+            for frames, mode, aux in state
+        )
+
+    def _empty_text(self, node: int) -> bool:
+        """Whether ``node`` admits the empty answer (plain text a regular expression matches empty)."""
+        for leaf in self._expand(node):
+            n = self.nodes[leaf]
+            if isinstance(n, Regex) and n.pattern.can_end(n.pattern.start, 0):
+                return True
+        return False
 
     def string_room(self, state: State) -> float | None:
         """Where every configuration is inside a string: how many more characters one of them takes (inf: no bound),
@@ -196,7 +241,7 @@ class Grammar:
         if len(state) != 1:
             return 0
         ((_, mode, aux),) = state
-        if mode != PATTERN or aux[3]:  # type: ignore[index]
+        if mode not in (PATTERN, RAW) or aux[3]:  # type: ignore[index]
             return 0
         node, d = aux[0], aux[1]  # type: ignore[index]
         return self.nodes[node].pattern.ascii_loop(d)  # type: ignore[union-attr]
@@ -237,8 +282,8 @@ class Grammar:
         frames, mode, aux = config
         if mode == STRING:
             return self._string(frames, aux, b)  # type: ignore[arg-type]
-        if mode == PATTERN:
-            return self._pattern(frames, aux, b)  # type: ignore[arg-type]
+        if mode in (PATTERN, RAW):
+            return self._pattern(frames, aux, b, raw=mode == RAW)  # type: ignore[arg-type]
         if mode == FREE:
             return [config]
         if mode == OTHER_KEY:
@@ -259,9 +304,11 @@ class Grammar:
             if b not in _HEX:
                 return []
             return [(frames, STRING, string)] if left == 1 else [(frames, UNICODE, (string, left - 1))]
+        if mode == START:  # the document's first byte (never whitespace, but where plain text may start with it)
+            return self._value(frames, aux, b)  # type: ignore[arg-type]
         if b in _WS:
-            return [] if mode in (START, DONE) else [config]
-        if mode in (START, VALUE):
+            return [] if mode == DONE else [config]
+        if mode == VALUE:
             return self._value(frames, aux, b)  # type: ignore[arg-type]
         if mode == DONE:
             return []  # nothing may follow the document
@@ -315,6 +362,9 @@ class Grammar:
             elif isinstance(n, Text):
                 assert not frames, "free text is an alternative to the whole document only"
                 out.append(((), FREE, None))
+            elif isinstance(n, Regex):
+                assert not frames, "a regular expression's text is the whole answer only"
+                out.extend(self._pattern((), (leaf, n.pattern.start, 0, b""), b, raw=True))
             elif isinstance(n, Lit):
                 out.append(
                     self._after_text(frames, None) if len(n.text) == 1 else (frames, LITERAL, (n.text[1:], None))
@@ -401,21 +451,25 @@ class Grammar:
         counted = (then, bound, min(length + 1, cap))
         return [(frames, ESCAPE if b == 0x5C else STRING, counted)]
 
-    def _pattern(self, frames: tuple[tuple[int, int], ...], aux: tuple[int, int, int, bytes], b: int) -> list:
-        """A byte of a string a pattern checks: characters are decoded (escapes, UTF-8) and fed to the pattern, and
-        a character read in part lives while one it may become keeps the string alive."""
+    def _pattern(
+        self, frames: tuple[tuple[int, int], ...], aux: tuple[int, int, int, bytes], b: int, raw: bool = False
+    ) -> list:
+        """A byte of a string a pattern checks (``raw``: of plain text a Regex node checks): characters are decoded
+        (a JSON string's escapes and UTF-8; plain text's UTF-8) and fed to the pattern, and a character read in part
+        lives while one it may become keeps the string alive."""
         node, d, n, pending = aux
         pattern: Pattern = self.nodes[node].pattern  # type: ignore[union-attr, assignment]
-        if b == 0x22 and not pending:
+        if b == 0x22 and not pending and not raw:
             return [self._after_text(frames, None)] if pattern.can_end(d, n) else []
-        char = decode_step(pending, b)
+        char = (utf8_step if raw else decode_step)(pending, b)
         if char is None:
             return []
         pending, low, high = char
+        mode = RAW if raw else PATTERN
         if pending:
-            return [(frames, PATTERN, (node, d, n, pending))] if pattern.viable(d, n, low, high) else []
+            return [(frames, mode, (node, d, n, pending))] if pattern.viable(d, n, low, high) else []
         after = pattern.step(d, n, low)
-        return [] if after is None else [(frames, PATTERN, (node, *after, b""))]
+        return [] if after is None else [(frames, mode, (node, *after, b""))]
 
     def _number_ends(self, mode: int, aux: object) -> bool:
         """Whether a number read so far is whole (and inside its bounds)."""

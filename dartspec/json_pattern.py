@@ -291,18 +291,21 @@ class _Parser:
         return ((ord(c), ord(c)),) if not 0xD800 <= ord(c) <= 0xDFFF else ()
 
 
-def _unanchor(tree: Tree, source: str) -> Tree:
+def _unanchor(tree: Tree, source: str, whole: bool) -> Tree:
     """The pattern as a whole-string match: each top-level alternative not anchored at an end gets any characters
-    there. Anchors elsewhere are refused."""
+    there (unless ``whole``: the pattern must match all of the string, anchored or not). Anchors elsewhere are
+    refused."""
     anything: Tree = ("rep", ("chars", UNIVERSE), 0, None)
     options = tree[1] if tree[0] == "alt" else [tree]
     out = []
     for option in options:
         parts = list(option[1]) if option[0] == "cat" else [option]
-        head = [] if parts and parts[0] == ("bol",) else [anything]
-        parts = parts[1:] if not head else parts
-        tail = [] if parts and parts[-1] == ("eol",) else [anything]
-        parts = parts[:-1] if not tail else parts
+        anchored = bool(parts) and parts[0] == ("bol",)
+        head = [] if anchored or whole else [anything]
+        parts = parts[1:] if anchored else parts
+        anchored = bool(parts) and parts[-1] == ("eol",)
+        tail = [] if anchored or whole else [anything]
+        parts = parts[:-1] if anchored else parts
         if _has_anchor(("cat", parts)):
             raise PatternError(
                 f"pattern {source!r}: '^' and '$' are supported only at the start and end of the pattern "
@@ -395,11 +398,11 @@ class Pattern:
     characters so far, capped where the bounds no longer tell counts apart.
     """
 
-    def __init__(self, source: str, min_length: int = 0, max_length: int | None = None) -> None:
+    def __init__(self, source: str, min_length: int = 0, max_length: int | None = None, whole: bool = False) -> None:
         if not isinstance(source, str):
             raise PatternError(f"a pattern must be a string, got {type(source).__name__}")
-        self.source, self.min_length, self.max_length = source, min_length, max_length
-        self._nfa = _Nfa(_unanchor(_Parser(source).parse(), source), source)
+        self.source, self.min_length, self.max_length, self.whole = source, min_length, max_length, whole
+        self._nfa = _Nfa(_unanchor(_Parser(source).parse(), source, whole), source)
         self._cap = max_length if max_length is not None else min_length
         self._reach = self._lengths_to_accept()
         self._sets: list[frozenset[int]] = []
@@ -416,8 +419,8 @@ class Pattern:
     def __repr__(self) -> str:
         return f"Pattern({self.source!r}, {self.min_length}, {self.max_length})"
 
-    def _key(self) -> tuple[str, int, int | None]:
-        return self.source, self.min_length, self.max_length
+    def _key(self) -> tuple[str, int, int | None, bool]:
+        return self.source, self.min_length, self.max_length, self.whole
 
     def _lengths_to_accept(self) -> list[int]:
         """Per NFA state, a bit mask of the character counts with which it can reach the accepting state: bit k for
@@ -542,6 +545,15 @@ class Pattern:
         return False
 
 
+def utf8_step(pending: bytes, b: int) -> tuple[bytes, int, int] | None:
+    """One byte of raw UTF-8 text (``pending``: a character's bytes read so far), as :func:`decode_step` says."""
+    if not pending:
+        if b < 0x80:
+            return b"", b, b
+        return _utf8(bytes([b])) if 0xC2 <= b <= 0xF4 else None
+    return _utf8(pending + bytes([b])) if 0x80 <= b < 0xC0 else None
+
+
 def decode_step(pending: bytes, b: int) -> tuple[bytes, int, int] | None:
     """One byte of a JSON string's character (``pending``: the bytes of an escape or a UTF-8 sequence read so far):
     ``(pending, low, high)``, the bytes still open and the code points they may become (``pending`` empty: the
@@ -552,11 +564,7 @@ def decode_step(pending: bytes, b: int) -> tuple[bytes, int, int] | None:
             return None
         if b == 0x5C:
             return b"\\", 0, 0xFFFF
-        if b < 0x80:
-            return b"", b, b
-        if 0xC2 <= b <= 0xF4:
-            return _utf8(bytes([b]))
-        return None
+        return utf8_step(pending, b)
     if pending[0] == 0x5C:
         if len(pending) == 1:
             if b == 0x75:  # 'u'
@@ -571,9 +579,7 @@ def decode_step(pending: bytes, b: int) -> tuple[bytes, int, int] | None:
             return b"", value, value
         spread = 16 ** (4 - len(digits))
         return pending + bytes([b]), value * spread, value * spread + spread - 1
-    if not 0x80 <= b < 0xC0:
-        return None
-    return _utf8(pending + bytes([b]))
+    return utf8_step(pending, b)
 
 
 def _utf8(read: bytes) -> tuple[bytes, int, int] | None:

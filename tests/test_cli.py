@@ -294,6 +294,18 @@ def test_generate_takes_penalties_logit_bias_and_a_json_format(
     assert_one_line_error(run_in_process(capsys, *common, "--json-schema", "nofile.json"), "cannot read nofile.json")
     both = run_in_process(capsys, *common, "--json-schema", "{}", "--response-format", "json_object")
     assert_one_line_error(both, "exclude each other")
+    # --regex and --choice (vLLM's guided_regex / guided_choice): the Python API's answer under that grammar
+    for args, grammar in (
+        (("--regex", "[a-z ]+[.!]"), json_grammar.Grammar.regex("[a-z ]+[.!]")),
+        (("--choice", "yes", "--choice", "no way"), json_grammar.Grammar.choice(["yes", "no way"])),
+    ):
+        want = Generator(target).generate("Hello there", max_new_tokens=12, response_format=grammar)
+        proc = run_in_process(capsys, *common, *args)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["token_ids"] == want.token_ids
+        assert grammar.advance(grammar.start(), want.text.encode()) is not None
+    assert_one_line_error(run_in_process(capsys, *common, "--regex", "(a"), "a '(' without its ')'")
+    assert_one_line_error(run_in_process(capsys, *common, "--regex", "a", "--choice", "b"), "exclude each other")
 
 
 @pytest.mark.slow

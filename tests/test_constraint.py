@@ -6,6 +6,7 @@ sampling)."""
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Sequence
 
@@ -92,7 +93,9 @@ SCHEMA = {
     "required": ["a"],
 }
 OBJECT = jg.Grammar.any_object()
-GRAMMARS = {"json_object": OBJECT, "schema": compile_schema(SCHEMA)}
+# Plain text a regular expression matches (vLLM's guided_regex): quotes, escapes and whitespace are plain characters.
+REGEX = jg.Grammar.regex('(ab|cat|c){8,}( [a-z0-9]+)*( and "x\\\\")?\\n?')
+GRAMMARS = {"json_object": OBJECT, "schema": compile_schema(SCHEMA), "regex": REGEX}
 
 
 def texts() -> TokenTexts:
@@ -267,7 +270,7 @@ def naive_decode(target: Target, n: int, temperature: float, seed: int, grammar:
 @pytest.mark.parametrize("kind", sorted(GRAMMARS))
 def test_any_drafter_commits_what_a_naive_constrained_loop_does(target: Target, temperature: float, kind: str) -> None:
     grammar = GRAMMARS[kind]
-    fmt = SCHEMA if kind == "schema" else kind
+    fmt = {"schema": SCHEMA, "regex": REGEX}.get(kind, kind)
     ref = naive_decode(target, 40, temperature, 4, grammar)
     assert grammar.advance(grammar.start(), fake_decode(ref[:-1] if ref[-1] == EOS else ref).encode()) is not None
     for drafter in [None, PromptLookupDrafter(min_ngram=1), RandomDrafter(seed=2, reference=ref, oracle_rate=0.8)]:
@@ -276,8 +279,10 @@ def test_any_drafter_commits_what_a_naive_constrained_loop_does(target: Target, 
         assert out.token_ids == ref, drafter
         if isinstance(drafter, RandomDrafter):
             assert out.stats.draft_tokens_accepted > 5
-    if ref[-1] == EOS:  # a whole object, then the end
+    if ref[-1] == EOS and kind != "regex":  # a whole object, then the end
         json.loads(fake_decode(ref[:-1]))
+    if ref[-1] == EOS and kind == "regex":
+        assert re.fullmatch('(ab|cat|c){8,}( [a-z0-9]+)*( and "x\\\\")?\n?', fake_decode(ref[:-1]))
 
 
 def test_a_vocabulary_that_cannot_write_json_is_a_clear_error() -> None:

@@ -328,6 +328,30 @@ def test_json_object_answers_of_the_cpu_default_parse_and_equal_plain_decodings(
     assert accepted > 10
 
 
+def test_regex_and_choice_answers_of_the_cpu_default_match_and_equal_plain_decodings() -> None:
+    """vLLM's guided_regex and guided_choice on the real model (``Grammar.regex`` / ``Grammar.choice``): the answer
+    matches all of the regex (Python's ``re``) or is one of the choices, and the CPU default's tokens are plain
+    decoding's."""
+    import re
+
+    from dartspec.json_grammar import Grammar
+    from dartspec.methods import GeneratorSpec, build_generator
+    from dartspec.targets import load_target
+
+    target = load_target("smollm2-135m")
+    spec, plain = build_generator(target, GeneratorSpec(drafter="auto")), Generator(target)
+    regex = r"[A-Z][a-z]+ was born in \d{4} in [A-Z][a-z]+\."
+    cases = [
+        ("Is the sun a star? Answer yes or no.", Grammar.choice(["yes", "no"]), lambda t: t in ("yes", "no")),
+        ("Where and when was Mozart born? One sentence.", Grammar.regex(regex), lambda t: re.fullmatch(regex, t)),
+    ]
+    for question, grammar, check in cases:
+        messages = [{"role": "user", "content": question}]
+        out = spec.generate(messages, max_new_tokens=48, response_format=grammar)
+        assert out.token_ids == plain.generate(messages, max_new_tokens=48, response_format=grammar).token_ids
+        assert out.finish_reason == "stop" and check(out.text), out.text
+
+
 def test_patterned_strings_of_the_cpu_default_validate_and_equal_plain_decodings() -> None:
     """Strings a ``pattern`` checks (a name, a date, an e-mail address, a phone number) on the real model: the answer
     validates (``jsonschema``, whose matcher is Python's ``re``) and the CPU default's tokens are plain decoding's."""

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dartspec.json_grammar import Grammar
-from dartspec.json_pattern import Pattern
+from dartspec.json_pattern import Pattern, PatternError
 from dartspec.json_schema import FORMATS, SchemaError, compile_schema
 
 # Random patterns as (ECMA-262 text, Python text with the same meaning): Python's '.' also matches '\r' and its '$'
@@ -301,3 +301,33 @@ def test_a_pattern_that_needs_too_many_automaton_states_is_a_clear_error(monkeyp
         for char in random.Random(0).choices("ab", k=200):
             assert state is not None
             state = automaton.step(*state, ord(char))
+
+
+@settings(max_examples=200, deadline=None)
+@given(pattern=patterns(), text=TEXTS)
+def test_a_regex_answer_is_whole_exactly_when_python_matches_all_of_it(pattern: tuple[str, str], text: str) -> None:
+    """``Grammar.regex`` (vLLM's guided_regex): plain text, not a JSON string (quotes, backslashes and line ends are
+    characters like any other), the pattern matching all of it, anchored or not."""
+    ecma, python = pattern
+    grammar = Grammar.regex(ecma)
+    expected = re.fullmatch(python, text) is not None
+    assert whole(grammar, text.encode()) == expected, (ecma, text)
+    if expected:
+        state = grammar.start()
+        for i, byte in enumerate(text.encode()):
+            state = grammar.advance(state, bytes([byte]))
+            assert state is not None, (ecma, text.encode()[: i + 1])
+
+
+def test_choices_and_plain_text_regexes_by_hand() -> None:
+    choice = Grammar.choice(["a.b", "(x)", "é", "a"])
+    assert [whole(choice, t.encode()) for t in ["a.b", "(x)", "é", "a", "aXb", "a.", "(x", ""]] == [True] * 4 + [
+        False
+    ] * 4
+    assert choice.advance(choice.start(), b"a") is not None and choice.advance(choice.start(), b"b") is None
+    raw = Grammar.regex('say "(hi|yo)"\\\\\\n?')  # a quote, a backslash, a line end: characters of plain text
+    assert whole(raw, b'say "hi"\\') and whole(raw, b'say "yo"\\\n') and not whole(raw, b'"say "hi"\\')
+    assert whole(Grammar.regex("^\\s*(yes|no)$"), b"  yes")  # plain text may start with whitespace
+    for bad in ([], "yes", [1]):
+        with pytest.raises(PatternError, match="a choice needs a non-empty list of strings"):
+            Grammar.choice(bad)  # type: ignore[arg-type]

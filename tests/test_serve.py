@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -230,6 +231,20 @@ HI = [{"role": "user", "content": "t5"}]
             "backreferences are not supported",
         ),
         ("chat/completions", {"messages": HI, "response_format": {"type": "json_object"}}, None, "no token of the"),
+        ("completions", {"prompt": "t5", "guided_regex": "(?=a)"}, "guided_regex", "lookahead and lookbehind"),
+        ("completions", {"prompt": "t5", "guided_choice": []}, "guided_choice", "at least 1 item"),
+        (
+            "completions",
+            {"prompt": "t5", "guided_choice": ["a"], "response_format": {"type": "json_object"}},
+            "guided_choice",
+            "response_format and guided_choice exclude each other",
+        ),
+        (
+            "completions",
+            {"prompt": "t5", "guided_json": {"type": "array", "uniqueItems": True}},
+            "guided_json",
+            "'uniqueItems' is not supported",
+        ),
         (
             "chat/completions",
             {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
@@ -315,29 +330,55 @@ def test_penalties_and_logit_bias_give_the_engines_answer(url: str) -> None:
             assert tokens[0] != plain  # the settings changed the answer (else the test could not fail)
 
 
-@pytest.mark.parametrize("kind", ["json_object", "json_schema"])
+GUIDED_REGEX = "(ab|c)+[0-9]?"
+GUIDED_CHOICE = ["cat", "ab", "12"]
+
+
+@pytest.mark.parametrize("kind", ["json_object", "json_schema", "guided_json", "guided_regex", "guided_choice"])
 def test_json_answers_are_the_engines(kind: str) -> None:
-    """response_format json_object and json_schema, whole and streamed, greedy and seeded: the engine's constrained
-    tokens (a tiny vocabulary of JSON pieces, tests/test_constraint.py)."""
+    """response_format json_object and json_schema, vLLM's guided_json, guided_regex and guided_choice, whole and
+    streamed, greedy and seeded: the engine's constrained tokens (a tiny vocabulary of JSON pieces,
+    tests/test_constraint.py)."""
     from test_constraint import EOS, SCHEMA, fake_decode, texts
+
+    from dartspec.json_grammar import Grammar
 
     target = make_target()
     target.__dict__["token_texts"] = texts()
     ids = target.encode("t5 t6 t7")
-    fmt: Any = SCHEMA if kind == "json_schema" else kind
+    fmt: Any = {
+        "json_object": kind,
+        "json_schema": SCHEMA,
+        "guided_json": SCHEMA,
+        "guided_regex": Grammar.regex(GUIDED_REGEX),
+        "guided_choice": Grammar.choice(GUIDED_CHOICE),
+    }[kind]
     with serving(target=target) as u:
         for temperature in (0.0, 0.9):
             want = Generator(target).generate(
                 ids, max_new_tokens=16, temperature=temperature, seed=2, response_format=fmt
             )
             body = {"prompt": "t5 t6 t7", "max_tokens": 16, "temperature": temperature, "seed": 2, "logprobs": 0}
-            body["response_format"] = {"type": kind}
+            if kind.startswith("json"):
+                body["response_format"] = {"type": kind}
             if kind == "json_schema":
                 body["response_format"]["json_schema"] = {"name": "answer", "schema": SCHEMA, "strict": True}
+            body |= {
+                "guided_json": {"guided_json": SCHEMA},
+                "guided_regex": {"guided_regex": GUIDED_REGEX},
+                "guided_choice": {"guided_choice": GUIDED_CHOICE},
+            }.get(kind, {})
             got = httpx.post(f"{u}/v1/completions", json=body, timeout=60).json()
             tokens = [target.vocab[t] for t in got["choices"][0]["logprobs"]["tokens"]]
             assert tokens == want.token_ids
-            assert fake_decode([t for t in tokens if t != EOS]).startswith("{")
+            text = fake_decode([t for t in tokens if t != EOS])
+            if kind == "guided_regex":  # whole where it ended, else cut by max_tokens
+                assert re.fullmatch(GUIDED_REGEX, text) or tokens[-1] != EOS, text
+                assert re.fullmatch(r"(ab|c)*a?", text) or re.fullmatch(GUIDED_REGEX, text), text  # a live prefix
+            elif kind == "guided_choice":
+                assert tokens[-1] == EOS and text in GUIDED_CHOICE, text
+            else:
+                assert text.startswith("{")
             with httpx.stream("POST", f"{u}/v1/completions", json={**body, "stream": True}, timeout=60) as r:
                 chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
             pieces = [(ch.get("logprobs") or {}).get("tokens", []) for c in chunks for ch in c["choices"]]

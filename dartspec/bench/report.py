@@ -136,7 +136,7 @@ def write_results(
         "summary": list(rows),
         "runs": [{k: v for k, v in asdict(r).items() if k != "token_ids"} for r in runs],
     }
-    (out / "results.json").write_text(json.dumps(payload, indent=1))
+    (out / "results.json").write_text(json.dumps(payload, indent=1, default=repr))  # a grammar as its repr
     if plots:
         plot(rows, out, title)
     return table

@@ -33,6 +33,7 @@ from dartspec.engine import GenerationResult, StepEvent, TokenLogprob
 from dartspec.errors import DartspecError
 from dartspec.serve.engine import GenerationTimeout, Job, QueueFull, ServeEngine
 from dartspec.serve.schema import (
+    GUIDED_FIELDS,
     MAX_SEED,
     ChatRequest,
     CommonRequest,
@@ -309,7 +310,8 @@ async def _serve(
     except ToolError as err:
         return error_response(400, str(err), param=err.param)
     except DartspecError as err:
-        param = "min_tokens" if "min_tokens" in str(err) else "response_format"
+        field = str(err).partition(":")[0]
+        param = field if field in GUIDED_FIELDS else "min_tokens" if "min_tokens" in str(err) else "response_format"
         return error_response(400, str(err), param=param)
     base = Job(
         prompt_ids=ids,

@@ -23,9 +23,15 @@ from pydantic import (
 from dartspec.constraint import RESPONSE_FORMATS, ResponseFormat
 from dartspec.engine import MAX_TOP_LOGPROBS, GenerationResult, StepEvent, TokenLogprob
 from dartspec.errors import DartspecError
+from dartspec.json_grammar import Grammar
+from dartspec.json_schema import compile_schema
 from dartspec.sampling import MAX_PENALTY, Penalties
 
 MAX_MESSAGES = 256
+#: vLLM's guided-decoding fields, and their limits (a request's pattern and choices must stay small)
+GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice")
+MAX_GUIDED_CHARS = 10_000
+MAX_GUIDED_CHOICES = 1_000
 MAX_TOOLS = 128
 MAX_STOP_CHARS = 256
 
@@ -164,14 +170,33 @@ class CommonRequest(BaseModel):
     # {"type": "text"}, {"type": "json_object"} (a JSON object) or {"type": "json_schema", "json_schema": {"name": ...,
     # "schema": {...}}} (a document the schema admits), decoded under dartspec.constraint
     response_format: dict[str, Any] | None = None
+    # vLLM's guided decoding (clients send them in extra_body): a JSON Schema, a regular expression the whole answer
+    # matches (ECMA-262, dartspec.json_pattern) or texts of which the answer is one
+    guided_json: dict[str, Any] | None = None
+    guided_regex: StrictStr | None = Field(default=None, max_length=MAX_GUIDED_CHARS)
+    guided_choice: list[StrictStr] | None = Field(default=None, min_length=1, max_length=MAX_GUIDED_CHOICES)
 
     def logprobs_asked(self) -> int | None:
         """Alternatives per token's log-probabilities the request asks for, or None: none (each endpoint's fields)."""
         return None
 
     def answer_format(self) -> ResponseFormat:
-        """The answer's format: "text", "json_object" or a JSON Schema (a :class:`DartspecError` for others)."""
+        """The answer's format: "text", "json_object", a JSON Schema, or the grammar of a guided regex or choice (a
+        :class:`DartspecError` for others, or for more than one of them)."""
         kind = (self.response_format or {}).get("type", "text")
+        guided = [name for name in GUIDED_FIELDS if getattr(self, name) is not None]
+        given = (["response_format"] if kind != "text" else []) + guided
+        if len(given) > 1:
+            raise DartspecError(f"{given[1]}: {given[0]} and {given[1]} exclude each other (one answer format)")
+        try:
+            if self.guided_regex is not None:
+                return Grammar.regex(self.guided_regex)
+            if self.guided_choice is not None:
+                return Grammar.choice(self.guided_choice)
+            if self.guided_json is not None:
+                return compile_schema(self.guided_json)
+        except DartspecError as err:  # a pattern or schema it cannot follow
+            raise DartspecError(f"{guided[0]}: {err}") from None
         if kind == "json_schema":
             spec = self.response_format.get("json_schema")  # type: ignore[union-attr]
             if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict | bool):
@@ -220,10 +245,11 @@ class ChatRequest(CommonRequest):
 
         if call_mode(self) is None:
             return super().answer_format()
-        if self.response_format is not None and self.response_format.get("type", "text") != "text":
+        fields = ["response_format"] if (self.response_format or {}).get("type", "text") != "text" else []
+        fields += [name for name in GUIDED_FIELDS if getattr(self, name) is not None]
+        if fields:
             raise ToolError(
-                'response_format cannot be combined with tools that may be called (tool_choice "none" can)',
-                "response_format",
+                f'{fields[0]} cannot be combined with tools that may be called (tool_choice "none" can)', fields[0]
             )
         return call_grammar(self)
 
