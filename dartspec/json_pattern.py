@@ -85,10 +85,17 @@ def complement(ranges: Ranges) -> Ranges:
 
 # The parse tree: ("chars", Ranges), ("cat", [...]), ("alt", [...]), ("rep", node, low, high | None), ("bol",),
 # ("eol",).
-Tree: TypeAlias = tuple
+Syntax: TypeAlias = tuple
+
+
+def shown(source: str) -> str:
+    """A pattern as an error message quotes it (a long one cut)."""
+    return repr(source if len(source) <= 80 else source[:77] + "...")
 
 
 class _Parser:
+    """Recursive descent over ECMA-262's pattern grammar (the subset above), to a :data:`Syntax` tree."""
+
     def __init__(self, source: str) -> None:
         self.src = source
         self.i = 0
@@ -96,31 +103,31 @@ class _Parser:
 
     def fail(self, what: str, at: int | None = None) -> PatternError:
         at = self.i if at is None else at
-        return PatternError(f"pattern {self.src!r}: {what} (at character {at})")
+        return PatternError(f"pattern {shown(self.src)}: {what} (at character {at})")
 
     def peek(self, k: int = 0) -> str:
         return self.src[self.i + k] if self.i + k < len(self.src) else ""
 
-    def parse(self) -> Tree:
+    def parse(self) -> Syntax:
         tree = self.alternation()
         if self.i < len(self.src):
             raise self.fail("unmatched ')'")
         return tree
 
-    def alternation(self) -> Tree:
+    def alternation(self) -> Syntax:
         options = [self.sequence()]
         while self.peek() == "|":
             self.i += 1
             options.append(self.sequence())
         return options[0] if len(options) == 1 else ("alt", options)
 
-    def sequence(self) -> Tree:
+    def sequence(self) -> Syntax:
         parts = []
         while self.peek() not in ("", "|", ")"):
             parts.append(self.quantified())
         return ("cat", parts)
 
-    def quantified(self) -> Tree:
+    def quantified(self) -> Syntax:
         start = self.i
         atom = self.atom()
         bounds = self.quantifier()
@@ -161,7 +168,7 @@ class _Parser:
             raise self.fail("a repeat's bounds are out of order", j)
         return bounds
 
-    def atom(self) -> Tree:
+    def atom(self) -> Syntax:
         c = self.peek()
         start = self.i
         self.i += 1
@@ -291,11 +298,11 @@ class _Parser:
         return ((ord(c), ord(c)),) if not 0xD800 <= ord(c) <= 0xDFFF else ()
 
 
-def _unanchor(tree: Tree, source: str, whole: bool) -> Tree:
+def _unanchor(tree: Syntax, source: str, whole: bool) -> Syntax:
     """The pattern as a whole-string match: each top-level alternative not anchored at an end gets any characters
     there (unless ``whole``: the pattern must match all of the string, anchored or not). Anchors elsewhere are
     refused."""
-    anything: Tree = ("rep", ("chars", UNIVERSE), 0, None)
+    anything: Syntax = ("rep", ("chars", UNIVERSE), 0, None)
     options = tree[1] if tree[0] == "alt" else [tree]
     out = []
     for option in options:
@@ -308,14 +315,14 @@ def _unanchor(tree: Tree, source: str, whole: bool) -> Tree:
         parts = parts[:-1] if anchored else parts
         if _has_anchor(("cat", parts)):
             raise PatternError(
-                f"pattern {source!r}: '^' and '$' are supported only at the start and end of the pattern "
+                f"pattern {shown(source)}: '^' and '$' are supported only at the start and end of the pattern "
                 "(or of its top-level alternatives)"
             )
         out.append(("cat", [*head, *parts, *tail]))
     return ("alt", out)
 
 
-def _has_anchor(tree: Tree) -> bool:
+def _has_anchor(tree: Syntax) -> bool:
     kind = tree[0]
     if kind in ("bol", "eol"):
         return True
@@ -329,7 +336,7 @@ def _has_anchor(tree: Tree) -> bool:
 class _Nfa:
     """A Thompson NFA: epsilon moves and character-range moves per state; ``accept`` the one final state."""
 
-    def __init__(self, tree: Tree, source: str) -> None:
+    def __init__(self, tree: Syntax, source: str) -> None:
         self.source = source
         self.eps: list[list[int]] = []
         self.moves: list[list[tuple[Ranges, int]]] = []
@@ -339,16 +346,18 @@ class _Nfa:
 
     def new(self) -> int:
         if len(self.eps) >= MAX_STATES:
-            raise PatternError(f"pattern {self.source!r} is too large (its automaton has over {MAX_STATES} states)")
+            raise PatternError(
+                f"pattern {shown(self.source)} is too large (its automaton has over {MAX_STATES} states)"
+            )
         self.eps.append([])
         self.moves.append([])
         return len(self.eps) - 1
 
-    def build(self, tree: Tree, start: int) -> int:
+    def build(self, tree: Syntax, start: int) -> int:
         """Adds ``tree`` from state ``start``; returns its end state."""
         self.work += 1
         if self.work > 4 * MAX_STATES:
-            raise PatternError(f"pattern {self.source!r} is too large (it repeats too many pieces)")
+            raise PatternError(f"pattern {shown(self.source)} is too large (it repeats too many pieces)")
         kind = tree[0]
         if kind == "chars":
             end = self.new()
@@ -428,7 +437,9 @@ class Pattern:
         nfa = self._nfa
         top = 1 << (max(self.min_length, self.max_length or 0) + 1)
         if top.bit_length() * len(nfa.eps) > MAX_LENGTH_BITS:
-            raise PatternError(f"pattern {self.source!r}: its length bounds are too large to follow with a pattern")
+            raise PatternError(
+                f"pattern {shown(self.source)}: its length bounds are too large to follow with a pattern"
+            )
         full = (top << 1) - 1
         eps_from: list[list[int]] = [[] for _ in nfa.eps]
         char_from: list[list[int]] = [[] for _ in nfa.eps]
@@ -453,7 +464,9 @@ class Pattern:
     def _id(self, states: frozenset[int]) -> int:
         if states not in self._ids:
             if len(self._sets) >= MAX_DFA_STATES:
-                raise PatternError(f"pattern {self.source!r} needs over {MAX_DFA_STATES} automaton states; simplify it")
+                raise PatternError(
+                    f"pattern {shown(self.source)} needs over {MAX_DFA_STATES} automaton states; simplify it"
+                )
             self._ids[states] = len(self._sets)
             self._sets.append(states)
         return self._ids[states]
