@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 import pytest
@@ -925,6 +925,28 @@ def test_smollm2_streaming_chat() -> None:
         back.append({"role": "tool", "tool_call_id": call.id, "content": "18 degrees and sunny"})
         reply = c.chat.completions.create(messages=back, max_tokens=24, **{**kw, "tool_choice": "none"})
         assert reply.choices[0].message.content and not reply.choices[0].message.tool_calls
+        # Structured outputs as the official client asks for them: a pydantic model (its strict schema, a date format
+        # in it) comes back parsed; vLLM's guided_choice in extra_body
+        import datetime
+
+        import pydantic
+
+        class Event(pydantic.BaseModel):
+            name: str = pydantic.Field(max_length=40)
+            day: datetime.date
+            guests: list[Annotated[str, pydantic.Field(max_length=20)]] = pydantic.Field(max_length=3)
+
+        ask = [{"role": "user", "content": "Invent a birthday party as JSON: its name, day and guests."}]
+        parsed = c.chat.completions.parse(model="smollm2-135m", messages=ask, response_format=Event, max_tokens=100)
+        event = parsed.choices[0].message.parsed
+        assert parsed.choices[0].finish_reason == "stop" and isinstance(event, Event), parsed.choices[0].message
+        chosen = c.chat.completions.create(
+            model="smollm2-135m",
+            messages=[{"role": "user", "content": "Is water wet? yes or no"}],
+            max_tokens=8,
+            extra_body={"guided_choice": ["yes", "no"]},
+        )
+        assert chosen.choices[0].message.content in ("yes", "no")
 
 
 def test_web_page_streams_in_headless_chromium(url: str, tmp_path: Path) -> None:
