@@ -216,4 +216,6 @@ class JsonConstraint:
 
 def stuck_error() -> DartspecError:
     """No token may continue the answer: the vocabulary cannot write what the grammar needs next."""
-    return DartspecError("no token of the vocabulary continues the JSON answer here; ask for text instead")
+    return DartspecError(
+        "no token of the vocabulary continues the constrained answer here (its JSON or pattern); ask for text instead"
+    )

@@ -160,7 +160,10 @@ class Grammar:
     def regex(cls, source: str) -> Grammar:
         """Plain text that the ECMA-262 regular expression ``source`` matches whole (:mod:`dartspec.json_pattern`;
         a :class:`~dartspec.json_pattern.PatternError` says what it cannot follow)."""
-        return cls([Regex(Pattern(source, whole=True))], 0)
+        pattern = Pattern(source, whole=True)
+        if not pattern.live(pattern.start, 0):
+            raise PatternError(f"no text matches the pattern {source!r}")
+        return cls([Regex(pattern)], 0)
 
     @classmethod
     def choice(cls, options: Sequence[str]) -> Grammar:

@@ -287,7 +287,7 @@ def test_any_drafter_commits_what_a_naive_constrained_loop_does(target: Target, 
 
 def test_a_vocabulary_that_cannot_write_json_is_a_clear_error() -> None:
     target = tiny_target("llama", seed=3, layers=2)  # its tokens are words "t0".."t95": no "{"
-    with pytest.raises(DartspecError, match="no token of the vocabulary continues the JSON answer"):
+    with pytest.raises(DartspecError, match="no token of the vocabulary continues the constrained answer"):
         Generator(target).generate(PROMPT, max_new_tokens=4, response_format="json_object")
     with pytest.raises(DartspecError, match="response_format must be one of text, json_object or a JSON schema"):
         Generator(target).generate(PROMPT, max_new_tokens=4, response_format="json_schema")

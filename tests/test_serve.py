@@ -1006,7 +1006,7 @@ def test_web_page_streams_in_headless_chromium(url: str, tmp_path: Path) -> None
         # server's one-line refusal (the request carried response_format)
         driver.find_element(By.ID, "json").click()
         driver.find_element(By.ID, "send").click()
-        refused = "no token of the vocabulary continues the JSON answer"
+        refused = "no token of the vocabulary continues the constrained answer"
         WebDriverWait(driver, 30).until(lambda d: refused in d.find_element(By.ID, "out").text)
     finally:
         driver.quit()
