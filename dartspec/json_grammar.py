@@ -54,10 +54,17 @@ class Arr:
     min_items: int = 0
     max_items: int | None = None
     prefix: tuple[int, ...] = ()
+    #: ``uniqueItems`` over items that are literals: (literal node, its value's id) pairs, equal JSON values one id;
+    #: the array's frame then holds the ids used so far as its third element
+    unique: tuple[tuple[int, int], ...] | None = None
 
     def item(self, n: int) -> int:
         """The node of the item at index ``n``."""
         return self.prefix[n] if n < len(self.prefix) else self.items
+
+    def values(self) -> int:
+        """How many distinct values a unique array's items may take."""
+        return len({value for _, value in self.unique or ()})
 
 
 @dataclass(frozen=True)
@@ -315,7 +322,7 @@ class Grammar:
             return self._value(frames, aux, b)  # type: ignore[arg-type]
         if mode == DONE:
             return []  # nothing may follow the document
-        node, n = frames[-1]
+        node, n = frames[-1][:2]
         top = self.nodes[node]
         if mode == AFTER:
             if b == 0x2C:  # ','
@@ -324,6 +331,8 @@ class Grammar:
                 assert isinstance(top, Arr)
                 if top.max_items is not None and n >= top.max_items:
                     return []
+                if top.unique is not None and len(frames[-1][2]) >= top.values():  # type: ignore[misc]
+                    return []  # every value is in the array already
                 return [(self._count(frames, top), VALUE, top.item(n))]
             return self._close(frames, top, n, b)
         if mode == VALUE_OR_CLOSE:
@@ -350,7 +359,8 @@ class Grammar:
             if isinstance(n, Obj):
                 out.append(((*frames, (leaf, 0)), KEY_OR_CLOSE, None))
             elif isinstance(n, Arr):
-                out.append(((*frames, (leaf, 0)), VALUE_OR_CLOSE, None))
+                frame = (leaf, 0) if n.unique is None else (leaf, 0, frozenset())
+                out.append(((*frames, frame), VALUE_OR_CLOSE, None))
             elif isinstance(n, Str) and n.pattern is not None:
                 out.append((frames, PATTERN, (leaf, n.pattern.start, 0, b"")))
             elif isinstance(n, Str):
@@ -369,9 +379,10 @@ class Grammar:
                 assert not frames, "a regular expression's text is the whole answer only"
                 out.extend(self._pattern((), (leaf, n.pattern.start, 0, b""), b, raw=True))
             elif isinstance(n, Lit):
-                out.append(
-                    self._after_text(frames, None) if len(n.text) == 1 else (frames, LITERAL, (n.text[1:], None))
-                )
+                held = self._unique_item(frames, leaf)
+                if held is None:  # a value the unique array holds already
+                    continue
+                out.append(self._after_text(held, None) if len(n.text) == 1 else (held, LITERAL, (n.text[1:], None)))
         return out
 
     def _key(self, frames: tuple[tuple[int, int], ...], obj: Obj, n: int) -> list[Config]:
@@ -412,9 +423,21 @@ class Grammar:
     def _count(frames: tuple[tuple[int, int], ...], arr: Arr) -> tuple[tuple[int, int], ...]:
         """The array frame with one more item; counts stop where neither a bound nor the prefix tells them apart (finite
         states)."""
-        node, n = frames[-1]
+        node, n = frames[-1][:2]
         cap = max(arr.max_items if arr.max_items is not None else arr.min_items, len(arr.prefix))
-        return (*frames[:-1], (node, min(n + 1, cap)))
+        return (*frames[:-1], (node, min(n + 1, cap), *frames[-1][2:]))
+
+    def _unique_item(self, frames: tuple, leaf: int) -> tuple | None:
+        """The frames once the literal ``leaf`` is an item of the innermost array where that array's items must be
+        unique (its value now used), None where the array holds that value already; else ``frames`` as they are."""
+        if not frames:
+            return frames
+        arr = self.nodes[frames[-1][0]]
+        if not isinstance(arr, Arr) or arr.unique is None:
+            return frames
+        node, n, used = frames[-1]
+        value = dict(arr.unique)[leaf]
+        return None if value in used else (*frames[:-1], (node, n, used | {value}))
 
     @staticmethod
     def _after_text(frames: tuple[tuple[int, int], ...], then: int | None) -> Config:

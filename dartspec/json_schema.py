@@ -1,7 +1,8 @@
 """JSON Schema to a :class:`~dartspec.json_grammar.Grammar`: the subset a constrained answer can follow byte by byte.
 
 Supported: ``type`` (one or a list), ``properties`` / ``required`` / ``additionalProperties``, ``items`` /
-``prefixItems`` (or a list ``items`` with ``additionalItems``), ``minItems`` / ``maxItems``, ``minLength`` /
+``prefixItems`` (or a list ``items`` with ``additionalItems``), ``minItems`` / ``maxItems``, ``uniqueItems`` (of
+literal items), ``minLength`` /
 ``maxLength``, ``minimum`` / ``maximum`` / ``exclusiveMinimum`` / ``exclusiveMaximum`` / ``multipleOf``
 (:mod:`dartspec.json_numbers`; such a number is written without an exponent), ``pattern``
 (:mod:`dartspec.json_pattern`: ECMA-262 regular expressions without backreferences or lookarounds), ``enum``,
@@ -10,7 +11,7 @@ and ``$ref`` to ``#``, ``#/$defs/...`` or ``#/definitions/...`` (recursion inclu
 followed where it is one of :data:`FORMATS` (``date``, ``time``, ``date-time``, ``duration``, ``uuid``, ``email``,
 ``ipv4``, ``hostname``: an answer a strict validator takes) and is otherwise, like the other annotations (``title``,
 ``description``, ``default``, ...), ignored, as JSON Schema lets a validator do. Any other keyword
-(``uniqueItems``, ``minProperties``, ...) is refused with its place in the schema: an answer that ignored it
+(``minProperties``, ``patternProperties``, ...) is refused with its place in the schema: an answer that ignored it
 could break it.
 
 As OpenAI's structured outputs and most constrained decoders do, an object's properties come in the schema's order,
@@ -55,7 +56,7 @@ _BOUNDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum
 #: Each type's own keywords.
 TYPE_KEYWORDS = {
     "object": frozenset({"properties", "required", "additionalProperties"}),
-    "array": frozenset({"items", "prefixItems", "additionalItems", "minItems", "maxItems"}),
+    "array": frozenset({"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems"}),
     "string": frozenset({"minLength", "maxLength", "pattern"}),
     "number": _BOUNDS,
     "integer": _BOUNDS,
@@ -249,7 +250,36 @@ class _Compiler:
         if items is False:
             high = len(firsts) if high is None else min(high, len(firsts))
         rest = self.node(items, f"{where}/{'additionalItems' if place == 'items' else 'items'}")
-        return self.add(Arr(rest, low, high, firsts))
+        unique = schema.get("uniqueItems", False)
+        if not isinstance(unique, bool):
+            raise SchemaError(f"{where}/uniqueItems must be true or false, got {unique!r}")
+        values = self.unique_values([*firsts, rest], where) if unique else None
+        return self.add(Arr(rest, low, high, firsts, values))
+
+    def unique_values(self, items: list[int], where: str) -> tuple[tuple[int, int], ...]:
+        """``uniqueItems`` where every item is a literal (an enum's, a const's, a boolean, null): each literal node with
+        the id of its JSON value (``1`` and ``1.0`` are one value, ``true`` and ``1`` two)."""
+        leaves, todo, seen = [], list(items), set()
+        while todo:
+            i = todo.pop()
+            if i in seen:
+                continue
+            seen.add(i)
+            node = self.nodes[i]
+            if isinstance(node, Alt):
+                todo.extend(node.options)
+            elif isinstance(node, Lit):
+                leaves.append(i)
+            else:
+                raise SchemaError(
+                    f"{where}/uniqueItems: only items of enum, const, boolean or null values are supported (where an "
+                    "answer can be checked item by item)"
+                )
+        ids: dict[object, int] = {}
+        return tuple(
+            (leaf, ids.setdefault(_value_key(json.loads(self.nodes[leaf].text)), len(ids)))  # type: ignore[union-attr]
+            for leaf in sorted(leaves)
+        )
 
     def object(self, schema: Mapping[str, Any], where: str) -> int:
         props = schema.get("properties", {})
@@ -311,6 +341,18 @@ def _number_bounds(schema: Mapping[str, Any], integer: bool, where: str) -> Numb
     return bounds
 
 
+def _value_key(value: object) -> object:
+    """A JSON value as JSON Schema compares them: numbers by value (``1`` == ``1.0``), booleans apart from numbers,
+    objects whatever their key order."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return (type(value).__name__, value)
+    if isinstance(value, int | float):
+        return ("number", Decimal(repr(value)).normalize())
+    if isinstance(value, list):
+        return ("array", tuple(_value_key(v) for v in value))
+    return ("object", tuple(sorted((k, _value_key(v)) for k, v in value.items())))  # type: ignore[attr-defined]
+
+
 def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
@@ -342,6 +384,7 @@ def _productive(nodes: tuple[Node, ...]) -> set[int]:
                 ok = all(v in done for _, v, required in n.props if required)
             elif isinstance(n, Arr):
                 ok = all(n.item(i) in done for i in range(min(n.min_items, len(n.prefix) + 1)))
+                ok = ok and (n.unique is None or n.min_items <= n.values())
             elif isinstance(n, Str) and n.pattern is not None:
                 ok = n.pattern.live(n.pattern.start, 0)
             else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+from fractions import Fraction
 from typing import Any
 
 import jsonschema
@@ -35,10 +36,10 @@ def _bounded(draw: st.DrawFn) -> dict[str, Any]:
         how = draw(st.sampled_from(["", "plain", "exclusive"]))
         if how:
             schema[side if how == "plain" else "exclusive" + side.capitalize()] = value
-    multiple = draw(
-        st.sampled_from([None, None, 2, 3, 7, 0.5, 0.25, 1.5])
-    )  # binary fractions: jsonschema divides floats
-    if multiple is not None:
+    # binary fractions only: jsonschema divides floats
+    multiple = draw(st.sampled_from([None, None, 2, 3, 7, 0.5, 0.25, 1.5]))
+    step = multiple if schema["type"] == "number" or multiple is None else Fraction(multiple).numerator
+    if multiple is not None and high - low > 2 * step:  # some multiple inside, whichever ends are open
         schema["multipleOf"] = multiple
     return schema
 
@@ -74,6 +75,8 @@ def _containers(inner: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy[d
             schema["prefixItems"] = prefix
         low = draw(st.integers(0, 2 if schema["items"] is not False else len(prefix)))
         schema["minItems"] = low
+        if not prefix and _literals(schema["items"]) is not None and low <= 1 and draw(st.booleans()):
+            schema["uniqueItems"] = True
         if draw(st.booleans()):
             schema["maxItems"] = low + draw(st.integers(0, 2))
         return schema
@@ -82,6 +85,19 @@ def _containers(inner: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy[d
 
 
 SCHEMAS = st.recursive(_leaf(), _containers, max_leaves=8)
+
+
+def _literals(schema: Any) -> list[Any] | None:
+    """The values of a schema that admits only literals (an enum, a const, booleans, null), distinct; else None."""
+    if not isinstance(schema, dict):
+        return None
+    if "enum" in schema or "const" in schema:
+        values = schema["enum"] if "enum" in schema else [schema["const"]]
+    elif schema.get("type") in ("boolean", "null"):
+        values = [True, False] if schema["type"] == "boolean" else [None]
+    else:
+        return None
+    return list({json.dumps(v): v for v in values}.values())
 
 
 @st.composite
@@ -116,6 +132,8 @@ def instance(draw: st.DrawFn, schema: Any, root: Any = None) -> Any:
         high = schema.get("maxItems", schema.get("minItems", 0) + 2)
         high = min(high, len(prefix)) if schema["items"] is False else high
         n = draw(st.integers(schema.get("minItems", 0), high))
+        if schema.get("uniqueItems"):  # distinct literals
+            return draw(st.permutations(_literals(schema["items"])))[:n]
         return [draw(instance(prefix[i] if i < len(prefix) else schema["items"], root)) for i in range(n)]
     if kind == "string":
         low, high = schema.get("minLength", 0), schema.get("maxLength", 8)
@@ -236,6 +254,14 @@ def test_strings_numbers_literals_and_arrays_follow_their_bounds() -> None:
     g = compile_schema(tuple_)
     assert whole(g, '[1, "a"]') and whole(g, "[1]") and not whole(g, '[1, "a", 2]') and not whole(g, '["a"]')
     assert not whole(g, "[]") and not whole(g, "[1, 2]")
+    g = compile_schema({"type": "array", "items": {"enum": ["a", "b", 1, 1.0, True]}, "uniqueItems": True})
+    assert whole(g, '["a", "b", 1, true]') and not whole(g, '["a", "a"]') and not whole(g, "[1, 1.0]")
+    assert whole(g, "[1, true]")  # true is not 1 (as JSON Schema compares)
+    assert g.advance(g.start(), b'["a", "b", 1, true,') is None  # every value used: no dead end after a comma
+    g = compile_schema(
+        {"type": "array", "prefixItems": [{"const": "a"}], "items": {"enum": ["a", "b"]}, "uniqueItems": True}
+    )
+    assert whole(g, '["a", "b"]') and not whole(g, '["a", "a"]')
     g = compile_schema({"type": "array", "items": [{"type": "integer"}], "additionalItems": {"type": "null"}})
     assert whole(g, "[1, null, null]") and whole(g, "[]") and not whole(g, "[1, 2]")  # the form before 2020-12
 
@@ -262,7 +288,8 @@ def _nested(inner: Any, depth: int, kind: str = "items") -> Any:
 @pytest.mark.parametrize(
     ("schema", "message"),
     [
-        ({"type": "array", "uniqueItems": True}, "#: the JSON schema keyword 'uniqueItems' is not supported"),
+        ({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, "#/uniqueItems: only items of enum"),
+        ({"type": "array", "items": {"type": "boolean"}, "uniqueItems": True, "minItems": 3}, "admits no finite"),
         (
             {"type": "object", "properties": {"n": {"minProperties": 2}}},
             "#/properties/n: the JSON schema keyword 'minPr",
@@ -368,8 +395,8 @@ def test_number_bounds_hold_while_the_number_is_written() -> None:
 
 def test_a_pydantic_models_schema_compiles_and_admits_pydantics_own_json() -> None:
     """The schema pydantic writes for a model with the usual field kinds (UUID, dates, bounded and stepped numbers,
-    enums, literals, tuples, optional and recursive models, dicts, patterned strings) compiles, and the JSON pydantic
-    writes for instances of it is whole (its properties come in the schema's order)."""
+    enums, a set of enums, literals, tuples, optional and recursive models, dicts, patterned strings) compiles, and
+    the JSON pydantic writes for instances of it is whole (its properties come in the schema's order)."""
     import datetime
     import enum
     import uuid
@@ -393,6 +420,7 @@ def test_a_pydantic_models_schema_compiles_and_admits_pydantics_own_json() -> No
         age: int = pydantic.Field(ge=0, le=150)
         score: float = pydantic.Field(gt=0, lt=1)
         color: Color
+        colors: set[Color] = pydantic.Field(default_factory=set)
         kind: Literal["a", "b"]
         tags: list[str] = pydantic.Field(max_length=3)
         pair: tuple[int, str]
@@ -405,7 +433,7 @@ def test_a_pydantic_models_schema_compiles_and_admits_pydantics_own_json() -> No
     grammar = compile_schema(Person.model_json_schema())
     seen = datetime.datetime(2024, 2, 29, 23, 59, 59, 123456, tzinfo=datetime.UTC)
     common = {"born": "2000-02-29", "seen": seen, "color": "red", "kind": "a", "tags": ["x"], "pair": (1, "y")}
-    ann = Person(id=uuid.uuid4(), name="Ann", age=30, score=0.5, step=10, price=9.99, **common)
+    ann = Person(id=uuid.uuid4(), name="Ann", age=30, score=0.5, step=10, price=9.99, colors={"red", "blue"}, **common)
     bob = Person(
         id=uuid.uuid4(), name="Bob Li", age=0, score=0.001, address={"street": "Main", "zip": "12345"}, **common
     )

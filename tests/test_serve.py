@@ -241,9 +241,9 @@ HI = [{"role": "user", "content": "t5"}]
         ),
         (
             "completions",
-            {"prompt": "t5", "guided_json": {"type": "array", "uniqueItems": True}},
+            {"prompt": "t5", "guided_json": {"type": "object", "minProperties": 1}},
             "guided_json",
-            "'uniqueItems' is not supported",
+            "'minProperties' is not supported",
         ),
         (
             "chat/completions",
@@ -526,13 +526,13 @@ def test_tool_requests_the_server_cannot_honour_are_400s_naming_the_field(url: s
                 "tools": [
                     {
                         "type": "function",
-                        "function": {"name": "f", "parameters": {"type": "array", "uniqueItems": True}},
+                        "function": {"name": "f", "parameters": {"type": "object", "minProperties": 1}},
                     }
                 ],
                 "tool_choice": "required",
             },
             "tools.0.function.parameters",
-            "'uniqueItems' is not supported",
+            "'minProperties' is not supported",
         ),
         (
             {"tool_choice": "required", "response_format": {"type": "json_object"}},
