@@ -133,6 +133,24 @@ _SPACE = re.compile(rb"[ \t\n\r]*")
 _SPACED = frozenset({VALUE, VALUE_OR_CLOSE, KEY_OR_CLOSE, KEY, COLON, AFTER})  # modes whitespace leaves as they are
 
 
+def leaves(nodes: Sequence[Node], roots: Sequence[int]) -> tuple[int, ...]:
+    """The nodes other than alternatives a value of one of ``roots`` may be, in order (alternatives' cycles end)."""
+    out: list[int] = []
+    seen: set[int] = set()
+    todo = list(reversed(roots))
+    while todo:
+        i = todo.pop()
+        if i in seen:
+            continue
+        seen.add(i)
+        n = nodes[i]
+        if isinstance(n, Alt):
+            todo.extend(reversed(n.options))
+        else:
+            out.append(i)
+    return tuple(out)
+
+
 def any_nodes(base: int = 0) -> list[Node]:
     """Any JSON value (node ``base``) and any object (node ``base + 1``), for a table where they start at ``base``."""
     kinds = [Obj(extra=base), Arr(base), Str(), Num(), Lit(b"true"), Lit(b"false"), Lit(b"null")]
@@ -180,21 +198,7 @@ class Grammar:
         return cls.regex("|".join(re.sub(r"([\\^$.|?*+()\[\]{}/])", r"\\\1", o) for o in options))
 
     def _expand(self, node: int) -> tuple[int, ...]:
-        """The nodes other than alternatives a value of ``node`` may be (alternatives' cycles end)."""
-        out: list[int] = []
-        seen: set[int] = set()
-        todo = [node]
-        while todo:
-            i = todo.pop()
-            if i in seen:
-                continue
-            seen.add(i)
-            n = self.nodes[i]
-            if isinstance(n, Alt):
-                todo.extend(reversed(n.options))
-            else:
-                out.append(i)
-        return tuple(out)
+        return leaves(self.nodes, [node])
 
     def _by_first_byte(self, leaves: tuple[int, ...]) -> dict[int, tuple[int, ...]]:
         out: dict[int, list[int]] = {}

@@ -29,7 +29,7 @@ from decimal import Decimal
 from typing import Any
 
 from dartspec.errors import DartspecError
-from dartspec.json_grammar import Alt, Arr, Grammar, Lit, Node, Num, Obj, Str, Text, any_nodes
+from dartspec.json_grammar import Alt, Arr, Grammar, Lit, Node, Num, Obj, Str, Text, any_nodes, leaves
 from dartspec.json_numbers import NumberBounds
 from dartspec.json_pattern import Pattern, PatternError
 
@@ -259,26 +259,16 @@ class _Compiler:
     def unique_values(self, items: list[int], where: str) -> tuple[tuple[int, int], ...]:
         """``uniqueItems`` where every item is a literal (an enum's, a const's, a boolean, null): each literal node with
         the id of its JSON value (``1`` and ``1.0`` are one value, ``true`` and ``1`` two)."""
-        leaves, todo, seen = [], list(items), set()
-        while todo:
-            i = todo.pop()
-            if i in seen:
-                continue
-            seen.add(i)
-            node = self.nodes[i]
-            if isinstance(node, Alt):
-                todo.extend(node.options)
-            elif isinstance(node, Lit):
-                leaves.append(i)
-            else:
-                raise SchemaError(
-                    f"{where}/uniqueItems: only items of enum, const, boolean or null values are supported (where an "
-                    "answer can be checked item by item)"
-                )
+        literals = leaves(self.nodes, items)
+        if not all(isinstance(self.nodes[leaf], Lit) for leaf in literals):
+            raise SchemaError(
+                f"{where}/uniqueItems: only items of enum, const, boolean or null values are supported (where an "
+                "answer can be checked item by item)"
+            )
         ids: dict[object, int] = {}
         return tuple(
             (leaf, ids.setdefault(_value_key(json.loads(self.nodes[leaf].text)), len(ids)))  # type: ignore[union-attr]
-            for leaf in sorted(leaves)
+            for leaf in sorted(literals)
         )
 
     def object(self, schema: Mapping[str, Any], where: str) -> int:
