@@ -235,6 +235,18 @@ HI = [{"role": "user", "content": "t5"}]
         ("completions", {"prompt": "t5", "guided_choice": []}, "guided_choice", "at least 1 item"),
         (
             "completions",
+            {"prompt": "t5", "structured_outputs": {"grammar": "x"}},
+            "structured_outputs.grammar",
+            "Extra",
+        ),
+        (
+            "completions",
+            {"prompt": "t5", "structured_outputs": {"regex": "a\\b"}},
+            "structured_outputs.regex",
+            "word boundaries",
+        ),
+        (
+            "completions",
             {"prompt": "t5", "guided_choice": ["a"], "response_format": {"type": "json_object"}},
             "guided_choice",
             "response_format and guided_choice exclude each other",
@@ -334,7 +346,18 @@ GUIDED_REGEX = "(ab|c)+[0-9]?"
 GUIDED_CHOICE = ["cat", "ab", "12"]
 
 
-@pytest.mark.parametrize("kind", ["json_object", "json_schema", "guided_json", "guided_regex", "guided_choice"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "json_object",
+        "json_schema",
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+        "structured_json",
+        "structured_choice",
+    ],
+)
 def test_json_answers_are_the_engines(kind: str) -> None:
     """response_format json_object and json_schema, vLLM's guided_json, guided_regex and guided_choice, whole and
     streamed, greedy and seeded: the engine's constrained tokens (a tiny vocabulary of JSON pieces,
@@ -352,6 +375,8 @@ def test_json_answers_are_the_engines(kind: str) -> None:
         "guided_json": SCHEMA,
         "guided_regex": Grammar.regex(GUIDED_REGEX),
         "guided_choice": Grammar.choice(GUIDED_CHOICE),
+        "structured_json": SCHEMA,
+        "structured_choice": Grammar.choice(GUIDED_CHOICE),
     }[kind]
     with serving(target=target) as u:
         for temperature in (0.0, 0.9):
@@ -367,6 +392,8 @@ def test_json_answers_are_the_engines(kind: str) -> None:
                 "guided_json": {"guided_json": SCHEMA},
                 "guided_regex": {"guided_regex": GUIDED_REGEX},
                 "guided_choice": {"guided_choice": GUIDED_CHOICE},
+                "structured_json": {"structured_outputs": {"json": SCHEMA}},  # vLLM's fields since v0.12
+                "structured_choice": {"structured_outputs": {"choice": GUIDED_CHOICE}},
             }.get(kind, {})
             got = httpx.post(f"{u}/v1/completions", json=body, timeout=60).json()
             tokens = [target.vocab[t] for t in got["choices"][0]["logprobs"]["tokens"]]
@@ -375,7 +402,7 @@ def test_json_answers_are_the_engines(kind: str) -> None:
             if kind == "guided_regex":  # whole where it ended, else cut by max_tokens
                 assert re.fullmatch(GUIDED_REGEX, text) or tokens[-1] != EOS, text
                 assert re.fullmatch(r"(ab|c)*a?", text) or re.fullmatch(GUIDED_REGEX, text), text  # a live prefix
-            elif kind == "guided_choice":
+            elif kind.endswith("_choice"):
                 assert tokens[-1] == EOS and text in GUIDED_CHOICE, text
             else:
                 assert text.startswith("{")

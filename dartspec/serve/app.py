@@ -311,7 +311,8 @@ async def _serve(
         return error_response(400, str(err), param=err.param)
     except DartspecError as err:
         field = str(err).partition(":")[0]
-        param = field if field in GUIDED_FIELDS else "min_tokens" if "min_tokens" in str(err) else "response_format"
+        guided = field in GUIDED_FIELDS or field.startswith("structured_outputs.")
+        param = field if guided else "min_tokens" if "min_tokens" in str(err) else "response_format"
         return error_response(400, str(err), param=param)
     base = Job(
         prompt_ids=ids,

@@ -131,6 +131,17 @@ class ToolChoice(BaseModel):
     function: NamedFunction
 
 
+class StructuredOutputs(BaseModel):
+    """vLLM's ``structured_outputs`` (its guided-decoding fields since v0.12): one of a JSON Schema, a regular
+    expression the whole answer matches, or texts of which the answer is one; its other kinds are refused by name."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    json_schema: dict[str, Any] | None = Field(default=None, alias="json")
+    regex: StrictStr | None = Field(default=None, max_length=MAX_GUIDED_CHARS)
+    choice: list[StrictStr] | None = Field(default=None, min_length=1, max_length=MAX_GUIDED_CHOICES)
+
+
 class DartspecOptions(BaseModel):
     """dartspec's own request field: ``{"drafter": "none"}`` runs the request with plain decoding."""
 
@@ -175,28 +186,37 @@ class CommonRequest(BaseModel):
     guided_json: dict[str, Any] | None = None
     guided_regex: StrictStr | None = Field(default=None, max_length=MAX_GUIDED_CHARS)
     guided_choice: list[StrictStr] | None = Field(default=None, min_length=1, max_length=MAX_GUIDED_CHOICES)
+    structured_outputs: StructuredOutputs | None = None
 
     def logprobs_asked(self) -> int | None:
         """Alternatives per token's log-probabilities the request asks for, or None: none (each endpoint's fields)."""
         return None
 
+    def guided(self) -> list[tuple[str, str, Any]]:
+        """vLLM's guided-decoding fields given (``guided_*`` and ``structured_outputs``): (the field, "json", "regex"
+        or "choice", its value)."""
+        out = [(name, name.removeprefix("guided_"), getattr(self, name)) for name in GUIDED_FIELDS]
+        outputs = self.structured_outputs or StructuredOutputs()
+        kinds = (("json", outputs.json_schema), ("regex", outputs.regex), ("choice", outputs.choice))
+        out += [(f"structured_outputs.{what}", what, value) for what, value in kinds]
+        return [(field, what, value) for field, what, value in out if value is not None]
+
     def answer_format(self) -> ResponseFormat:
         """The answer's format: "text", "json_object", a JSON Schema, or the grammar of a guided regex or choice (a
         :class:`DartspecError` for others, or for more than one of them)."""
         kind = (self.response_format or {}).get("type", "text")
-        guided = [name for name in GUIDED_FIELDS if getattr(self, name) is not None]
-        given = (["response_format"] if kind != "text" else []) + guided
+        guided = self.guided()
+        given = (["response_format"] if kind != "text" else []) + [field for field, _, _ in guided]
         if len(given) > 1:
             raise DartspecError(f"{given[1]}: {given[0]} and {given[1]} exclude each other (one answer format)")
-        try:
-            if self.guided_regex is not None:
-                return Grammar.regex(self.guided_regex)
-            if self.guided_choice is not None:
-                return Grammar.choice(self.guided_choice)
-            if self.guided_json is not None:
-                return compile_schema(self.guided_json)
-        except DartspecError as err:  # a pattern or schema it cannot follow
-            raise DartspecError(f"{guided[0]}: {err}") from None
+        if guided:
+            field, what, value = guided[0]
+            try:
+                if what == "regex":
+                    return Grammar.regex(value)
+                return Grammar.choice(value) if what == "choice" else compile_schema(value)
+            except DartspecError as err:  # a pattern or schema it cannot follow
+                raise DartspecError(f"{field}: {err}") from None
         if kind == "json_schema":
             spec = self.response_format.get("json_schema")  # type: ignore[union-attr]
             if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict | bool):
@@ -246,7 +266,7 @@ class ChatRequest(CommonRequest):
         if call_mode(self) is None:
             return super().answer_format()
         fields = ["response_format"] if (self.response_format or {}).get("type", "text") != "text" else []
-        fields += [name for name in GUIDED_FIELDS if getattr(self, name) is not None]
+        fields += [field for field, _, _ in self.guided()]
         if fields:
             raise ToolError(
                 f'{fields[0]} cannot be combined with tools that may be called (tool_choice "none" can)', fields[0]
