@@ -10,6 +10,14 @@ class DartspecError(Exception):
     """An error caused by user input or the environment, with a message meant for the user."""
 
 
+class FieldError(DartspecError):
+    """A request field that cannot be served (``param`` names it, as the server's 400 does)."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 class UnknownModelError(DartspecError):
     """The model name is neither a known name, a local folder, a GGUF file nor a reachable hub id."""
 

@@ -31,6 +31,7 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TypeAlias
 
 from dartspec.json_numbers import NumberBounds
@@ -62,9 +63,15 @@ class Arr:
         """The node of the item at index ``n``."""
         return self.prefix[n] if n < len(self.prefix) else self.items
 
+    @cached_property
+    def value_of(self) -> dict[int, int]:
+        """A unique array's literal nodes and their values' ids, as a mapping (made once)."""
+        return dict(self.unique or ())
+
+    @cached_property
     def values(self) -> int:
         """How many distinct values a unique array's items may take."""
-        return len({value for _, value in self.unique or ()})
+        return len(set(self.value_of.values()))
 
 
 @dataclass(frozen=True)
@@ -335,7 +342,7 @@ class Grammar:
                 assert isinstance(top, Arr)
                 if top.max_items is not None and n >= top.max_items:
                     return []
-                if top.unique is not None and len(frames[-1][2]) >= top.values():  # type: ignore[misc]
+                if top.unique is not None and len(frames[-1][2]) >= top.values:  # type: ignore[misc]
                     return []  # every value is in the array already
                 return [(self._count(frames, top), VALUE, top.item(n))]
             return self._close(frames, top, n, b)
@@ -440,7 +447,7 @@ class Grammar:
         if not isinstance(arr, Arr) or arr.unique is None:
             return frames
         node, n, used = frames[-1]
-        value = dict(arr.unique)[leaf]
+        value = arr.value_of[leaf]
         return None if value in used else (*frames[:-1], (node, n, used | {value}))
 
     @staticmethod

@@ -15,6 +15,8 @@ check: a state lives while some completion reaches a match with a length inside 
 
 from __future__ import annotations
 
+import functools
+import operator
 from bisect import bisect_right
 from itertools import pairwise
 from typing import TypeAlias
@@ -415,6 +417,7 @@ class Pattern:
         self._cap = max_length if max_length is not None else min_length
         self._reach = self._lengths_to_accept()
         self._sets: list[frozenset[int]] = []
+        self._masks: list[int] = []  # per deterministic state, its NFA states' length masks joined (made once)
         self._ids: dict[frozenset[int], int] = {}
         self._steps: dict[int, tuple[list[int], list[int], list[int]]] = {}  # d -> interval starts, ends, targets
         self.start = self._id(self._nfa.closure({self._nfa.start}))
@@ -469,6 +472,7 @@ class Pattern:
                 )
             self._ids[states] = len(self._sets)
             self._sets.append(states)
+            self._masks.append(functools.reduce(operator.or_, (self._reach[s] for s in states), 0))
         return self._ids[states]
 
     def _intervals(self, d: int) -> tuple[list[int], list[int], list[int]]:
@@ -508,9 +512,7 @@ class Pattern:
 
     def live(self, d: int, n: int) -> bool:
         """Whether some completion of ``n`` characters in state ``d`` matches within the length bounds."""
-        mask = 0
-        for s in self._sets[d]:
-            mask |= self._reach[s]
+        mask = self._masks[d]
         low = max(self.min_length - n, 0)
         if self.max_length is None:
             return mask >> low != 0

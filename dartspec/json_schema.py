@@ -374,7 +374,7 @@ def _productive(nodes: tuple[Node, ...]) -> set[int]:
                 ok = all(v in done for _, v, required in n.props if required)
             elif isinstance(n, Arr):
                 ok = all(n.item(i) in done for i in range(min(n.min_items, len(n.prefix) + 1)))
-                ok = ok and (n.unique is None or n.min_items <= n.values())
+                ok = ok and (n.unique is None or n.min_items <= n.values)
             elif isinstance(n, Str) and n.pattern is not None:
                 ok = n.pattern.live(n.pattern.start, 0)
             else:

@@ -30,10 +30,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dartspec.constraint import response_grammar
 from dartspec.engine import GenerationResult, StepEvent, TokenLogprob
-from dartspec.errors import DartspecError
+from dartspec.errors import DartspecError, FieldError
 from dartspec.serve.engine import GenerationTimeout, Job, QueueFull, ServeEngine
 from dartspec.serve.schema import (
-    GUIDED_FIELDS,
     MAX_SEED,
     ChatRequest,
     CommonRequest,
@@ -46,7 +45,7 @@ from dartspec.serve.schema import (
     role_chunk,
     usage,
 )
-from dartspec.serve.tools import ToolError, call_mode, tool_calls, with_tools
+from dartspec.serve.tools import call_mode, tool_calls, with_tools
 
 log = logging.getLogger("dartspec.serve")
 T = TypeVar("T")
@@ -271,7 +270,7 @@ async def chat(req: ChatRequest, request: Request):
     try:
         messages = with_tools([m.as_chat() for m in req.messages], req)
         ids = await served.tokenized(served.engine.target.encode_chat, messages)
-    except ToolError as err:
+    except FieldError as err:
         return error_response(400, str(err), param=err.param)
     except DartspecError as err:
         return error_response(400, str(err))
@@ -307,12 +306,10 @@ async def _serve(
         return error_response(400, problem[0], param=problem[1])
     try:  # the answer's grammar, made once for all the request's choices
         grammar = response_grammar(req.answer_format(), req.min_tokens)
-    except ToolError as err:
+    except FieldError as err:  # a tool's or a guided field's (the field named)
         return error_response(400, str(err), param=err.param)
     except DartspecError as err:
-        field = str(err).partition(":")[0]
-        guided = field in GUIDED_FIELDS or field.startswith("structured_outputs.")
-        param = field if guided else "min_tokens" if "min_tokens" in str(err) else "response_format"
+        param = "min_tokens" if "min_tokens" in str(err) else "response_format"
         return error_response(400, str(err), param=param)
     base = Job(
         prompt_ids=ids,

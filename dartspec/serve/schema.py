@@ -22,7 +22,7 @@ from pydantic import (
 
 from dartspec.constraint import RESPONSE_FORMATS, ResponseFormat
 from dartspec.engine import MAX_TOP_LOGPROBS, GenerationResult, StepEvent, TokenLogprob
-from dartspec.errors import DartspecError
+from dartspec.errors import DartspecError, FieldError
 from dartspec.json_grammar import Grammar
 from dartspec.json_schema import compile_schema
 from dartspec.sampling import MAX_PENALTY, Penalties
@@ -208,7 +208,7 @@ class CommonRequest(BaseModel):
         guided = self.guided()
         given = (["response_format"] if kind != "text" else []) + [field for field, _, _ in guided]
         if len(given) > 1:
-            raise DartspecError(f"{given[1]}: {given[0]} and {given[1]} exclude each other (one answer format)")
+            raise FieldError(f"{given[0]} and {given[1]} exclude each other (one answer format)", given[1])
         if guided:
             field, what, value = guided[0]
             try:
@@ -216,7 +216,7 @@ class CommonRequest(BaseModel):
                     return Grammar.regex(value)
                 return Grammar.choice(value) if what == "choice" else compile_schema(value)
             except DartspecError as err:  # a pattern or schema it cannot follow
-                raise DartspecError(f"{field}: {err}") from None
+                raise FieldError(f"{field}: {err}", field) from None
         if kind == "json_schema":
             spec = self.response_format.get("json_schema")  # type: ignore[union-attr]
             if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict | bool):

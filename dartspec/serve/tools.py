@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from dartspec.errors import DartspecError
+from dartspec.errors import DartspecError, FieldError
 from dartspec.json_grammar import Grammar
 from dartspec.json_schema import SchemaError, compile_schema
 
@@ -33,12 +33,8 @@ if TYPE_CHECKING:
 NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
 
-class ToolError(DartspecError):
+class ToolError(FieldError):
     """A request's tools that cannot be served (``param`` names the field)."""
-
-    def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 def call_mode(req: ChatRequest) -> str | None:
