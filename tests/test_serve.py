@@ -1001,40 +1001,100 @@ def test_web_page_streams_in_headless_chromium(url: str, tmp_path: Path) -> None
     try:
         driver.get(url + "/")
         WebDriverWait(driver, 20).until(lambda d: "model tiny" in d.find_element(By.ID, "meta").text)
-        box = driver.find_element(By.ID, "prompt")
-        box.clear()
-        box.send_keys("t5 t6 t7 t5 t6 t7 t5 t6")
-        driver.find_element(By.ID, "send").click()
+        find = lambda i: driver.find_element(By.ID, i)  # noqa: E731
+
+        def ask(text: str) -> None:
+            find("prompt").clear()
+            find("prompt").send_keys(text)
+            find("send").click()
+
         done = lambda d: d.find_element(By.ID, "send").is_enabled() and d.find_element(By.ID, "tau").text != "-"  # noqa: E731
+        ask("t5 t6 t7 t5 t6 t7 t5 t6")
         WebDriverWait(driver, 30).until(done)
-        speculative = driver.find_element(By.ID, "out").text
+        speculative = find("out").text
         assert speculative.strip()
-        assert int(driver.find_element(By.ID, "ntok").text) > 0
-        assert float(driver.find_element(By.ID, "tps").text) > 0
+        assert int(find("ntok").text) > 0
+        assert float(find("tps").text) > 0
         # This prompt repeats itself, so prompt lookup gets drafts accepted, and the page colours them.
-        assert float(driver.find_element(By.ID, "tau").text) > 1
-        assert int(driver.find_element(By.ID, "ndraft").text) > 0
+        assert float(find("tau").text) > 1
+        assert int(find("ndraft").text) > 0
         assert driver.find_elements(By.CSS_SELECTOR, "#out span.drafted")
         shot = tmp_path / "web-demo.png"
         driver.save_screenshot(str(shot))
         assert shot.stat().st_size > 1000
         print(f"screenshot: {shot}")
 
-        # The switch runs the same prompt with plain decoding: same text, nothing drafted.
-        driver.find_element(By.ID, "plain").click()
-        driver.find_element(By.ID, "send").click()
-        WebDriverWait(driver, 30).until(lambda d: d.find_element(By.ID, "ndraft").text == "0")
+        # The switch runs the question with plain decoding: in a new chat, the same text, nothing drafted.
+        find("new").click()
+        assert not find("log").text and not find("out").text and find("tau").text == "-"
+        find("plain").click()
+        ask("t5 t6 t7 t5 t6 t7 t5 t6")
         WebDriverWait(driver, 30).until(lambda d: done(d) and d.find_element(By.ID, "tau").text == "1.00")
-        assert driver.find_element(By.ID, "out").text == speculative
+        assert find("out").text == speculative and find("ndraft").text == "0"
         assert not driver.find_elements(By.CSS_SELECTOR, "#out span.drafted")
         driver.save_screenshot(str(tmp_path / "web-demo-plain.png"))
+        find("plain").click()
 
-        # The JSON switch asks for a JSON object: this tiny word vocabulary cannot write one, and the page shows the
-        # server's one-line refusal (the request carried response_format)
-        driver.find_element(By.ID, "json").click()
-        driver.find_element(By.ID, "send").click()
+        # A second question continues the conversation: the first turn moves up into the log, and the model sees it
+        # (the answer is the engine's to the whole conversation, not to the second question alone)
+        ask("t9 t8")
+        WebDriverWait(driver, 30).until(lambda d: done(d) and d.find_element(By.ID, "asked").text == "t9 t8")
+        assert "t5 t6 t7 t5 t6 t7 t5 t6" in find("log").text and speculative in find("log").text
+        second = find("out").text
+        target = make_target()
+        turns = [
+            {"role": "user", "content": "t5 t6 t7 t5 t6 t7 t5 t6"},
+            {"role": "assistant", "content": speculative},
+            {"role": "user", "content": "t9 t8"},
+        ]
+        assert second == Generator(target).generate(turns, chat=True, max_new_tokens=128).text.strip()
+
+        # Compare: the same request again with plain decoding, its speed beside the drafter's and the text checked
+        find("new").click()
+        find("compare").click()
+        ask("t5 t6 t7 t5 t6 t7 t5 t6")
+        WebDriverWait(driver, 60).until(lambda d: "same text" in d.find_element(By.ID, "compared").text)
+        assert re.fullmatch(
+            r"plain decoding [0-9.]+ tokens/s, with the drafter [0-9.]+ tokens/s: [0-9.]+x · same text: yes",
+            find("compared").text,
+        ), find("compared").text
+        find("compare").click()
+
+        # Stop ends the stream at once (the server drops the request); what came stays, marked, and Send is back
+        find("new").click()
+        find("max").clear()
+        find("max").send_keys("400")
+        ask("t5 t6 t7 t5 t6 t7 t5 t6")
+        find("stop").click()
+        WebDriverWait(driver, 30).until(lambda d: d.find_element(By.ID, "send").is_enabled())
+        assert find("out").text.endswith("[stopped]") and not find("stop").is_enabled(), find("out").text
+        find("max").clear()
+        find("max").send_keys("128")
+
+        # Answer formats: one of some choices (the tiny vocabulary's words), sent as structured_outputs
+        from selenium.webdriver.support.ui import Select
+
+        find("new").click()
+        Select(find("format")).select_by_value("choice")
+        assert find("spec").is_displayed() and find("spec").get_attribute("value") == "yes\nno"  # the example
+        find("spec").clear()
+        find("spec").send_keys("t7\nt4")
+        ask("t5 t6 t7 t5 t6 t7 t5 t6")
+        WebDriverWait(driver, 30).until(done)
+        assert find("out").text in ("t7", "t4"), find("out").text
+        # A JSON Schema that is no JSON is caught in the page; the JSON switch asks for a JSON object, which this tiny
+        # word vocabulary cannot write: the page shows the server's one-line refusal and keeps the question
+        Select(find("format")).select_by_value("schema")
+        assert find("spec").get_attribute("value").startswith("{")
+        find("spec").send_keys("oops")
+        ask("t5 t6")
+        assert "the JSON Schema is no valid JSON" in find("compared").text
+        Select(find("format")).select_by_value("json")
+        assert not find("spec").is_displayed()
+        find("send").click()
         refused = "no token of the vocabulary continues the constrained answer"
         WebDriverWait(driver, 30).until(lambda d: refused in d.find_element(By.ID, "out").text)
+        assert find("prompt").get_attribute("value") == "t5 t6"
     finally:
         driver.quit()
 
