@@ -1037,7 +1037,9 @@ def test_web_page_streams_in_headless_chromium(url: str, tmp_path: Path) -> None
 
         # A second question continues the conversation: the first turn moves up into the log, and the model sees it
         # (the answer is the engine's to the whole conversation, not to the second question alone)
-        ask("t9 t8")
+        from selenium.webdriver.common.keys import Keys
+
+        find("prompt").send_keys("t9 t8", Keys.CONTROL, Keys.ENTER)  # Ctrl+Enter sends too
         WebDriverWait(driver, 30).until(lambda d: done(d) and d.find_element(By.ID, "asked").text == "t9 t8")
         assert "t5 t6 t7 t5 t6 t7 t5 t6" in find("log").text and speculative in find("log").text
         second = find("out").text
