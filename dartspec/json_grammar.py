@@ -6,9 +6,10 @@ any JSON value, any JSON object): an object with its properties in order, an arr
 literal (``true``, an enum's value), alternatives, free text (only as the alternative to a whole document: a tool
 call or a text answer), or plain text a regular expression matches whole (only as the whole answer:
 :meth:`Grammar.regex`, :meth:`Grammar.choice`). A parse configuration is a small hashable tuple ``(frames, mode,
-aux)``: ``frames`` the open containers innermost last, each ``(node, n)`` (an object's next property index, an array's
-items so far), ``mode`` what the next byte may be and ``aux`` its detail. Alternatives that the bytes read have not
-told apart yet live side by side, so a :data:`State` is a frozenset of configurations (almost always one).
+aux)``: ``frames`` the open containers innermost last, each ``(node, n, ...)`` (an object's next property index, an
+array's items so far; a count and values where bounds need them), ``mode`` what the next byte may be and ``aux``
+its detail. Alternatives that the bytes read have not told apart yet live side by side, so a :data:`State` is a
+frozenset of configurations (almost always one).
 
 :meth:`Grammar.advance` takes bytes and returns the state after them, or None as soon as no admitted document starts
 with what was read; :meth:`Grammar.complete` says whether what was read is a whole one. The document starts at the
@@ -16,7 +17,8 @@ first byte (no whitespace before it) and nothing follows it (not even whitespace
 ends where its value does, and a model cannot pad it forever. Between tokens whitespace is free, as JSON allows.
 
 An object's properties come in the schema's order, each optional one possibly left out, the required ones never;
-keys other than the named ones only where the schema allows them (after the named ones). Strings take any byte from
+keys other than the named ones only where the schema allows them (after the named ones), as many as
+``minProperties`` / ``maxProperties`` let it have. Strings take any byte from
 0x20 up but ``"`` and ``\\`` (UTF-8 is the tokenizer's business: a multi-byte character split over tokens arrives in
 pieces), control bytes only escaped; a length bound counts characters (an escape is one). A string with a ``pattern``
 decodes its characters (escapes, UTF-8 split over tokens) and feeds them to the pattern's automaton
@@ -41,10 +43,36 @@ from dartspec.json_pattern import Pattern, PatternError, decode_step, utf8_step
 @dataclass(frozen=True)
 class Obj:
     """An object: ``props`` in order as (key as JSON text with its quotes, value node, required); ``extra``: the node
-    of other keys' values (after the named ones), or None where no other key may come."""
+    of other keys' values (after the named ones), or None where no other key may come; ``min_props`` / ``max_props``
+    bound how many keys it has. A bounded object's frame is ``(node, n, keys so far, other keys so far)``: the other
+    keys (as read, no escapes) are kept while fewer than ``min_props`` keys are written, so that a repeated key (one
+    property to a JSON parser) cannot count twice towards the minimum."""
 
     props: tuple[tuple[bytes, int, bool], ...] = ()
     extra: int | None = None
+    min_props: int = 0
+    max_props: int | None = None
+    #: names (JSON text without quotes) no other key may be: properties whose values no document can be
+    banned: tuple[bytes, ...] = ()
+
+    @property
+    def bounded(self) -> bool:
+        return self.min_props > 0 or self.max_props is not None
+
+    @cached_property
+    def required_from(self) -> tuple[int, ...]:
+        """For each property index j (and the end), how many required properties come from j on."""
+        counts = [0]
+        for _, _, required in reversed(self.props):
+            counts.append(counts[-1] + required)
+        return tuple(reversed(counts))
+
+    def fits(self, keys: int, n: int) -> bool:
+        """Whether ``keys`` keys written, with the named properties from ``n`` on still to come, can end within the
+        bounds: the required ones left do not pass the maximum, and enough keys may come for the minimum."""
+        if self.max_props is not None and keys + self.required_from[n] > self.max_props:
+            return False
+        return self.extra is not None or keys + len(self.props) - n >= self.min_props
 
 
 @dataclass(frozen=True)
@@ -248,6 +276,8 @@ class Grammar:
         each plain byte just extending it; else None."""
         room = 0.0
         for _, mode, aux in state:
+            if mode == OTHER_KEY:  # a key being read: a plain byte always extends it
+                return math.inf
             if mode != STRING:
                 return None
             _, bound, length = aux  # type: ignore[misc]
@@ -338,7 +368,7 @@ class Grammar:
         if mode == AFTER:
             if b == 0x2C:  # ','
                 if isinstance(top, Obj):
-                    return [(frames, KEY, None)] if self._keys_left(top, n) else []
+                    return [(frames, KEY, None)] if self._key(frames, top, n) else []
                 assert isinstance(top, Arr)
                 if top.max_items is not None and n >= top.max_items:
                     return []
@@ -368,7 +398,8 @@ class Grammar:
         for leaf in self._starts[node].get(b, ()):
             n = self.nodes[leaf]
             if isinstance(n, Obj):
-                out.append(((*frames, (leaf, 0)), KEY_OR_CLOSE, None))
+                frame = (leaf, 0, 0, frozenset()) if n.bounded else (leaf, 0)
+                out.append(((*frames, frame), KEY_OR_CLOSE, None))
             elif isinstance(n, Arr):
                 frame = (leaf, 0) if n.unique is None else (leaf, 0, frozenset())
                 out.append(((*frames, frame), VALUE_OR_CLOSE, None))
@@ -398,33 +429,42 @@ class Grammar:
 
     def _key(self, frames: tuple[tuple[int, int], ...], obj: Obj, n: int) -> list[Config]:
         """The opening quote of a key of an object at property ``n``: each named key from there on that skips only
-        optional ones, and another key where the object takes them and no required one is left."""
+        optional ones, and another key where the object takes them and no required one is left; within its bounds
+        on the number of keys (none: no key may come here)."""
         out: list[Config] = []
-        outer = frames[:-1]
-        node = frames[-1][0]
+        outer, frame = frames[:-1], frames[-1]
+        node = frame[0]
+        keys, others = (frame[2], frame[3]) if obj.bounded else (0, frozenset())  # type: ignore[misc]
+
+        def at(j: int) -> tuple:  # the frame once the key is read; counts stop where the bounds no longer tell apart
+            if not obj.bounded:
+                return (node, j)
+            cap = obj.max_props if obj.max_props is not None else obj.min_props
+            return (node, j, min(keys + 1, cap), others)
+
         for j in range(n, len(obj.props)):
             key, value, required = obj.props[j]
-            out.append(((*outer, (node, j + 1)), LITERAL, (key[1:], value)))
+            if obj.fits(keys + 1, j + 1):
+                out.append(((*outer, at(j + 1)), LITERAL, (key[1:], value)))
             if required:
                 break
         else:
-            if obj.extra is not None:
-                frames = (*outer, (node, len(obj.props)))
-                out.append(
-                    (frames, OTHER_KEY, (obj.extra, b"")) if obj.props else (frames, STRING, (obj.extra, None, 0))
-                )
+            if obj.extra is not None and obj.fits(keys + 1, len(obj.props)):
+                frames = (*outer, at(len(obj.props)))
+                if keys < obj.min_props:  # it must differ from the other keys so far: read whole
+                    out.append((frames, OTHER_KEY, (obj.extra, b"", True)))
+                elif obj.props or obj.banned:
+                    out.append((frames, OTHER_KEY, (obj.extra, b"", False)))
+                else:
+                    out.append((frames, STRING, (obj.extra, None, 0)))
         return out
-
-    @staticmethod
-    def _keys_left(obj: Obj, n: int) -> bool:
-        return n < len(obj.props) or obj.extra is not None
 
     def _close(self, frames: tuple[tuple[int, int], ...], top: Node, n: int, b: int) -> list[Config]:
         """The closing byte of the innermost container, where it may close (no required property left; enough
         items)."""
         if b != _CLOSE[type(top)]:
             return []
-        if isinstance(top, Obj) and any(required for _, _, required in top.props[n:]):
+        if isinstance(top, Obj) and (top.required_from[n] or (top.bounded and frames[-1][2] < top.min_props)):  # type: ignore[misc]
             return []
         if isinstance(top, Arr) and n < top.min_items:
             return []
@@ -457,18 +497,28 @@ class Grammar:
             return (frames, COLON, then)
         return (frames, AFTER, None) if frames else ((), DONE, None)
 
-    def _other_key(self, frames: tuple[tuple[int, int], ...], aux: tuple[int, bytes], b: int) -> list[Config]:
+    def _other_key(self, frames: tuple[tuple[int, int], ...], aux: tuple[int, bytes, bool], b: int) -> list[Config]:
         """A key other than the named ones: while what was read may still become a named key it is tracked (and takes
-        no escape, which could spell one), then it is a plain string."""
-        then, read = aux
-        names = [key[1:-1] for key, _, _ in self.nodes[frames[-1][0]].props]  # type: ignore[union-attr]
+        no escape, which could spell one), then it is a plain string; read whole where it must differ from the object's
+        other keys so far (``whole``: a bounded object short of its minimum), and then kept among them."""
+        then, read, whole = aux
+        obj: Obj = self.nodes[frames[-1][0]]  # type: ignore[assignment]
+        names = [*(key[1:-1] for key, _, _ in obj.props), *obj.banned]
         if b == 0x22:
-            return [] if read in names else [(frames, COLON, then)]
+            if read in names:
+                return []
+            if whole:
+                node, n, keys, others = frames[-1]  # type: ignore[misc]
+                if read in others:
+                    return []  # a repeated key: one property, not two
+                others = frozenset() if keys >= obj.min_props else others | {read}  # enough keys: no need to tell
+                frames = (*frames[:-1], (node, n, keys, others))
+            return [(frames, COLON, then)]
         if b < 0x20 or b == 0x5C:
             return []
         read += bytes([b])
-        if any(name.startswith(read) for name in names):
-            return [(frames, OTHER_KEY, (then, read))]
+        if whole or any(name.startswith(read) for name in names):
+            return [(frames, OTHER_KEY, (then, read, whole))]
         return [(frames, STRING, (then, None, 0))]
 
     def _string(self, frames: tuple[tuple[int, int], ...], aux: tuple[int | None, int | None, int], b: int) -> list:

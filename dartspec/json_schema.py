@@ -1,6 +1,7 @@
 """JSON Schema to a :class:`~dartspec.json_grammar.Grammar`: the subset a constrained answer can follow byte by byte.
 
-Supported: ``type`` (one or a list), ``properties`` / ``required`` / ``additionalProperties``, ``items`` /
+Supported: ``type`` (one or a list), ``properties`` / ``required`` / ``additionalProperties``, ``minProperties`` /
+``maxProperties`` (a repeated key counts once, as a JSON parser reads it), ``items`` /
 ``prefixItems`` (or a list ``items`` with ``additionalItems``), ``minItems`` / ``maxItems``, ``uniqueItems`` (of
 literal items), ``minLength`` /
 ``maxLength``, ``minimum`` / ``maximum`` / ``exclusiveMinimum`` / ``exclusiveMaximum`` / ``multipleOf``
@@ -11,17 +12,19 @@ and ``$ref`` to ``#``, ``#/$defs/...`` or ``#/definitions/...`` (recursion inclu
 followed where it is one of :data:`FORMATS` (``date``, ``time``, ``date-time``, ``duration``, ``uuid``, ``email``,
 ``ipv4``, ``hostname``: an answer a strict validator takes) and is otherwise, like the other annotations (``title``,
 ``description``, ``default``, ...), ignored, as JSON Schema lets a validator do. Any other keyword
-(``minProperties``, ``patternProperties``, ...) is refused with its place in the schema: an answer that ignored it
+(``patternProperties``, ``propertyNames``, ...) is refused with its place in the schema: an answer that ignored it
 could break it.
 
 As OpenAI's structured outputs and most constrained decoders do, an object's properties come in the schema's order,
 and an object with ``properties`` takes no other keys unless ``additionalProperties`` says so (an object schema without
 ``properties`` takes any keys). A schema that admits no finite document (``false``, a required property that cannot be
-written, a ``$ref`` to itself) is refused.
+written, a ``$ref`` to itself) is refused; an optional property, other key or item that none can fill is never
+started.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping
@@ -55,7 +58,7 @@ ANNOTATIONS = frozenset(
 _BOUNDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
 #: Each type's own keywords.
 TYPE_KEYWORDS = {
-    "object": frozenset({"properties", "required", "additionalProperties"}),
+    "object": frozenset({"properties", "required", "additionalProperties", "minProperties", "maxProperties"}),
     "array": frozenset({"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems"}),
     "string": frozenset({"minLength", "maxLength", "pattern"}),
     "number": _BOUNDS,
@@ -100,8 +103,10 @@ def compile_schema(schema: object, or_text: bool = False) -> Grammar:
     ``or_text``, free text instead is admitted too (text that does not start as JSON: ``{``, ``[`` or whitespace)."""
     compiler = _Compiler(schema)
     root = compiler.node(schema, "#")
-    if root not in _productive(tuple(compiler.nodes)):
+    productive = _productive(tuple(compiler.nodes))
+    if root not in productive:
         raise SchemaError("the JSON schema admits no finite document")
+    compiler.nodes = [_writable(n, productive) for n in compiler.nodes]
     if or_text:
         root = compiler.add(Alt((root, compiler.add(Text()))))
     return Grammar(compiler.nodes, root)
@@ -286,7 +291,12 @@ class _Compiler:
         named = tuple(
             (canonical(k), self.node(s, f"{where}/properties/{_escape(k)}"), k in required) for k, s in props.items()
         )
-        return self.add(Obj(named, extra))
+        low, high = _bounds(schema, "minProperties", "maxProperties", where)
+        if high is not None and high < len(set(required)):
+            raise SchemaError(f"{where}: maxProperties {high} is below the {len(set(required))} required properties")
+        if extra is None and low > len(named):
+            raise SchemaError(f"{where}: minProperties {low} is above the {len(named)} properties it may have")
+        return self.add(Obj(named, extra, low, high))
 
 
 def _only(schema: Mapping[str, Any], keys: set[str], allowed: set[str], where: str) -> None:
@@ -358,6 +368,29 @@ def _resolve(root: object, ref: str, where: str) -> object:
     return node
 
 
+def _writable(node: Node, productive: set[int]) -> Node:
+    """``node`` without the optional properties, other keys or items no finite document can fill (a ``false`` schema,
+    a ``$ref`` to itself): the grammar never starts what it could not finish."""
+    if isinstance(node, Obj):
+        props = tuple(p for p in node.props if p[2] or p[1] in productive)
+        extra = node.extra if node.extra in productive else None
+        if (props, extra) == (node.props, node.extra):
+            return node
+        banned = tuple(p[0][1:-1] for p in node.props if p not in props)
+        return dataclasses.replace(node, props=props, extra=extra, banned=banned)  # no other key may spell a banned one
+    if isinstance(node, Alt):
+        options = tuple(o for o in node.options if o in productive)
+        return node if options == node.options else Alt(options)
+    if isinstance(node, Arr):
+        # items up to the first one that cannot be written (min_items never reaches it in a productive array)
+        last = next((i for i in range(len(node.prefix)) if node.prefix[i] not in productive), None)
+        if last is None and node.items not in productive:
+            last = len(node.prefix)
+        if last is not None and (node.max_items is None or node.max_items > last):
+            return dataclasses.replace(node, max_items=last)
+    return node
+
+
 def _productive(nodes: tuple[Node, ...]) -> set[int]:
     """The nodes that admit some finite document (a fixpoint: a literal, string or number does; a container when
     what it must hold does; alternatives when one does)."""
@@ -372,6 +405,8 @@ def _productive(nodes: tuple[Node, ...]) -> set[int]:
                 ok = any(o in done for o in n.options)
             elif isinstance(n, Obj):
                 ok = all(v in done for _, v, required in n.props if required)
+                may = sum(v in done for _, v, _ in n.props) + (math.inf if n.extra in done else 0)
+                ok = ok and may >= n.min_props
             elif isinstance(n, Arr):
                 ok = all(n.item(i) in done for i in range(min(n.min_items, len(n.prefix) + 1)))
                 ok = ok and (n.unique is None or n.min_items <= n.values)

@@ -95,7 +95,15 @@ SCHEMA = {
 OBJECT = jg.Grammar.any_object()
 # Plain text a regular expression matches (vLLM's guided_regex): quotes, escapes and whitespace are plain characters.
 REGEX = jg.Grammar.regex('(ab|cat|c){8,}( [a-z0-9]+)*( and "x\\\\")?\\n?')
-GRAMMARS = {"json_object": OBJECT, "schema": compile_schema(SCHEMA), "regex": REGEX}
+# An object of two or three keys, other keys among them (read whole until two differ: a repeat counts once)
+BOUNDED = {
+    "type": "object",
+    "properties": {"a": {"type": "integer"}},
+    "additionalProperties": {"enum": ["cat", 3.5]},
+    "minProperties": 2,
+    "maxProperties": 3,
+}
+GRAMMARS = {"json_object": OBJECT, "schema": compile_schema(SCHEMA), "regex": REGEX, "bounded": compile_schema(BOUNDED)}
 
 
 def texts() -> TokenTexts:
@@ -270,7 +278,7 @@ def naive_decode(target: Target, n: int, temperature: float, seed: int, grammar:
 @pytest.mark.parametrize("kind", sorted(GRAMMARS))
 def test_any_drafter_commits_what_a_naive_constrained_loop_does(target: Target, temperature: float, kind: str) -> None:
     grammar = GRAMMARS[kind]
-    fmt = {"schema": SCHEMA, "regex": REGEX}.get(kind, kind)
+    fmt = {"schema": SCHEMA, "regex": REGEX, "bounded": BOUNDED}.get(kind, kind)
     ref = naive_decode(target, 40, temperature, 4, grammar)
     assert grammar.advance(grammar.start(), fake_decode(ref[:-1] if ref[-1] == EOS else ref).encode()) is not None
     for drafter in [None, PromptLookupDrafter(min_ngram=1), RandomDrafter(seed=2, reference=ref, oracle_rate=0.8)]:
@@ -280,7 +288,9 @@ def test_any_drafter_commits_what_a_naive_constrained_loop_does(target: Target, 
         if isinstance(drafter, RandomDrafter):
             assert out.stats.draft_tokens_accepted > 5
     if ref[-1] == EOS and kind != "regex":  # a whole object, then the end
-        json.loads(fake_decode(ref[:-1]))
+        value = json.loads(fake_decode(ref[:-1]))
+        if kind == "bounded":
+            assert 2 <= len(value) <= 3, value
     if ref[-1] == EOS and kind == "regex":
         assert re.fullmatch('(ab|cat|c){8,}( [a-z0-9]+)*( and "x\\\\")?\n?', fake_decode(ref[:-1]))
 

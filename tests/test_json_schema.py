@@ -65,6 +65,12 @@ def _containers(inner: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy[d
         extra = draw(st.sampled_from(["absent", "false", "true", "schema"]))
         if extra != "absent":
             schema["additionalProperties"] = {"false": False, "true": True, "schema": {"type": "integer"}}[extra]
+        if draw(st.booleans()):  # bounds on the number of keys, some satisfiable count inside
+            most = len(props) + (2 if extra in ("true", "schema") else 0)
+            count = draw(st.integers(len(schema["required"]), most))
+            schema["minProperties"] = draw(st.integers(0, count))
+            if draw(st.booleans()):
+                schema["maxProperties"] = draw(st.integers(count, count + 2))
         return schema
 
     @st.composite
@@ -117,14 +123,16 @@ def instance(draw: st.DrawFn, schema: Any, root: Any = None) -> Any:
     types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
     kind = draw(st.sampled_from(types))
     if kind == "object":
-        out = {}
-        for key, sub in schema.get("properties", {}).items():
-            if key in schema.get("required", []) or draw(st.booleans()):
-                out[key] = draw(instance(sub, root))
+        props, required = schema.get("properties", {}), schema.get("required", [])
         extra = schema.get("additionalProperties", "properties" not in schema)
-        if extra is not False and draw(st.booleans()):
-            others = [k for k in ("zz", "abc", "nam", "i", "a", "id") if k not in schema.get("properties", {})]
-            key = draw(st.sampled_from(others))  # prefixes of named keys, and keys that start as they do
+        # prefixes of named keys, and keys that start as they do
+        others = [k for k in ("zz", "abc", "nam", "i", "a", "id") if k not in props] if extra is not False else []
+        low, high = schema.get("minProperties", 0), schema.get("maxProperties", len(props) + len(others))
+        count = draw(st.integers(max(low, len(required)), min(high, len(props) + len(others))))
+        optional = [k for k in props if k not in required]
+        named = set(required) | set(draw(st.permutations(optional))[: max(0, count - len(required))])
+        out = {key: draw(instance(sub, root)) for key, sub in props.items() if key in named}
+        for key in draw(st.permutations(others))[: count - len(out)]:
             out[key] = draw(instance(True if extra is True else extra, root))
         return out
     if kind == "array":
@@ -291,9 +299,14 @@ def _nested(inner: Any, depth: int, kind: str = "items") -> Any:
         ({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, "#/uniqueItems: only items of enum"),
         ({"type": "array", "items": {"type": "boolean"}, "uniqueItems": True, "minItems": 3}, "admits no finite"),
         (
-            {"type": "object", "properties": {"n": {"minProperties": 2}}},
-            "#/properties/n: the JSON schema keyword 'minPr",
+            {"type": "object", "properties": {"n": {"patternProperties": {"^x": {}}}}},
+            "#/properties/n: the JSON schema keyword 'patternPr",
         ),
+        ({"properties": {"a": {}, "b": {}}, "required": ["a", "b"], "maxProperties": 1}, "below the 2 required"),
+        ({"properties": {"a": {}}, "additionalProperties": False, "minProperties": 2}, "above the 1 properties"),
+        ({"type": "object", "minProperties": 3, "maxProperties": 2}, "minProperties 3 is above maxProperties 2"),
+        ({"type": "object", "maxProperties": -1}, "maxProperties must be a non-negative integer"),
+        ({"properties": {"a": False, "b": {}}, "additionalProperties": False, "minProperties": 2}, "no finite"),
         ({"type": "integer", "multipleOf": 0}, "multipleOf must be above 0"),
         ({"type": "integer", "minimum": 1, "maximum": 4, "multipleOf": 5}, "no integer lies within its bounds"),
         ({"type": "integer", "minimum": 2.5, "exclusiveMaximum": 3}, "no integer lies within its bounds"),
@@ -393,6 +406,49 @@ def test_number_bounds_hold_while_the_number_is_written() -> None:
     assert g.advance(g.start(), b'{"n": -9') is not None and g.advance(g.start(), b'{"n": -9}') is None  # -9x lives
 
 
+def test_object_bounds_count_distinct_keys_and_leave_no_dead_end() -> None:
+    """minProperties / maxProperties: a repeated other key is one property (as a JSON parser reads it), so it never
+    counts towards the minimum; optional keys the required ones leave no room for are not offered; and from every
+    live prefix some byte goes on (random walks over a small alphabet), each whole text valid for jsonschema."""
+    import random
+
+    g = compile_schema({"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 2})
+    assert whole(g, '{"a": 1, "b": 2}') and whole(g, '{"a": 1, "b": 2, "a": 3}')  # two keys, then a repeat is harmless
+    assert not whole(g, '{"a": 1, "a": 2}') and g.advance(g.start(), b'{"a": 1, "a"') is None
+    assert g.advance(g.start(), b'{"a": 1, "ab"') is not None and not whole(g, '{"a": 1}')
+    optional = {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {"type": "integer"}}
+    g = compile_schema({"properties": optional, "required": ["c"], "maxProperties": 2})
+    assert whole(g, '{"a": 1, "c": 2}') and whole(g, '{"c": 2}') and g.advance(g.start(), b'{"a": 1, "b"') is None
+    g = compile_schema({"properties": {"a": False, "b": {}}, "additionalProperties": {}, "minProperties": 1})
+    assert g.advance(g.start(), b'{"a"') is None and whole(g, '{"b": 1}') and whole(g, '{"z": 1}')
+
+    schemas = [
+        {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 2, "maxProperties": 3},
+        {"properties": optional, "required": ["c"], "minProperties": 2, "maxProperties": 2},
+        {"properties": optional, "additionalProperties": {"type": "integer"}, "minProperties": 4},
+        {"properties": {"a": {"type": "object", "minProperties": 1, "maxProperties": 1}}, "required": ["a"]},
+        {"type": "object", "maxProperties": 0},
+    ]
+    alphabet = list(b'{}":, 1abc')
+    rng = random.Random(0)
+    for schema in schemas:
+        grammar, checked = compile_schema(schema), strict(schema)
+        for _ in range(200):
+            state, text = grammar.start(), b""
+            while not (grammar.complete(state) and (len(text) > 40 or rng.random() < 0.3)):
+                nexts = [(b, grammar.advance(state, bytes([b]))) for b in alphabet]
+                nexts = [(b, after) for b, after in nexts if after is not None]
+                if not nexts and grammar.complete(state):
+                    break  # a whole document nothing may follow
+                assert nexts, (schema, text)  # a live prefix that nothing continues would be a dead end
+                # towards an end once long: closing bytes, quotes and colons first
+                closing = [n for n in nexts if n[0] in b'}":,'] if len(text) > 30 else []
+                b, state = rng.choice(closing or nexts)
+                text += bytes([b])
+                assert len(text) < 400, text
+            jsonschema.validate(json.loads(text), checked)
+
+
 def test_a_pydantic_models_schema_compiles_and_admits_pydantics_own_json() -> None:
     """The schema pydantic writes for a model with the usual field kinds (UUID, dates, bounded and stepped numbers,
     enums, a set of enums, literals, tuples, optional and recursive models, dicts, patterned strings) compiles, and
@@ -427,6 +483,7 @@ def test_a_pydantic_models_schema_compiles_and_admits_pydantics_own_json() -> No
         address: Address | None = None
         friends: list[Person] = pydantic.Field(default_factory=list)
         meta: dict[str, int] = pydantic.Field(default_factory=dict)
+        ratings: dict[str, int] = pydantic.Field(default_factory=lambda: {"x": 1}, min_length=1, max_length=2)
         step: int = pydantic.Field(multiple_of=5, default=0)
         price: float = pydantic.Field(multiple_of=0.01, ge=0, default=0)
 
@@ -439,8 +496,11 @@ def test_a_pydantic_models_schema_compiles_and_admits_pydantics_own_json() -> No
     )
     bob.friends = [ann]
     bob.meta = {"k": -3}
+    bob.ratings = {"x": 1, "y": 2}
     for person in (ann, bob):
         assert whole(grammar, person.model_dump_json()), person.model_dump_json()
         assert whole(grammar, person.model_dump_json(indent=2))
     assert not whole(grammar, ann.model_dump_json().replace('"step":10', '"step":12'))
     assert not whole(grammar, ann.model_dump_json().replace("2000-02-29", "2001-02-29"))
+    assert not whole(grammar, ann.model_dump_json().replace('"ratings":{"x":1}', '"ratings":{}'))
+    assert not whole(grammar, ann.model_dump_json().replace('"ratings":{"x":1}', '"ratings":{"x":1,"y":2,"z":3}'))
