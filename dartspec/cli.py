@@ -470,16 +470,23 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.json:
         result = gen.generate(prompt, **kwargs)
         print(json.dumps(result.as_dict(), ensure_ascii=False))
-        return 0
-    result = None
-    for event in gen.stream(prompt, **kwargs):
-        sys.stdout.write(event.text)
-        sys.stdout.flush()
-        result = event.result or result
-    assert result is not None
-    sys.stdout.write("\n")
-    _log(_stats_line(result))
+    else:
+        result = None
+        for event in gen.stream(prompt, **kwargs):
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+            result = event.result or result
+        assert result is not None
+        sys.stdout.write("\n")
+        _log(_stats_line(result))
+    if not args.chat and not result.text.strip() and result.finish_reason == "stop" and _has_chat_template(target):
+        # An instruct model given a bare prompt often ends it at once: an empty answer, not an error, but puzzling
+        _log(f"note: the answer is empty; {target.name} is a chat model: --chat wraps the prompt in its chat template")
     return 0
+
+
+def _has_chat_template(target: Any) -> bool:
+    return bool(getattr(target.tokenizer, "chat_template", None))
 
 
 def _stats_line(result: Any) -> str:

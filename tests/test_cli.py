@@ -420,3 +420,16 @@ def test_auto_dtype_is_exact_where_output_must_equal_plain_decoding(argv: list[s
     assert (dtype_for(args, "cpu"), dtype_for(args, "cuda")) == ("float32", gpu)
     args = build_parser().parse_args([*argv, "--dtype", "float16"])
     assert (dtype_for(args, "cpu"), dtype_for(args, "cuda")) == ("float16", "float16")
+
+
+def test_an_empty_answer_to_a_bare_prompt_suggests_chat(capsys: pytest.CaptureFixture[str]) -> None:
+    """SmolLM2 ends a bare instruction at once (a completion, not a chat turn): the answer is empty, and a note on
+    stderr says how to ask the chat model (with --chat, or an answer, none)."""
+    ask = ["generate", "--prompt", "Write a long story about a dragon.", "--max-new-tokens", "6", "--drafter", "none"]
+    bare = run_in_process(capsys, *ask)
+    assert bare.returncode == 0 and not bare.stdout.strip()
+    assert "note: the answer is empty; smollm2-135m is a chat model: --chat wraps" in bare.stderr
+    for extra in (["--chat"], ["--json", "--chat"]):
+        chat = run_in_process(capsys, *ask, *extra)
+        assert chat.returncode == 0 and chat.stdout.strip() and "note:" not in chat.stderr, chat
+    assert "note: the answer is empty" in run_in_process(capsys, *ask, "--json").stderr
