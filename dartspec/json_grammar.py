@@ -54,10 +54,16 @@ class Obj:
     max_props: int | None = None
     #: names (JSON text without quotes) no other key may be: properties whose values no document can be
     banned: tuple[bytes, ...] = ()
+    #: the other keys where they are a list (``propertyNames`` an enum): each key as JSON text with its quotes, and the
+    #: node of its value; ``extra`` is then unused. The frame keeps the ones written: none comes twice.
+    literal_keys: tuple[tuple[bytes, int], ...] | None = None
+    #: a string node every other key matches (``propertyNames`` / ``patternProperties``; no named key does), or None
+    key: int | None = None
 
     @property
     def bounded(self) -> bool:
-        return self.min_props > 0 or self.max_props is not None
+        """Whether the frame counts keys and keeps other keys (``(node, n, keys, others)``)."""
+        return self.min_props > 0 or self.max_props is not None or self.literal_keys is not None
 
     @cached_property
     def required_from(self) -> tuple[int, ...]:
@@ -67,12 +73,17 @@ class Obj:
             counts.append(counts[-1] + required)
         return tuple(reversed(counts))
 
-    def fits(self, keys: int, n: int) -> bool:
-        """Whether ``keys`` keys written, with the named properties from ``n`` on still to come, can end within the
-        bounds: the required ones left do not pass the maximum, and enough keys may come for the minimum."""
+    def fits(self, keys: int, n: int, used: int = 0) -> bool:
+        """Whether ``keys`` keys written, with the named properties from ``n`` on still to come (and ``used`` of the
+        listed other keys written), can end within the bounds: the required ones left do not pass the maximum, and
+        enough keys may come for the minimum."""
         if self.max_props is not None and keys + self.required_from[n] > self.max_props:
             return False
-        return self.extra is not None or keys + len(self.props) - n >= self.min_props
+        if self.literal_keys is not None:
+            more = len(self.literal_keys) - used
+        else:
+            more = math.inf if self.extra is not None else 0
+        return keys + len(self.props) - n + more >= self.min_props
 
 
 @dataclass(frozen=True)
@@ -153,7 +164,8 @@ State: TypeAlias = frozenset[Config]
 START, VALUE, VALUE_OR_CLOSE, KEY_OR_CLOSE, KEY, COLON, AFTER, DONE = range(8)
 STRING, ESCAPE, UNICODE, LITERAL, OTHER_KEY, FREE = range(8, 14)
 MINUS, ZERO, INT, DOT, FRAC, EXP, EXP_SIGN, EXP_DIGITS = range(14, 22)
-PATTERN = 22  # inside a string a pattern checks: aux is (node, pattern state, characters, bytes of a character so far)
+PATTERN = 22  # inside a string a pattern checks: aux is (node, pattern state, characters, bytes of a character so far,
+# the value's node where the string is a key, else None)
 RAW = 23  # plain text a regular expression checks (a Regex node): aux as for PATTERN
 
 _WS = frozenset(b" \t\n\r")
@@ -404,7 +416,7 @@ class Grammar:
                 frame = (leaf, 0) if n.unique is None else (leaf, 0, frozenset())
                 out.append(((*frames, frame), VALUE_OR_CLOSE, None))
             elif isinstance(n, Str) and n.pattern is not None:
-                out.append((frames, PATTERN, (leaf, n.pattern.start, 0, b"")))
+                out.append((frames, PATTERN, (leaf, n.pattern.start, 0, b"", None)))
             elif isinstance(n, Str):
                 bound = None if n.min_length == 0 and n.max_length is None else leaf
                 out.append((frames, STRING, (None, bound, 0)))
@@ -419,7 +431,7 @@ class Grammar:
                 out.append(((), FREE, None))
             elif isinstance(n, Regex):
                 assert not frames, "a regular expression's text is the whole answer only"
-                out.extend(self._pattern((), (leaf, n.pattern.start, 0, b""), b, raw=True))
+                out.extend(self._pattern((), (leaf, n.pattern.start, 0, b"", None), b, raw=True))
             elif isinstance(n, Lit):
                 held = self._unique_item(frames, leaf)
                 if held is None:  # a value the unique array holds already
@@ -436,22 +448,32 @@ class Grammar:
         node = frame[0]
         keys, others = (frame[2], frame[3]) if obj.bounded else (0, frozenset())  # type: ignore[misc]
 
-        def at(j: int) -> tuple:  # the frame once the key is read; counts stop where the bounds no longer tell apart
-            if not obj.bounded:
+        def at(j: int, kept: frozenset = others) -> tuple:  # the frame once the key is read; counts stop where the
+            if not obj.bounded:  # bounds no longer tell them apart
                 return (node, j)
             cap = obj.max_props if obj.max_props is not None else obj.min_props
-            return (node, j, min(keys + 1, cap), others)
+            return (node, j, min(keys + 1, cap), kept)
 
-        for j in range(n, len(obj.props)):
+        end = len(obj.props)
+        for j in range(n, end):
             key, value, required = obj.props[j]
-            if obj.fits(keys + 1, j + 1):
+            if obj.fits(keys + 1, j + 1, len(others)):
                 out.append(((*outer, at(j + 1)), LITERAL, (key[1:], value)))
             if required:
                 break
         else:
-            if obj.extra is not None and obj.fits(keys + 1, len(obj.props)):
-                frames = (*outer, at(len(obj.props)))
-                if keys < obj.min_props:  # it must differ from the other keys so far: read whole
+            if obj.literal_keys is not None:  # each listed key not written yet
+                for text, value in obj.literal_keys:
+                    if text not in others and obj.fits(keys + 1, end, len(others) + 1):
+                        out.append(((*outer, at(end, others | {text})), LITERAL, (text[1:], value)))
+            elif obj.extra is not None and obj.fits(keys + 1, end):
+                frames = (*outer, at(end))
+                shape = None if obj.key is None else self.nodes[obj.key]
+                if isinstance(shape, Str) and shape.pattern is not None:  # a key a pattern checks (none is named)
+                    out.append((frames, PATTERN, (obj.key, shape.pattern.start, 0, b"", obj.extra)))
+                elif isinstance(shape, Str) and (shape.min_length or shape.max_length is not None):
+                    out.append((frames, STRING, (obj.extra, obj.key, 0)))  # a key of bounded length
+                elif keys < obj.min_props:  # it must differ from the other keys so far: read whole
                     out.append((frames, OTHER_KEY, (obj.extra, b"", True)))
                 elif obj.props or obj.banned:
                     out.append((frames, OTHER_KEY, (obj.extra, b"", False)))
@@ -539,24 +561,28 @@ class Grammar:
         return [(frames, ESCAPE if b == 0x5C else STRING, counted)]
 
     def _pattern(
-        self, frames: tuple[tuple[int, int], ...], aux: tuple[int, int, int, bytes], b: int, raw: bool = False
+        self,
+        frames: tuple[tuple[int, int], ...],
+        aux: tuple[int, int, int, bytes, int | None],
+        b: int,
+        raw: bool = False,
     ) -> list:
         """A byte of a string a pattern checks (``raw``: of plain text a Regex node checks): characters are decoded
         (a JSON string's escapes and UTF-8; plain text's UTF-8) and fed to the pattern, and a character read in part
         lives while one it may become keeps the string alive."""
-        node, d, n, pending = aux
+        node, d, n, pending, then = aux
         pattern: Pattern = self.nodes[node].pattern  # type: ignore[union-attr, assignment]
         if b == 0x22 and not pending and not raw:
-            return [self._after_text(frames, None)] if pattern.can_end(d, n) else []
+            return [self._after_text(frames, then)] if pattern.can_end(d, n) else []
         char = (utf8_step if raw else decode_step)(pending, b)
         if char is None:
             return []
         pending, low, high = char
         mode = RAW if raw else PATTERN
         if pending:
-            return [(frames, mode, (node, d, n, pending))] if pattern.viable(d, n, low, high) else []
+            return [(frames, mode, (node, d, n, pending, then))] if pattern.viable(d, n, low, high) else []
         after = pattern.step(d, n, low)
-        return [] if after is None else [(frames, mode, (node, *after, b""))]
+        return [] if after is None else [(frames, mode, (node, *after, b"", then))]
 
     def _number_ends(self, mode: int, aux: object) -> bool:
         """Whether a number read so far is whole (and inside its bounds)."""

@@ -1,7 +1,9 @@
 """JSON Schema to a :class:`~dartspec.json_grammar.Grammar`: the subset a constrained answer can follow byte by byte.
 
 Supported: ``type`` (one or a list), ``properties`` / ``required`` / ``additionalProperties``, ``minProperties`` /
-``maxProperties`` (a repeated key counts once, as a JSON parser reads it), ``items`` /
+``maxProperties`` (a repeated key counts once, as a JSON parser reads it), ``propertyNames`` (a list of names, or a
+string schema for the other keys), ``patternProperties`` (one pattern for the other keys, or any where
+``propertyNames`` lists the names), ``items`` /
 ``prefixItems`` (or a list ``items`` with ``additionalItems``), ``minItems`` / ``maxItems``, ``uniqueItems`` (of
 literal items), ``minLength`` /
 ``maxLength``, ``minimum`` / ``maximum`` / ``exclusiveMinimum`` / ``exclusiveMaximum`` / ``multipleOf``
@@ -12,7 +14,7 @@ and ``$ref`` to ``#``, ``#/$defs/...`` or ``#/definitions/...`` (recursion inclu
 followed where it is one of :data:`FORMATS` (``date``, ``time``, ``date-time``, ``duration``, ``uuid``, ``email``,
 ``ipv4``, ``hostname``: an answer a strict validator takes) and is otherwise, like the other annotations (``title``,
 ``description``, ``default``, ...), ignored, as JSON Schema lets a validator do. Any other keyword
-(``patternProperties``, ``propertyNames``, ...) is refused with its place in the schema: an answer that ignored it
+(``dependentRequired``, ``if``, ...) is refused with its place in the schema: an answer that ignored it
 could break it.
 
 As OpenAI's structured outputs and most constrained decoders do, an object's properties come in the schema's order,
@@ -58,7 +60,17 @@ ANNOTATIONS = frozenset(
 _BOUNDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"})
 #: Each type's own keywords.
 TYPE_KEYWORDS = {
-    "object": frozenset({"properties", "required", "additionalProperties", "minProperties", "maxProperties"}),
+    "object": frozenset(
+        {
+            "properties",
+            "required",
+            "additionalProperties",
+            "minProperties",
+            "maxProperties",
+            "propertyNames",
+            "patternProperties",
+        }
+    ),
     "array": frozenset({"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems"}),
     "string": frozenset({"minLength", "maxLength", "pattern"}),
     "number": _BOUNDS,
@@ -286,17 +298,110 @@ class _Compiler:
         missing = [k for k in required if k not in props]
         if missing:
             raise SchemaError(f"{where}/required names {missing[0]!r}, which is not among its properties")
-        extra_schema = schema.get("additionalProperties", "properties" not in schema)
+        patterns = schema.get("patternProperties", {})
+        if not isinstance(patterns, Mapping):
+            raise SchemaError(f"{where}/patternProperties must be an object of schemas")
+        # As with named properties, the keys of patternProperties are the only other ones unless said otherwise.
+        extra_schema = schema.get("additionalProperties", "properties" not in schema and not patterns)
         extra = None if extra_schema is False else self.node(extra_schema, f"{where}/additionalProperties")
-        named = tuple(
-            (canonical(k), self.node(s, f"{where}/properties/{_escape(k)}"), k in required) for k, s in props.items()
-        )
         low, high = _bounds(schema, "minProperties", "maxProperties", where)
+        names = _KeyNames(self, schema.get("propertyNames", True), f"{where}/propertyNames")
+        keyed = {p: (names.pattern(p, f"{where}/patternProperties/{_escape(p)}"), s) for p, s in patterns.items()}
+        for key in props:  # a named key is held to propertyNames, and may not fall under a pattern as well
+            if key in required and not names.admits(key):
+                raise SchemaError(f"{where}/required names {key!r}, which propertyNames does not admit")
+            if any(_matches(pattern, key) for pattern, _ in keyed.values()):
+                raise SchemaError(f"{where}/properties/{_escape(key)}: its name matches a patternProperties pattern")
+        named = tuple(
+            (canonical(k), self.node(s, f"{where}/properties/{_escape(k)}"), k in required)
+            for k, s in props.items()
+            if names.admits(k)
+        )
+        banned = tuple(canonical(k)[1:-1] for k in props if not names.admits(k))
+        values = {p: self.node(s, f"{where}/patternProperties/{_escape(p)}") for p, (_, s) in keyed.items()}
+        literal_keys, key = None, None
+        if names.literals is not None:  # the other keys are a list: each with the value its pattern (or none) says
+            literal_keys = []
+            for name in names.literals:
+                if name in props:
+                    continue
+                under = [p for p, (pattern, _) in keyed.items() if _matches(pattern, name)]
+                if len(under) > 1:
+                    raise SchemaError(f"{where}/patternProperties: the name {name!r} matches several patterns")
+                value = values[under[0]] if under else extra
+                if value is not None:
+                    literal_keys.append((canonical(name), value))
+            literal_keys, extra = tuple(literal_keys), None
+        elif keyed:  # other keys are those of one pattern (and propertyNames' lengths)
+            if len(keyed) > 1 or extra is not None:
+                raise SchemaError(
+                    f"{where}/patternProperties: one pattern, without additionalProperties, is supported (or a "
+                    "propertyNames enum listing the names)"
+                )
+            ((source, (pattern, _)),) = keyed.items()
+            key, extra = self.add(Str(names.low, names.high, pattern)), values[source]
+        elif names.constrained and extra is not None:
+            if props:
+                raise SchemaError(f"{where}/propertyNames: other keys beside properties must be free strings here")
+            key = self.add(Str(names.low, names.high, names.own))
+        if (key is not None or names.constrained) and low > 0 and literal_keys is None:
+            raise SchemaError(f"{where}: minProperties with keys a pattern or lengths check is not supported")
         if high is not None and high < len(set(required)):
             raise SchemaError(f"{where}: maxProperties {high} is below the {len(set(required))} required properties")
-        if extra is None and low > len(named):
-            raise SchemaError(f"{where}: minProperties {low} is above the {len(named)} properties it may have")
-        return self.add(Obj(named, extra, low, high))
+        room = len(named) + (len(literal_keys) if literal_keys is not None else math.inf if extra is not None else 0)
+        if low > room:
+            raise SchemaError(f"{where}: minProperties {low} is above the {room} properties it may have")
+        return self.add(Obj(named, extra, low, high, banned, literal_keys, key))
+
+
+class _KeyNames:
+    """What ``propertyNames`` admits: a list of names (an enum or const of strings), or strings within lengths and
+    perhaps a pattern, or any string."""
+
+    def __init__(self, compiler: _Compiler, schema: object, where: str) -> None:
+        self.literals: list[str] | None = None
+        self.low, self.high, self.own = 0, None, None
+        self.where = where
+        if schema is True:
+            self.constrained = False
+            return
+        self.constrained = True
+        node = compiler.node(schema, where)
+        found = [compiler.nodes[leaf] for leaf in leaves(compiler.nodes, [node])]
+        if found and all(isinstance(n, Lit) and n.text.startswith(b'"') for n in found):
+            self.literals = list(dict.fromkeys(json.loads(n.text) for n in found))  # type: ignore[union-attr]
+        elif len(found) == 1 and isinstance(found[0], Str):
+            self.low, self.high, self.own = found[0].min_length, found[0].max_length, found[0].pattern
+            self.constrained = bool(self.low) or self.high is not None or self.own is not None  # not just "a string"
+        else:
+            raise SchemaError(f"{where}: only a string schema (lengths, a pattern, a format) or an enum of strings")
+
+    def admits(self, name: str) -> bool:
+        if self.literals is not None:
+            return name in self.literals
+        length = len(name.encode("utf-16-le")) // 2  # as JSON Schema counts: UTF-16 code units
+        if length < self.low or (self.high is not None and length > self.high):
+            return False
+        return self.own is None or _matches(self.own, name)
+
+    def pattern(self, source: str, where: str) -> Pattern:
+        """The pattern of a patternProperties key (with propertyNames' lengths; not beside a pattern of its own)."""
+        if self.own is not None:
+            raise SchemaError(f"{where}: a pattern beside one in propertyNames is not supported")
+        try:
+            return Pattern(source, self.low, self.high)
+        except PatternError as err:
+            raise SchemaError(f"{where}: {err}") from None
+
+
+def _matches(pattern: Pattern, text: str) -> bool:
+    """Whether ``pattern`` (with its length bounds) matches the string ``text``."""
+    state: tuple[int, int] | None = (pattern.start, 0)
+    for char in text:
+        state = pattern.step(*state, ord(char))
+        if state is None:
+            return False
+    return pattern.can_end(*state)
 
 
 def _only(schema: Mapping[str, Any], keys: set[str], allowed: set[str], where: str) -> None:
@@ -373,11 +478,14 @@ def _writable(node: Node, productive: set[int]) -> Node:
     a ``$ref`` to itself): the grammar never starts what it could not finish."""
     if isinstance(node, Obj):
         props = tuple(p for p in node.props if p[2] or p[1] in productive)
-        extra = node.extra if node.extra in productive else None
-        if (props, extra) == (node.props, node.extra):
+        extra = node.extra if node.extra in productive and (node.key is None or node.key in productive) else None
+        listed = node.literal_keys
+        if listed is not None:
+            listed = tuple(k for k in listed if k[1] in productive)
+        if (props, extra, listed) == (node.props, node.extra, node.literal_keys):
             return node
-        banned = tuple(p[0][1:-1] for p in node.props if p not in props)
-        return dataclasses.replace(node, props=props, extra=extra, banned=banned)  # no other key may spell a banned one
+        banned = node.banned + tuple(p[0][1:-1] for p in node.props if p not in props)  # no other key may spell one
+        return dataclasses.replace(node, props=props, extra=extra, banned=banned, literal_keys=listed)
     if isinstance(node, Alt):
         options = tuple(o for o in node.options if o in productive)
         return node if options == node.options else Alt(options)
@@ -405,8 +513,11 @@ def _productive(nodes: tuple[Node, ...]) -> set[int]:
                 ok = any(o in done for o in n.options)
             elif isinstance(n, Obj):
                 ok = all(v in done for _, v, required in n.props if required)
-                may = sum(v in done for _, v, _ in n.props) + (math.inf if n.extra in done else 0)
-                ok = ok and may >= n.min_props
+                if n.literal_keys is not None:
+                    more: float = sum(v in done for _, v in n.literal_keys)
+                else:
+                    more = math.inf if n.extra in done and (n.key is None or n.key in done) else 0
+                ok = ok and sum(v in done for _, v, _ in n.props) + more >= n.min_props
             elif isinstance(n, Arr):
                 ok = all(n.item(i) in done for i in range(min(n.min_items, len(n.prefix) + 1)))
                 ok = ok and (n.unique is None or n.min_items <= n.values)

@@ -95,10 +95,15 @@ SCHEMA = {
 OBJECT = jg.Grammar.any_object()
 # Plain text a regular expression matches (vLLM's guided_regex): quotes, escapes and whitespace are plain characters.
 REGEX = jg.Grammar.regex('(ab|cat|c){8,}( [a-z0-9]+)*( and "x\\\\")?\\n?')
-# An object of two or three keys, other keys among them (read whole until two differ: a repeat counts once)
+# An object of two or three keys, other keys among them (read whole until two differ: a repeat counts once); in it
+# objects whose keys a pattern checks, or a list of names
 BOUNDED = {
     "type": "object",
-    "properties": {"a": {"type": "integer"}},
+    "properties": {
+        "a": {"type": "integer"},
+        "m": {"patternProperties": {"^(ab|c)+$": {"enum": ["cat"]}}},
+        "k": {"propertyNames": {"enum": ["ab", "cat"]}, "additionalProperties": {"const": 3.5}},
+    },
     "additionalProperties": {"enum": ["cat", 3.5]},
     "minProperties": 2,
     "maxProperties": 3,
@@ -180,6 +185,22 @@ def test_masks_near_a_strings_bound_and_between_tokens_equal_a_brute_force_check
     constraint.commit(_tokenize(prefix))
     got = constraint.mask(constraint.state, VOCAB, torch.device("cpu"))
     assert got.numpy().tolist() == brute_allowed(prefix, grammar).tolist()
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        *('{"m":{"', '{"m":{"ab', '{"m":{"abc', '{"m":{"ab":"cat","'),
+        *('{"k":{"', '{"k":{"ab":3.5,"', '{"a":1,"', '{"a":1,"c'),
+    ],
+)
+def test_masks_at_keys_a_pattern_or_a_list_checks_equal_a_brute_force_check(prefix: str) -> None:
+    grammar = GRAMMARS["bounded"]
+    constraint = JsonConstraint(texts(), grammar)
+    constraint.commit(_tokenize(prefix))
+    got = constraint.mask(constraint.state, VOCAB, torch.device("cpu"))
+    want = brute_allowed(prefix, grammar)
+    assert got.numpy().tolist() == want.tolist() and want.any()
 
 
 @settings(max_examples=60, deadline=None)

@@ -417,3 +417,16 @@ def test_json_schema_answers_of_the_cpu_default_validate_and_equal_plain_decodin
         assert list(value) == [k for k in schema["properties"] if k in value]
         accepted += out.stats.draft_tokens_accepted
     assert accepted > 10
+    # Keys from a list (pydantic's dict keyed by an enum), at least two, each once: still plain decoding's tokens
+    counts = {
+        "type": "object",
+        "propertyNames": {"enum": ["red", "green", "blue"]},
+        "additionalProperties": {"type": "integer", "minimum": 0},
+        "minProperties": 2,
+    }
+    messages = [{"role": "user", "content": "I have 3 red apples and 5 green apples. Count them per color as JSON."}]
+    out = spec.generate(messages, max_new_tokens=40, response_format=counts)
+    assert out.token_ids == plain.generate(messages, max_new_tokens=40, response_format=counts).token_ids
+    value = json.loads(out.text)
+    jsonschema.validate(value, counts)
+    assert out.finish_reason == "stop" and len(value) == out.text.count(":") >= 2  # as many keys written as parsed

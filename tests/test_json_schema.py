@@ -65,10 +65,23 @@ def _containers(inner: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy[d
         extra = draw(st.sampled_from(["absent", "false", "true", "schema"]))
         if extra != "absent":
             schema["additionalProperties"] = {"false": False, "true": True, "schema": {"type": "integer"}}[extra]
+        keys = draw(st.sampled_from(["free", "free", "listed", "pattern"]))
+        others = 2 if extra in ("true", "schema") else 0
+        if keys == "listed":  # propertyNames lists the names: the named ones, and others the pattern (if any) types
+            more = draw(st.lists(st.sampled_from(["zz", "abc", "i"]), unique=True, min_size=0 if props else 1))
+            schema["propertyNames"] = {"enum": [*props, *more]}
+            if draw(st.booleans()):
+                schema["patternProperties"] = {"^z": {"type": "integer"}}
+            others = sum(extra in ("true", "schema") or (k == "zz" and "patternProperties" in schema) for k in more)
+        elif keys == "pattern":  # other keys of a pattern no named key matches, perhaps of bounded length
+            schema.pop("additionalProperties", None)
+            schema["patternProperties"] = {"^z[a-z]*$": draw(inner)}
+            if draw(st.booleans()):
+                schema["propertyNames"] = {"maxLength": 5}
         if draw(st.booleans()):  # bounds on the number of keys, some satisfiable count inside
-            most = len(props) + (2 if extra in ("true", "schema") else 0)
-            count = draw(st.integers(len(schema["required"]), most))
-            schema["minProperties"] = draw(st.integers(0, count))
+            count = draw(st.integers(len(schema["required"]), len(props) + others))
+            if keys != "pattern":  # (minProperties is not supported with such keys)
+                schema["minProperties"] = draw(st.integers(0, count))
             if draw(st.booleans()):
                 schema["maxProperties"] = draw(st.integers(count, count + 2))
         return schema
@@ -124,16 +137,23 @@ def instance(draw: st.DrawFn, schema: Any, root: Any = None) -> Any:
     kind = draw(st.sampled_from(types))
     if kind == "object":
         props, required = schema.get("properties", {}), schema.get("required", [])
-        extra = schema.get("additionalProperties", "properties" not in schema)
-        # prefixes of named keys, and keys that start as they do
-        others = [k for k in ("zz", "abc", "nam", "i", "a", "id") if k not in props] if extra is not False else []
+        patterns = schema.get("patternProperties", {})
+        extra = schema.get("additionalProperties", "properties" not in schema and not patterns)
+        listed = schema.get("propertyNames", {}).get("enum")
+        if listed is not None:  # the listed names; those of the pattern take its schema
+            others = {k: patterns.get("^z", extra) if k.startswith("z") else extra for k in listed if k not in props}
+        elif patterns:
+            others = {k: patterns["^z[a-z]*$"] for k in ("z", "zz", "zab")}
+        else:  # prefixes of named keys, and keys that start as they do
+            others = {k: extra for k in ("zz", "abc", "nam", "i", "a", "id") if k not in props}
+        others = {k: v for k, v in others.items() if v is not False}
         low, high = schema.get("minProperties", 0), schema.get("maxProperties", len(props) + len(others))
         count = draw(st.integers(max(low, len(required)), min(high, len(props) + len(others))))
         optional = [k for k in props if k not in required]
         named = set(required) | set(draw(st.permutations(optional))[: max(0, count - len(required))])
         out = {key: draw(instance(sub, root)) for key, sub in props.items() if key in named}
-        for key in draw(st.permutations(others))[: count - len(out)]:
-            out[key] = draw(instance(True if extra is True else extra, root))
+        for key in draw(st.permutations(sorted(others)))[: count - len(out)]:
+            out[key] = draw(instance(True if others[key] is True else others[key], root))
         return out
     if kind == "array":
         prefix = schema.get("prefixItems", [])
@@ -176,7 +196,7 @@ def strict(schema: Any) -> Any:
     says so."""
     if isinstance(schema, dict):
         schema = {k: strict(v) for k, v in schema.items()}
-        if "properties" in schema and "additionalProperties" not in schema:
+        if ("properties" in schema or "patternProperties" in schema) and "additionalProperties" not in schema:
             schema["additionalProperties"] = False
     elif isinstance(schema, list):
         return [strict(v) for v in schema]
@@ -299,9 +319,20 @@ def _nested(inner: Any, depth: int, kind: str = "items") -> Any:
         ({"type": "array", "items": {"type": "string"}, "uniqueItems": True}, "#/uniqueItems: only items of enum"),
         ({"type": "array", "items": {"type": "boolean"}, "uniqueItems": True, "minItems": 3}, "admits no finite"),
         (
-            {"type": "object", "properties": {"n": {"patternProperties": {"^x": {}}}}},
-            "#/properties/n: the JSON schema keyword 'patternPr",
+            {"type": "object", "properties": {"n": {"dependentRequired": {"a": ["b"]}}}},
+            "#/properties/n: the JSON schema keyword 'dependentRe",
         ),
+        ({"propertyNames": {"type": "integer"}}, "#/propertyNames: only a string schema"),
+        ({"propertyNames": {"enum": ["a", 1]}}, "#/propertyNames: only a string schema"),
+        ({"patternProperties": {"^a": {}, "^b": {}}}, "one pattern, without additionalProperties"),
+        ({"patternProperties": {"^a": {}}, "additionalProperties": {}}, "one pattern, without additionalProperties"),
+        ({"properties": {"ab": {}}, "patternProperties": {"^a": {}}}, "#/properties/ab: its name matches a pattern"),
+        ({"propertyNames": {"pattern": "^a"}, "patternProperties": {"b": {}}}, "beside one in propertyNames"),
+        ({"patternProperties": {"^a": {}}, "minProperties": 1}, "minProperties with keys a pattern or lengths"),
+        ({"properties": {"b": {}}, "required": ["b"], "propertyNames": {"enum": ["a"]}}, "propertyNames does not"),
+        ({"properties": {"b": {}}, "additionalProperties": {}, "propertyNames": {"maxLength": 3}}, "beside properties"),
+        ({"propertyNames": {"enum": ["a", "b"]}, "minProperties": 3}, "minProperties 3 is above the 2 properties"),
+        ({"patternProperties": {"(": {}}}, "#/patternProperties/(: pattern '('"),
         ({"properties": {"a": {}, "b": {}}, "required": ["a", "b"], "maxProperties": 1}, "below the 2 required"),
         ({"properties": {"a": {}}, "additionalProperties": False, "minProperties": 2}, "above the 1 properties"),
         ({"type": "object", "minProperties": 3, "maxProperties": 2}, "minProperties 3 is above maxProperties 2"),
@@ -428,6 +459,17 @@ def test_object_bounds_count_distinct_keys_and_leave_no_dead_end() -> None:
         {"properties": optional, "additionalProperties": {"type": "integer"}, "minProperties": 4},
         {"properties": {"a": {"type": "object", "minProperties": 1, "maxProperties": 1}}, "required": ["a"]},
         {"type": "object", "maxProperties": 0},
+        {"propertyNames": {"enum": ["a", "b", "c"]}, "additionalProperties": {"type": "integer"}, "minProperties": 2},
+        # skipping the named one leaves two listed names: too few
+        {
+            "properties": {"c": {}},
+            "propertyNames": {"enum": ["c", "a", "b"]},
+            "additionalProperties": {},
+            "minProperties": 3,
+        },
+        {"properties": {"a": {}}, "propertyNames": {"enum": ["a", "b"]}, "patternProperties": {"b": {"const": 1}}},
+        {"patternProperties": {"^[ab]+$": {"type": "integer"}}, "propertyNames": {"maxLength": 2}, "maxProperties": 2},
+        {"propertyNames": {"minLength": 2, "maxLength": 3}, "additionalProperties": {"const": 1}},
     ]
     alphabet = list(b'{}":, 1abc')
     rng = random.Random(0)
@@ -449,6 +491,24 @@ def test_object_bounds_count_distinct_keys_and_leave_no_dead_end() -> None:
             jsonschema.validate(json.loads(text), checked)
 
 
+def test_keys_follow_property_names_and_pattern_properties() -> None:
+    """propertyNames as a list of names (each at most once), or lengths; one patternProperties pattern for the other
+    keys (escapes decoded), its schema for their values; a listed name under a pattern takes the pattern's schema."""
+    g = compile_schema({"propertyNames": {"enum": ["red", "blue"]}, "additionalProperties": {"type": "integer"}})
+    assert whole(g, '{"red": 1, "blue": 2}') and whole(g, '{"blue": 2}') and whole(g, "{}")
+    assert not whole(g, '{"green": 1}') and not whole(g, '{"red": 1, "red": 2}') and not whole(g, '{"red": "x"}')
+    assert g.advance(g.start(), b'{"red": 1, "blue": 2,') is None  # both names used: no dead end after a comma
+    g = compile_schema({"propertyNames": {"enum": ["a", "zz"]}, "patternProperties": {"^z": {"const": True}}})
+    assert whole(g, '{"zz": true}') and not whole(g, '{"zz": 1}') and not whole(g, '{"a": 1}')  # a: no schema
+    g = compile_schema({"properties": {"id": {}}, "patternProperties": {"^x-": {"type": "string"}}})
+    assert whole(g, '{"id": 1, "x-a": "b", "x-\u0063": "d"}') and not whole(g, '{"id": 1, "y": "b"}')
+    assert not whole(g, '{"x-a": 1}') and not whole(g, '{"x-a": "b", "id": 1}')  # named ones first
+    g = compile_schema({"propertyNames": {"maxLength": 2}, "additionalProperties": {}})
+    assert whole(g, '{"ab": 1, "\u00e9": 2}') and not whole(g, '{"abc": 1}')
+    g = compile_schema({"properties": {"long": {}, "a": {}}, "propertyNames": {"maxLength": 2}})
+    assert whole(g, '{"a": 1}') and not whole(g, '{"long": 1}')  # a named key propertyNames refuses never comes
+
+
 def test_a_pydantic_models_schema_compiles_and_admits_pydantics_own_json() -> None:
     """The schema pydantic writes for a model with the usual field kinds (UUID, dates, bounded and stepped numbers,
     enums, a set of enums, literals, tuples, optional and recursive models, dicts, patterned strings) compiles, and
@@ -456,7 +516,7 @@ def test_a_pydantic_models_schema_compiles_and_admits_pydantics_own_json() -> No
     import datetime
     import enum
     import uuid
-    from typing import Literal
+    from typing import Annotated, Literal
 
     pydantic = pytest.importorskip("pydantic")
 
@@ -484,6 +544,10 @@ def test_a_pydantic_models_schema_compiles_and_admits_pydantics_own_json() -> No
         friends: list[Person] = pydantic.Field(default_factory=list)
         meta: dict[str, int] = pydantic.Field(default_factory=dict)
         ratings: dict[str, int] = pydantic.Field(default_factory=lambda: {"x": 1}, min_length=1, max_length=2)
+        per_color: dict[Color, int] = pydantic.Field(default_factory=dict)
+        codes: dict[Annotated[str, pydantic.StringConstraints(pattern=r"^[A-Z]{2}$")], float] = pydantic.Field(
+            default_factory=dict
+        )
         step: int = pydantic.Field(multiple_of=5, default=0)
         price: float = pydantic.Field(multiple_of=0.01, ge=0, default=0)
 
@@ -497,10 +561,14 @@ def test_a_pydantic_models_schema_compiles_and_admits_pydantics_own_json() -> No
     bob.friends = [ann]
     bob.meta = {"k": -3}
     bob.ratings = {"x": 1, "y": 2}
+    bob.per_color = {Color.blue: 3, Color.red: 0}
+    bob.codes = {"FR": 1.5, "DE": -2.0}
     for person in (ann, bob):
         assert whole(grammar, person.model_dump_json()), person.model_dump_json()
         assert whole(grammar, person.model_dump_json(indent=2))
     assert not whole(grammar, ann.model_dump_json().replace('"step":10', '"step":12'))
     assert not whole(grammar, ann.model_dump_json().replace("2000-02-29", "2001-02-29"))
     assert not whole(grammar, ann.model_dump_json().replace('"ratings":{"x":1}', '"ratings":{}'))
+    assert not whole(grammar, bob.model_dump_json().replace('"blue":3', '"green":3'))
+    assert not whole(grammar, bob.model_dump_json().replace('"FR":', '"Fr":'))
     assert not whole(grammar, ann.model_dump_json().replace('"ratings":{"x":1}', '"ratings":{"x":1,"y":2,"z":3}'))
