@@ -253,9 +253,9 @@ HI = [{"role": "user", "content": "t5"}]
         ),
         (
             "completions",
-            {"prompt": "t5", "guided_json": {"type": "object", "minProperties": 1}},
+            {"prompt": "t5", "guided_json": {"type": "object", "dependentRequired": {"a": ["b"]}}},
             "guided_json",
-            "'minProperties' is not supported",
+            "'dependentRequired' is not supported",
         ),
         (
             "chat/completions",
@@ -553,13 +553,13 @@ def test_tool_requests_the_server_cannot_honour_are_400s_naming_the_field(url: s
                 "tools": [
                     {
                         "type": "function",
-                        "function": {"name": "f", "parameters": {"type": "object", "minProperties": 1}},
+                        "function": {"name": "f", "parameters": {"type": "object", "dependentRequired": {"a": ["b"]}}},
                     }
                 ],
                 "tool_choice": "required",
             },
             "tools.0.function.parameters",
-            "'minProperties' is not supported",
+            "'dependentRequired' is not supported",
         ),
         (
             {"tool_choice": "required", "response_format": {"type": "json_object"}},
