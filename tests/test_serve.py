@@ -887,6 +887,11 @@ def test_timeout_is_504() -> None:
             events = [line for line in s.iter_lines() if line.startswith("data: ")]
         # Mid-stream the status line is sent already: the error comes as the last event, with no [DONE].
         assert '"timeout_error"' in events[-1] and "data: [DONE]" not in events
+        # The Responses API's stream ends in its error event instead of response.completed
+        ask = {"input": prompt(3), "max_output_tokens": 400, "temperature": 0, "stream": True}
+        with httpx.Client(timeout=30) as h, h.stream("POST", f"{u}/v1/responses", json=ask) as s:
+            kinds = [json.loads(line[6:])["type"] for line in s.iter_lines() if line.startswith("data: ")]
+        assert kinds[0] == "response.created" and kinds[-1] == "error" and "response.completed" not in kinds
         # The engine was released: a short request gets through (its wait for the turn counts against the same
         # 2 s timeout, so a loaded machine may need another try).
         codes = []
@@ -967,6 +972,15 @@ def test_smollm2_streaming_chat() -> None:
         parsed = c.chat.completions.parse(model="smollm2-135m", messages=ask, response_format=Event, max_tokens=100)
         event = parsed.choices[0].message.parsed
         assert parsed.choices[0].finish_reason == "stop" and isinstance(event, Event), parsed.choices[0].message
+        # ... and through the Responses API: the chat completion's answer (greedy both), parsed
+        answered = c.responses.parse(
+            model="smollm2-135m", input=ask, text_format=Event, max_output_tokens=100, temperature=0
+        )
+        greedy = c.chat.completions.parse(
+            model="smollm2-135m", messages=ask, response_format=Event, max_tokens=100, temperature=0
+        )
+        assert answered.status == "completed" and greedy.choices[0].finish_reason == "stop"
+        assert isinstance(answered.output_parsed, Event) and answered.output_parsed == greedy.choices[0].message.parsed
         chosen = c.chat.completions.create(
             model="smollm2-135m",
             messages=[{"role": "user", "content": "Is water wet? yes or no"}],
@@ -974,6 +988,122 @@ def test_smollm2_streaming_chat() -> None:
             extra_body={"guided_choice": ["yes", "no"]},
         )
         assert chosen.choices[0].message.content in ("yes", "no")
+
+
+def test_responses_api_answers_as_the_chat_completion_of_the_same_conversation(url: str) -> None:
+    """OpenAI's Responses API through the official client: the output text is the chat completion's answer to the
+    same conversation (instructions as a system message first), whole and streamed (typed events in order, their
+    deltas adding up, the last one completed or incomplete as the answer finished), with usage in its names; a string
+    input is one user turn; a seeded sampled answer is the seeded chat completion's."""
+    c = client(url)
+    turns = [
+        {"role": "user", "content": "t5 t6 t7"},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "t8"}]},
+        {"role": "user", "content": [{"type": "input_text", "text": "t9 t5"}]},
+    ]
+    as_chat = [{"role": "system", "content": "t2 t3"}, turns[0], {"role": "assistant", "content": "t8"}]
+    as_chat.append({"role": "user", "content": "t9 t5"})
+    statuses = set()
+    for max_tokens in (3, 60):
+        kw = {"model": "tiny", "max_output_tokens": max_tokens, "temperature": 0}
+        want = c.chat.completions.create(model="tiny", messages=as_chat, max_tokens=max_tokens, temperature=0)
+        got = c.responses.create(instructions="t2 t3", input=turns, **kw)
+        assert got.output_text == want.choices[0].message.content and got.output_text
+        assert got.status == ("incomplete" if want.choices[0].finish_reason == "length" else "completed")
+        statuses.add(got.status)
+        assert (got.usage.input_tokens, got.usage.output_tokens) == (
+            want.usage.prompt_tokens,
+            want.usage.completion_tokens,
+        )
+        assert got.id.startswith("resp_") and got.output[0].role == "assistant"
+        events = list(c.responses.create(instructions="t2 t3", input=turns, stream=True, **kw))
+        kinds = [e.type for e in events]
+        assert kinds[:4] == [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+        ]
+        assert kinds[-4:] == [
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            f"response.{got.status}",
+        ]
+        assert set(kinds[4:-4]) == {"response.output_text.delta"}
+        deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        assert deltas == got.output_text == events[-1].response.output_text == events[-4].text
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        assert events[-1].response.usage.output_tokens == got.usage.output_tokens
+        with c.responses.stream(instructions="t2 t3", input=turns, **kw) as helper:  # the client's accumulator
+            assert "".join(e.delta for e in helper if e.type == "response.output_text.delta") == got.output_text
+    assert statuses == {"incomplete"}  # (a finished answer's "completed": the JSON test below)
+    alone = c.responses.create(model="tiny", input="t5 t6 t7", max_output_tokens=8, temperature=0)
+    one = c.chat.completions.create(model="tiny", messages=[turns[0]], max_tokens=8, temperature=0)
+    assert alone.output_text == one.choices[0].message.content
+    drawn = c.responses.create(model="tiny", input="t5 t6 t7", max_output_tokens=8, extra_body={"seed": 3})
+    seeded = c.chat.completions.create(model="tiny", messages=[turns[0]], max_tokens=8, seed=3)
+    assert drawn.output_text == seeded.choices[0].message.content != one.choices[0].message.content
+
+
+def test_responses_api_json_schema_answers_are_the_chat_completions() -> None:
+    """text.format json_schema (and json_object) as response_format does in a chat completion: the same answer for
+    the same seed, whole and streamed, not the free one, and a finished one "completed" (a tiny vocabulary of JSON
+    pieces for the constraint, tests/test_constraint.py; the texts are the tokenizer's words)."""
+    from test_constraint import SCHEMA, texts
+
+    target = make_target()
+    target.__dict__["token_texts"] = texts()
+    ask = [{"role": "user", "content": "t5 t6 t7"}]
+    statuses = set()
+    with serving(target=target) as u:
+        c = client(u)
+        for seed in range(4):
+            kw = {
+                "model": "tiny",
+                "input": ask,
+                "max_output_tokens": 40,
+                "temperature": 0.9,
+                "extra_body": {"seed": seed},
+            }
+            free = c.responses.create(**kw).output_text
+            for fmt in ({"type": "json_schema", "name": "card", "schema": SCHEMA}, {"type": "json_object"}):
+                chat_fmt = fmt if fmt["type"] == "json_object" else {"type": "json_schema", "json_schema": fmt}
+                want = c.chat.completions.create(
+                    model="tiny", messages=ask, max_tokens=40, temperature=0.9, seed=seed, response_format=chat_fmt
+                )
+                got = c.responses.create(**kw, text={"format": fmt})
+                assert got.output_text == want.choices[0].message.content != free
+                assert got.text.format.type == fmt["type"]
+                assert got.status == ("completed" if want.choices[0].finish_reason == "stop" else "incomplete")
+                statuses.add(got.status)
+                events = list(c.responses.create(**kw, text={"format": fmt}, stream=True))
+                assert events[-1].type == f"response.{got.status}"
+                assert events[-1].response.output_text == got.output_text
+                if got.status == "completed":  # the client's accumulator takes the final response from that event
+                    with c.responses.stream(**kw, text={"format": fmt}) as helper:
+                        assert helper.get_final_response().output_text == got.output_text
+    assert "completed" in statuses
+
+
+def test_responses_api_refuses_what_it_cannot_honour_naming_the_field(url: str) -> None:
+    cases = [
+        ({"tools": [{"type": "function", "name": "f"}]}, "tools", "/v1/chat/completions has them"),
+        ({"previous_response_id": "resp_1"}, "previous_response_id", "not stored here"),
+        ({"input": []}, "input", "must not be empty"),
+        ({"input": [{"role": "user", "content": "t5"}] * 300}, "input", "at most 256 items"),
+        ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "input", "item 0 is 'func"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input", "(got 'input_image')"),
+        ({"text": {"format": {"type": "json_schema", "name": "a"}}}, "text.format.schema", "needs a schema"),
+        ({"text": {"format": {"type": "json_schema", "schema": {"type": "date"}}}}, "text.format", "#/type must be"),
+        ({"input": "t5 " * 600}, "input", "context window"),
+        ({"model": "gpt-5"}, "model", "is not served here"),
+    ]
+    for extra, param, message in cases:
+        r = httpx.post(f"{url}/v1/responses", json={"input": "t5", **extra}, timeout=30)
+        assert r.status_code in (400, 404), (extra, r.text)
+        error = r.json()["error"]
+        assert message in error["message"] and error["param"] == param, (extra, error)
 
 
 def test_web_page_streams_in_headless_chromium(url: str, tmp_path: Path) -> None:

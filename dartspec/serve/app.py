@@ -1,8 +1,9 @@
 """OpenAI-compatible HTTP API (FastAPI) over a :class:`~dartspec.serve.engine.ServeEngine`.
 
 Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (``stream: true`` gives server-sent
-events ending in ``data: [DONE]``), ``GET /v1/models``, ``GET /health``, ``GET /metrics``
-(Prometheus) and the web demo at ``/``. Errors use OpenAI's shape,
+events ending in ``data: [DONE]``), ``POST /v1/responses`` (OpenAI's Responses API, text answers:
+:mod:`dartspec.serve.responses`), ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus) and the web
+demo at ``/``. Errors use OpenAI's shape,
 ``{"error": {"message", "type", "param", "code"}}``.
 """
 
@@ -19,7 +20,7 @@ from collections.abc import AsyncIterator, Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from importlib import resources
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import jinja2
 from fastapi import APIRouter, FastAPI, Request
@@ -32,6 +33,7 @@ from dartspec.constraint import response_grammar
 from dartspec.engine import GenerationResult, StepEvent, TokenLogprob
 from dartspec.errors import DartspecError, FieldError
 from dartspec.serve.engine import GenerationTimeout, Job, QueueFull, ServeEngine
+from dartspec.serve.responses import ResponseEvents, ResponsesRequest, response_body
 from dartspec.serve.schema import (
     MAX_SEED,
     ChatRequest,
@@ -267,16 +269,50 @@ async def chat(req: ChatRequest, request: Request):
     served = _served(request)
     if (refused := _unknown_model(served, req)) is not None:
         return refused
+    ids = await _chat_ids(served, req, "messages")
+    if isinstance(ids, Response):
+        return ids
+    return await _serve(served, req, ids, chat=True, request=request)
+
+
+@routes.post("/v1/responses")
+async def responses(body: ResponsesRequest, request: Request):
+    """OpenAI's Responses API for text answers (:mod:`dartspec.serve.responses`): the same generation as a chat
+    completion of the same conversation and settings."""
+    served = _served(request)
+    try:
+        req = body.as_chat()
+    except FieldError as err:
+        return error_response(400, str(err), param=err.param)
+    if (refused := _unknown_model(served, req)) is not None:
+        return refused
+    ids = await _chat_ids(served, req, "input")
+    if isinstance(ids, Response):
+        return ids
+    run = await _start(served, req, ids, prompt_param="input", request=request, format_param="text.format")
+    if isinstance(run, Response):
+        return run
+    rid, model = f"resp_{uuid.uuid4().hex[:24]}", served.engine.model_name
+    if run.starts is not None:
+        events = ResponseEvents(rid, model, body.echo())
+        return StreamingResponse(_sse(events, run.starts, run.jobs, request), media_type="text/event-stream")
+    assert run.outs is not None
+    ((text, result),) = run.outs
+    return response_body(rid, model, body.echo(), text, result, usage(result))
+
+
+async def _chat_ids(served: Served, req: ChatRequest, param: str) -> list[int] | Response:
+    """The request's conversation through the model's chat template, tokenized; a 400 naming ``param`` where the
+    template refuses it."""
     try:
         messages = with_tools([m.as_chat() for m in req.messages], req)
-        ids = await served.tokenized(served.engine.target.encode_chat, messages)
+        return await served.tokenized(served.engine.target.encode_chat, messages)
     except FieldError as err:
         return error_response(400, str(err), param=err.param)
     except DartspecError as err:
         return error_response(400, str(err))
     except jinja2.TemplateError as err:  # the template's own refusal (e.g. roles that must alternate)
-        return error_response(400, f"the model's chat template refused these messages: {err}", param="messages")
-    return await _serve(served, req, ids, chat=True, request=request)
+        return error_response(400, f"the model's chat template refused these messages: {err}", param=param)
 
 
 @routes.post("/v1/completions")
@@ -297,11 +333,30 @@ def _unknown_model(served: Served, req: CommonRequest) -> JSONResponse | None:
     return error_response(404, f"the model {req.model!r} is not served here (this server has: {names})", param="model")
 
 
-async def _serve(
-    served: Served, req: CommonRequest, ids: list[int], *, chat: bool, request: Request
-) -> Response | dict[str, Any]:
+@dataclass
+class _Run:
+    """A request's generations, started: each choice's first event and the rest (streamed), or each one's text and
+    result (whole)."""
+
+    jobs: list[Job]
+    starts: list[tuple[StepEvent | None, AsyncIterator[StepEvent]]] | None = None
+    outs: list[tuple[str, GenerationResult]] | None = None
+
+
+async def _start(
+    served: Served,
+    req: CommonRequest,
+    ids: list[int],
+    *,
+    prompt_param: str,
+    request: Request,
+    format_param: str = "response_format",
+) -> _Run | Response:
+    """Check the request, make its answer's grammar and jobs, and run them: streamed (started, so that a full queue
+    is a 429 and not a broken stream) or to the end; an error answer where any of that fails (its ``param`` the
+    prompt's or the answer format's field as the endpoint names them)."""
     engine = served.engine
-    problem = _check(engine, req, ids, "messages" if chat else "prompt")
+    problem = _check(engine, req, ids, prompt_param)
     if problem:
         return error_response(400, problem[0], param=problem[1])
     try:  # the answer's grammar, made once for all the request's choices
@@ -309,7 +364,7 @@ async def _serve(
     except FieldError as err:  # a tool's or a guided field's (the field named)
         return error_response(400, str(err), param=err.param)
     except DartspecError as err:
-        param = "min_tokens" if "min_tokens" in str(err) else "response_format"
+        param = "min_tokens" if "min_tokens" in str(err) else format_param
         return error_response(400, str(err), param=param)
     base = Job(
         prompt_ids=ids,
@@ -333,7 +388,6 @@ async def _serve(
         replace(base, seed=None if req.seed is None else req.seed + i, cancel=threading.Event())
         for i in range(1, req.n)
     ]
-    rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
     if req.stream:
         streams = [engine.run(job) for job in jobs]
         starting = [asyncio.ensure_future(_first(events)) for events in streams]
@@ -346,8 +400,7 @@ async def _serve(
             for events in streams:
                 await events.aclose()
             return _failure(err)
-        stream = _sse(served, rid, chat, list(zip(firsts, streams, strict=True)), jobs, request, _calls(req))
-        return StreamingResponse(stream, media_type="text/event-stream")
+        return _Run(jobs, starts=list(zip(firsts, streams, strict=True)))
     tasks = [asyncio.ensure_future(engine.complete(job)) for job in jobs]
     try:
         outs = await unless_gone(request, asyncio.gather(*tasks))
@@ -356,6 +409,22 @@ async def _serve(
             task.cancel()
         await asyncio.wait(tasks)
         return _failure(err)
+    return _Run(jobs, outs=list(outs))
+
+
+async def _serve(
+    served: Served, req: CommonRequest, ids: list[int], *, chat: bool, request: Request
+) -> Response | dict[str, Any]:
+    """A chat completion or a completion: started, then answered in their shapes."""
+    run = await _start(served, req, ids, prompt_param="messages" if chat else "prompt", request=request)
+    if isinstance(run, Response):
+        return run
+    rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+    if run.starts is not None:
+        chunks = _Chunks(served, rid, chat, len(run.starts), _calls(req))
+        return StreamingResponse(_sse(chunks, run.starts, run.jobs, request), media_type="text/event-stream")
+    assert run.outs is not None
+    outs, engine = run.outs, served.engine
     choices = []
     for index, (text, result) in enumerate(outs):
         choice: dict[str, Any] = {"index": index, "finish_reason": result.finish_reason, "logprobs": None}
@@ -432,66 +501,119 @@ def _check(engine: ServeEngine, req: CommonRequest, ids: list[int], prompt_param
     return None
 
 
+class StreamFormat(Protocol):
+    """How a streamed answer is written as server-sent events (:func:`_sse` drives it): chat completions' and
+    completions' chunks (:class:`_Chunks`), or the Responses API's events
+    (:class:`dartspec.serve.responses.ResponseEvents`)."""
+
+    def opening(self) -> list[str]:
+        """The events before the first step."""
+        ...
+
+    async def step(self, index: int, ev: StepEvent) -> list[str]:
+        """The events of one step of choice ``index``."""
+        ...
+
+    def finished(self, index: int, result: GenerationResult, total: dict[str, Any] | None) -> list[str]:
+        """The events once choice ``index`` is done; ``total``: the usage of all, once the last one is."""
+        ...
+
+    def closing(self) -> list[str]:
+        """The events after every choice is done."""
+        ...
+
+    def failed(self, message: str, kind: str, code: str) -> str:
+        """The event of a generation that failed after the status line was sent."""
+        ...
+
+
 async def _sse(
-    served: Served,
-    rid: str,
-    chat: bool,
+    fmt: StreamFormat,
     starts: list[tuple[StepEvent | None, AsyncIterator[StepEvent]]],
     jobs: list[Job],
     request: Request,
-    calls: str | None = None,
 ) -> AsyncIterator[str]:
     """The server-sent events of a request's choices (``starts``: each one's first event and the rest), in the order
-    their steps come; the last choice to finish carries the usage of all. ``calls`` ("required" or "auto"): answers
-    may be tool calls, each sent whole in one delta once it is (the steps of a call carry no content; with "auto" an
-    answer is a call when its first text starts as one)."""
-    created, model = int(time.time()), served.engine.model_name
-    offsets = [0] * len(starts)  # a completion's offsets count the characters of its tokens so far
-    is_call: list[bool | None] = [True if calls == "required" else None] * len(starts)  # known from the first text
+    their steps come, written by ``fmt``; the jobs end with the stream, whatever ends it."""
     results: list[GenerationResult] = []
     events = _merged(starts)
     try:
-        if chat:
-            for index in range(len(starts)):
-                yield f"data: {json.dumps(role_chunk(rid, created, model, index))}\n\n"
+        for text in fmt.opening():
+            yield text
         async for index, ev in events:
             if await request.is_disconnected():
                 break
-            # The last step may commit tokens that show no text (EOS); its chunk still counts them.
-            if ev.text or ev.token_ids or ev.result is None:
-                logprobs = None
-                if ev.logprobs:
-                    logprobs = await served.logprobs(ev.logprobs, chat, offsets[index])
-                    offsets[index] += sum(len(t) for t in logprobs.get("tokens", ()))
-                if calls and is_call[index] is None and ev.text:
-                    is_call[index] = ev.text.startswith(("{", "["))
-                text = "" if is_call[index] else ev.text
-                yield chunk(model, rid, created, chat, text, None, ev, logprobs=logprobs, index=index)
+            for text in await fmt.step(index, ev):
+                yield text
             if ev.result is not None:
                 results.append(ev.result)
                 total = usage(*results) if len(results) == len(starts) else None
-                finish = ev.result.finish_reason
-                made = tool_calls(ev.result.text) if is_call[index] and finish == "stop" else None
-                if made is not None:
-                    yield chunk(model, rid, created, chat, "", None, tool_calls=made, index=index)
-                    finish = "tool_calls"
-                elif is_call[index]:  # a call cut short (length, a stop string): what there is, as text
-                    yield chunk(model, rid, created, chat, ev.result.text, None, index=index)
-                yield chunk(model, rid, created, chat, "", finish, usage=total, index=index)
+                for text in fmt.finished(index, ev.result, total):
+                    yield text
         else:
-            yield "data: [DONE]\n\n"
+            for text in fmt.closing():
+                yield text
     except GenerationTimeout as err:
-        # The status line is long gone: the error travels as an event, and the missing [DONE] tells
-        # clients the answer is incomplete.
-        yield f"data: {json.dumps(error_body(str(err), 'timeout_error', None, 'timeout'))}\n\n"
+        # The status line is long gone: the error travels as an event, and the missing end tells clients the
+        # answer is incomplete.
+        yield fmt.failed(str(err), "timeout_error", "timeout")
     except Exception as err:
         log.exception("generation failed mid-stream")
-        message = f"internal error: {type(err).__name__}: {err}"
-        yield f"data: {json.dumps(error_body(message, 'server_error', None, 'internal_error'))}\n\n"
+        yield fmt.failed(f"internal error: {type(err).__name__}: {err}", "server_error", "internal_error")
     finally:
         for job in jobs:
             job.cancel.set()
         await events.aclose()
+
+
+class _Chunks:
+    """Chat completions' and completions' chunks (``data: [DONE]`` at the end). ``calls`` ("required" or "auto"):
+    answers may be tool calls, each sent whole in one delta once it is (the steps of a call carry no content; with
+    "auto" an answer is a call when its first text starts as one)."""
+
+    def __init__(self, served: Served, rid: str, chat: bool, n: int, calls: str | None) -> None:
+        self.served, self.rid, self.chat, self.calls = served, rid, chat, calls
+        self.created, self.model = int(time.time()), served.engine.model_name
+        self.offsets = [0] * n  # a completion's offsets count the characters of its tokens so far
+        self.is_call: list[bool | None] = [True if calls == "required" else None] * n  # known from the first text
+
+    def opening(self) -> list[str]:
+        if not self.chat:
+            return []
+        return [
+            f"data: {json.dumps(role_chunk(self.rid, self.created, self.model, i))}\n\n"
+            for i in range(len(self.offsets))
+        ]
+
+    async def step(self, index: int, ev: StepEvent) -> list[str]:
+        # The last step may commit tokens that show no text (EOS); its chunk still counts them.
+        if not (ev.text or ev.token_ids or ev.result is None):
+            return []
+        logprobs = None
+        if ev.logprobs:
+            logprobs = await self.served.logprobs(ev.logprobs, self.chat, self.offsets[index])
+            self.offsets[index] += sum(len(t) for t in logprobs.get("tokens", ()))
+        if self.calls and self.is_call[index] is None and ev.text:
+            self.is_call[index] = ev.text.startswith(("{", "["))
+        text = "" if self.is_call[index] else ev.text
+        return [chunk(self.model, self.rid, self.created, self.chat, text, None, ev, logprobs=logprobs, index=index)]
+
+    def finished(self, index: int, result: GenerationResult, total: dict[str, Any] | None) -> list[str]:
+        out, finish = [], result.finish_reason
+        made = tool_calls(result.text) if self.is_call[index] and finish == "stop" else None
+        if made is not None:
+            out.append(chunk(self.model, self.rid, self.created, self.chat, "", None, tool_calls=made, index=index))
+            finish = "tool_calls"
+        elif self.is_call[index]:  # a call cut short (length, a stop string): what there is, as text
+            out.append(chunk(self.model, self.rid, self.created, self.chat, result.text, None, index=index))
+        out.append(chunk(self.model, self.rid, self.created, self.chat, "", finish, usage=total, index=index))
+        return out
+
+    def closing(self) -> list[str]:
+        return ["data: [DONE]\n\n"]
+
+    def failed(self, message: str, kind: str, code: str) -> str:
+        return f"data: {json.dumps(error_body(message, kind, None, code))}\n\n"
 
 
 async def _merged(
