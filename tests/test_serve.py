@@ -957,6 +957,19 @@ def test_smollm2_streaming_chat() -> None:
         back.append({"role": "tool", "tool_call_id": call.id, "content": "18 degrees and sunny"})
         reply = c.chat.completions.create(messages=back, max_tokens=24, **{**kw, "tool_choice": "none"})
         assert reply.choices[0].message.content and not reply.choices[0].message.tool_calls
+        # ... and through the Responses API (functions declared flat): the same call, then its result sent back
+        flat = {"type": "function", **weather["function"]}
+        asked = c.responses.create(
+            model="smollm2-135m", input=ask, tools=[flat], tool_choice="required", temperature=0, max_output_tokens=60
+        )
+        (item,) = asked.output
+        assert (item.type, item.name, item.arguments) == ("function_call", "get_weather", call.function.arguments)
+        result = {"type": "function_call_output", "call_id": item.call_id, "output": "18 degrees and sunny"}
+        answer = c.responses.create(
+            model="smollm2-135m", input=[*ask, item.model_dump(), result], tools=[flat], tool_choice="none",
+            temperature=0, max_output_tokens=24,
+        )  # fmt: skip
+        assert answer.output_text == reply.choices[0].message.content
         # Structured outputs as the official client asks for them: a pydantic model (its strict schema, a date format
         # in it) comes back parsed; vLLM's guided_choice in extra_body
         import datetime
@@ -1086,13 +1099,103 @@ def test_responses_api_json_schema_answers_are_the_chat_completions() -> None:
     assert "completed" in statuses
 
 
+def test_responses_api_calls_functions_as_chat_completions_do() -> None:
+    """Function tools: with the same seed the Responses API answers what the chat completion answers, a call as
+    function_call output items (whole, and streamed as an item per call with its arguments in one delta and no text),
+    text as the message (a call cut by max_output_tokens too); calls and their results sent back as input items give
+    the chat completion's answer to the conversation holding those tool_calls and tool messages."""
+    from test_constraint import fake_decode, texts
+
+    target = make_target()
+    target.__dict__["token_texts"] = texts()
+    target.__dict__["decode"] = fake_decode  # the server's text is what the fake pieces spell
+    flat = [{"type": "function", **t["function"]} for t in TOOLS]  # this API declares functions flat
+    ask = [{"role": "user", "content": "t6 t7"}]
+    seen, made = set(), None
+    with serving(target=target) as u:
+
+        def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
+            return httpx.post(f"{u}/v1/{path}", json=body, timeout=60).json()
+
+        def streamed(body: dict[str, Any]) -> list[dict[str, Any]]:
+            with httpx.stream("POST", f"{u}/v1/responses", json={**body, "stream": True}, timeout=60) as r:
+                return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+
+        named = {"type": "function", "name": "sum"}
+        for choice, seeds in (("required", range(3)), ("auto", (8, 9)), (named, (2,))):
+            chat_choice = {"type": "function", "function": {"name": "sum"}} if choice is named else choice
+            for seed in seeds:
+                sampling = {"temperature": 0.9, "seed": seed}
+                asked = {"messages": ask, "tools": TOOLS, "tool_choice": chat_choice, "max_tokens": 60, **sampling}
+                want = post("chat/completions", asked)["choices"][0]
+                body = {"input": ask, "tools": flat, "tool_choice": choice, "max_output_tokens": 60, **sampling}
+                got = post("responses", body)
+                calls = want["message"].get("tool_calls")
+                if calls:
+                    seen.add("call")
+                    expected = [("function_call", c["function"]["name"], c["function"]["arguments"]) for c in calls]
+                    assert [(o["type"], o["name"], o["arguments"]) for o in got["output"]] == expected
+                    assert got["status"] == "completed" and all(o["call_id"].startswith("call_") for o in got["output"])
+                    made = got["output"]
+                else:
+                    seen.add(want["finish_reason"])
+                    (message,) = got["output"]
+                    assert message["type"] == "message" and message["content"][0]["text"] == want["message"]["content"]
+                events = streamed(body)
+                final = events[-1]["response"]["output"]
+                same = lambda items: [{k: v for k, v in o.items() if k not in ("id", "call_id")} for o in items]  # noqa: E731
+                assert same(final) == same(got["output"])
+                kinds = [e["type"] for e in events]
+                if calls:
+                    per_call = ["response.output_item.added", "response.function_call_arguments.delta"]
+                    per_call += ["response.function_call_arguments.done", "response.output_item.done"]
+                    assert kinds == [
+                        "response.created",
+                        "response.in_progress",
+                        *per_call * len(calls),
+                        "response.completed",
+                    ]
+                    deltas = [e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta"]
+                    assert deltas == [c["function"]["arguments"] for c in calls]
+                else:
+                    text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+                    assert text == want["message"]["content"]
+        assert seen == {"call", "length", "stop"}  # calls, a call cut short, text (else a branch went untested)
+        assert made is not None
+        # The official client reads the calls
+        kw = {"tools": flat, "tool_choice": "required", "max_output_tokens": 60, "temperature": 0.9}
+        call = client(u).responses.create(model="tiny", input=ask, **kw, extra_body={"seed": 2}).output[0]
+        assert call.type == "function_call" and call.name == "sum" and json.loads(call.arguments)["a"] == 4009
+        # Calls and a result sent back as items: the chat completion of those tool_calls and that tool message
+        items = [*ask, *({k: o[k] for k in ("type", "call_id", "name", "arguments")} for o in made)]
+        items.append({"type": "function_call_output", "call_id": made[0]["call_id"], "output": "t9"})
+        sent = [{"id": o["call_id"], "type": "function", "function": {"name": o["name"], "arguments": o["arguments"]}}
+                for o in made]  # fmt: skip
+        turn = [*ask, {"role": "assistant", "content": None, "tool_calls": sent}]
+        turn.append({"role": "tool", "tool_call_id": made[0]["call_id"], "content": "t9"})
+        again = {"tool_choice": "none", "temperature": 0.9, "seed": 5}
+        back = post("responses", {"input": items, "tools": flat, "max_output_tokens": 3, **again})
+        want = post("chat/completions", {"messages": turn, "tools": TOOLS, "max_tokens": 3, **again})
+        assert back["output"][0]["content"][0]["text"] == want["choices"][0]["message"]["content"]
+        assert back["usage"]["input_tokens"] == want["usage"]["prompt_tokens"]
+    # Parallel calls sent back are one assistant turn's tool_calls, as a chat completion holds them
+    from dartspec.serve.responses import ResponsesRequest
+
+    two = [{"type": "function_call", "call_id": f"call_{i}", "name": "now", "arguments": "{}"} for i in range(2)]
+    chat = ResponsesRequest(input=[*ask, *two, {"type": "function_call_output", "call_id": "call_1", "output": "x"}])
+    roles = [(m.role, len(m.tool_calls or [])) for m in chat.as_chat().messages]
+    assert roles == [("user", 0), ("assistant", 2), ("tool", 0)]
+
+
 def test_responses_api_refuses_what_it_cannot_honour_naming_the_field(url: str) -> None:
     cases = [
-        ({"tools": [{"type": "function", "name": "f"}]}, "tools", "/v1/chat/completions has them"),
+        ({"tools": [{"type": "web_search"}]}, "tools.0.type", "'function'"),
+        ({"tools": [{"type": "function", "name": "a b"}]}, "tools.0.name", "should match pattern"),
+        ({"tool_choice": "required"}, "tool_choice", "tool_choice needs tools"),
         ({"previous_response_id": "resp_1"}, "previous_response_id", "not stored here"),
         ({"input": []}, "input", "must not be empty"),
         ({"input": [{"role": "user", "content": "t5"}] * 300}, "input", "at most 256 items"),
-        ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "input", "item 0 is 'func"),
+        ({"input": [{"type": "reasoning", "summary": []}]}, "input", "item 0 is 'reasoning'"),
         ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input", "(got 'input_image')"),
         ({"text": {"format": {"type": "json_schema", "name": "a"}}}, "text.format.schema", "needs a schema"),
         ({"text": {"format": {"type": "json_schema", "schema": {"type": "date"}}}}, "text.format", "#/type must be"),

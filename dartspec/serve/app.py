@@ -33,7 +33,7 @@ from dartspec.constraint import response_grammar
 from dartspec.engine import GenerationResult, StepEvent, TokenLogprob
 from dartspec.errors import DartspecError, FieldError
 from dartspec.serve.engine import GenerationTimeout, Job, QueueFull, ServeEngine
-from dartspec.serve.responses import ResponseEvents, ResponsesRequest, response_body
+from dartspec.serve.responses import ResponseEvents, ResponsesRequest, output_items, response_body
 from dartspec.serve.schema import (
     MAX_SEED,
     ChatRequest,
@@ -292,13 +292,13 @@ async def responses(body: ResponsesRequest, request: Request):
     run = await _start(served, req, ids, prompt_param="input", request=request, format_param="text.format")
     if isinstance(run, Response):
         return run
-    rid, model = f"resp_{uuid.uuid4().hex[:24]}", served.engine.model_name
+    rid, model, calls = f"resp_{uuid.uuid4().hex[:24]}", served.engine.model_name, call_mode(req)
     if run.starts is not None:
-        events = ResponseEvents(rid, model, body.echo())
+        events = ResponseEvents(rid, model, body.echo(), calls)
         return StreamingResponse(_sse(events, run.starts, run.jobs, request), media_type="text/event-stream")
     assert run.outs is not None
     ((text, result),) = run.outs
-    return response_body(rid, model, body.echo(), text, result, usage(result))
+    return response_body(rid, model, body.echo(), output_items(rid, text, result, calls), result, usage(result))
 
 
 async def _chat_ids(served: Served, req: ChatRequest, param: str) -> list[int] | Response:

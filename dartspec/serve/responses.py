@@ -5,9 +5,11 @@ A request is turned into the chat completion of the same conversation (:meth:`Re
 ``temperature``, ``top_p``, ``text.format`` text / json_object / json_schema), so its answer is token for token the
 chat completion's; what differs is the shape: a response object whose ``output`` is one assistant message, and, when
 streamed, the API's typed events (``response.created`` ... ``response.output_text.delta`` ... ``response.completed``,
-or ``response.incomplete`` where ``max_output_tokens`` cut the answer). Responses are not stored: a
-``previous_response_id`` is refused (send the conversation in ``input``), and so are tools (the chat completions
-endpoint has them).
+or ``response.incomplete`` where ``max_output_tokens`` cut the answer). Function tools work as in chat completions
+(:mod:`dartspec.serve.tools`: a call is decoded under its schema): a call comes back as ``function_call`` output
+items, and ``function_call`` / ``function_call_output`` input items send calls and their results back. Responses are
+not stored: a ``previous_response_id`` is refused (send the conversation in ``input``), and so are tools other than
+functions.
 """
 
 from __future__ import annotations
@@ -30,7 +32,18 @@ from pydantic import (
 
 from dartspec.engine import GenerationResult, StepEvent
 from dartspec.errors import FieldError
-from dartspec.serve.schema import MAX_MESSAGES, MAX_SEED, ChatRequest, DartspecOptions, Message, Text
+from dartspec.serve.schema import (
+    MAX_MESSAGES,
+    MAX_SEED,
+    MAX_TOOLS,
+    ChatRequest,
+    DartspecOptions,
+    FunctionCall,
+    Message,
+    Text,
+    ToolCall,
+)
+from dartspec.serve.tools import tool_calls
 
 
 class InputText(BaseModel):
@@ -51,22 +64,66 @@ class InputMessage(BaseModel):
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
+class FunctionCallItem(BaseModel):
+    """A call an earlier answer made (sent back)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function_call"]
+    call_id: StrictStr
+    name: StrictStr
+    arguments: StrictStr  # JSON text
+
+
+class FunctionCallOutput(BaseModel):
+    """A call's result."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function_call_output"]
+    call_id: StrictStr
+    output: Text
+
+
+_ITEM_TYPES = ("message", "function_call", "function_call_output")
+
+
 def _items(value: Any) -> Any:
-    """An input list's items checked for what this server reads (messages of text), so that a refusal names the
-    item and what it is, rather than pydantic's first union member ("should be a valid string")."""
+    """An input list's items checked for what this server reads (messages of text, calls and their results), so
+    that a refusal names the item and what it is, rather than pydantic's first union member ("should be a valid
+    string"); a message may leave out its type."""
     if not isinstance(value, list):
         return value
     if len(value) > MAX_MESSAGES:
         raise ValueError(f"at most {MAX_MESSAGES} items, got {len(value)}")
+    out = []
     for i, item in enumerate(value):
         kind = item.get("type", "message") if isinstance(item, dict) else None
-        if kind != "message":
-            raise ValueError(f"item {i} is {kind!r}: only message items (text) are supported here")
-        for part in item.get("content") if isinstance(item.get("content"), list) else ():
+        if kind not in _ITEM_TYPES:
+            raise ValueError(f"item {i} is {kind!r}: only {', '.join(_ITEM_TYPES)} items are supported here")
+        for part in item.get("content") if kind == "message" and isinstance(item.get("content"), list) else ():
             if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text", "text"):
                 found = part.get("type") if isinstance(part, dict) else part
                 raise ValueError(f"item {i}: only text content parts are supported (got {found!r})")
-    return value
+        out.append({"type": kind, **item})
+    return out
+
+
+class FunctionTool(BaseModel):
+    """A function the answer may call (the Responses API declares it flat, not under ``function``)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function"]
+    name: StrictStr
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class NamedTool(BaseModel):
+    type: Literal["function"]
+    name: StrictStr
 
 
 class TextFormat(BaseModel):
@@ -88,7 +145,10 @@ class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: StrictStr | None = None
-    input: Annotated[Text | list[InputMessage], BeforeValidator(_items)]
+    input: Annotated[
+        Text | list[Annotated[InputMessage | FunctionCallItem | FunctionCallOutput, Field(discriminator="type")]],
+        BeforeValidator(_items),
+    ]
     instructions: Text | None = None
     max_output_tokens: StrictInt | None = Field(default=None, ge=1)
     temperature: StrictFloat | StrictInt = 1.0
@@ -98,23 +158,23 @@ class ResponsesRequest(BaseModel):
     # Not in OpenAI's API (its Responses take no seed), as vLLM's: a seeded sampled answer is reproducible
     seed: StrictInt | None = Field(default=None, ge=0, le=MAX_SEED)
     dartspec: DartspecOptions | None = None
-    tools: list[Any] | None = None
+    tools: list[FunctionTool] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | NamedTool | None = None
+    parallel_tool_calls: StrictBool = True
     previous_response_id: StrictStr | None = None
 
     def as_chat(self) -> ChatRequest:
         """The chat completion request of the same conversation and settings (a :class:`FieldError` names what this
         server does not do)."""
-        if self.tools:
-            raise FieldError("tools are not supported on /v1/responses here: /v1/chat/completions has them", "tools")
         if self.previous_response_id is not None:
             raise FieldError(
                 "responses are not stored here: send the whole conversation in input", "previous_response_id"
             )
-        turns = [("user", self.input)] if isinstance(self.input, str) else [(m.role, m.text()) for m in self.input]
-        if not turns:
+        messages = [Message(role="user", content=self.input)] if isinstance(self.input, str) else _messages(self.input)
+        if not messages:
             raise FieldError("input must not be empty", "input")
         if self.instructions is not None:
-            turns.insert(0, ("system", self.instructions))
+            messages.insert(0, Message(role="system", content=self.instructions))
         fmt = (self.text or TextConfig()).format
         response_format: dict[str, Any] | None = None
         if fmt.type == "json_object":
@@ -124,10 +184,20 @@ class ResponsesRequest(BaseModel):
                 raise FieldError("text.format json_schema needs a schema", "text.format.schema")
             spec = {"name": fmt.name or "answer", "schema": fmt.schema_, "strict": fmt.strict}
             response_format = {"type": "json_schema", "json_schema": spec}
+        tools = [
+            {"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
+            for t in self.tools or []
+        ]
+        choice: Any = self.tool_choice
+        if isinstance(choice, NamedTool):
+            choice = {"type": "function", "function": {"name": choice.name}}
         try:
             return ChatRequest(
                 model=self.model,
-                messages=[Message(role=role, content=content) for role, content in turns],
+                messages=messages,
+                tools=tools or None,
+                tool_choice=choice,
+                parallel_tool_calls=self.parallel_tool_calls,
                 max_tokens=self.max_output_tokens,
                 temperature=self.temperature,
                 top_p=self.top_p,
@@ -136,8 +206,11 @@ class ResponsesRequest(BaseModel):
                 response_format=response_format,
                 dartspec=self.dartspec,
             )
-        except ValidationError as err:  # (the input's own checks ran above: what is left is its length with them)
-            raise FieldError(f"input: {err.errors()[0].get('msg', 'invalid')}", "input") from None
+        except ValidationError as err:  # a tool's name or parameters: the field as this API names it
+            first = err.errors()[0]
+            loc = [str(x) for x in first.get("loc", ())]
+            where = f"tools.{loc[1]}.{loc[-1]}" if loc[:1] == ["tools"] and len(loc) > 2 else "input"
+            raise FieldError(f"{where}: {first.get('msg', 'invalid')}", where) from None
 
     def echo(self) -> dict[str, Any]:
         """The request's settings as a response object repeats them."""
@@ -151,14 +224,33 @@ class ResponsesRequest(BaseModel):
             "temperature": self.temperature,
             "top_p": self.top_p,
             "text": {"format": shown},
-            "tools": [],
-            "tool_choice": "auto",
-            "parallel_tool_calls": True,
+            "tools": [t.model_dump(exclude_none=True) for t in self.tools or []],
+            "tool_choice": self.tool_choice.model_dump()
+            if isinstance(self.tool_choice, NamedTool)
+            else self.tool_choice or "auto",
+            "parallel_tool_calls": self.parallel_tool_calls,
             "previous_response_id": None,
             "store": False,
             "metadata": {},
             "truncation": "disabled",
         }
+
+
+def _messages(items: list[Any]) -> list[Message]:
+    """Input items as chat messages: a run of calls is one assistant turn's ``tool_calls``, a result a tool message."""
+    out: list[Message] = []
+    for item in items:
+        if isinstance(item, FunctionCallItem):
+            call = ToolCall(id=item.call_id, function=FunctionCall(name=item.name, arguments=item.arguments))
+            if out and out[-1].role == "assistant" and out[-1].tool_calls and out[-1].content is None:
+                out[-1].tool_calls.append(call)
+            else:
+                out.append(Message(role="assistant", content=None, tool_calls=[call]))
+        elif isinstance(item, FunctionCallOutput):
+            out.append(Message(role="tool", content=item.output, tool_call_id=item.call_id))
+        else:
+            out.append(Message(role=item.role, content=item.text()))
+    return out
 
 
 def _status(result: GenerationResult | None) -> str:
@@ -168,23 +260,43 @@ def _status(result: GenerationResult | None) -> str:
 
 
 def _message(rid: str, text: str | None, status: str) -> dict[str, Any]:
-    """The response's one output item: the assistant message (its id follows from the response's)."""
+    """A text answer's output item: the assistant message (its id follows from the response's)."""
     content = [] if text is None else [{"type": "output_text", "text": text, "annotations": []}]
     return {"type": "message", "id": "msg_" + rid.removeprefix("resp_"), "status": status, "role": "assistant",
             "content": content}  # fmt: skip
+
+
+def _call(call: dict[str, Any], arguments: str | None = None, status: str = "completed") -> dict[str, Any]:
+    """A call's output item, from chat completions' ``tool_calls`` entry (``arguments``: as streamed so far)."""
+    function = call["function"]
+    return {
+        "type": "function_call",
+        "id": "fc_" + call["id"].removeprefix("call_"),
+        "call_id": call["id"],
+        "name": function["name"],
+        "arguments": function["arguments"] if arguments is None else arguments,
+        "status": status,
+    }
+
+
+def output_items(rid: str, text: str, result: GenerationResult, calls: str | None) -> list[dict[str, Any]]:
+    """A finished answer's output: its calls where it is whole calls (``calls``: the request's call mode), else the
+    message (a call cut short included: what there is, as text)."""
+    made = tool_calls(text) if calls and result.finish_reason == "stop" else None
+    return [_call(c) for c in made] if made is not None else [_message(rid, text, _status(result))]
 
 
 def response_body(
     rid: str,
     model: str,
     echo: dict[str, Any],
-    text: str | None,
+    output: list[dict[str, Any]],
     result: GenerationResult | None,
     usage: dict[str, Any] | None,
     created: int | None = None,
 ) -> dict[str, Any]:
-    """A response object: ``text`` None and ``result`` None while it is in progress (no output yet); ``usage`` is
-    chat completions' (:func:`dartspec.serve.schema.usage`), renamed as this API names it."""
+    """A response object (``result`` None while it is in progress); ``usage`` is chat completions'
+    (:func:`dartspec.serve.schema.usage`), renamed as this API names it."""
     status = _status(result)
     return {
         "id": rid,
@@ -194,7 +306,7 @@ def response_body(
         "error": None,
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
         "model": model,
-        "output": [] if text is None else [_message(rid, text, status)],
+        "output": output,
         "usage": None
         if usage is None
         else {
@@ -211,51 +323,95 @@ def response_body(
 
 class ResponseEvents:
     """A streamed response's events (the :class:`dartspec.serve.app.StreamFormat` of this API): each one
-    ``event: TYPE`` and ``data: {"type", "sequence_number", ...}``; a step's text is an ``output_text.delta`` (with
-    dartspec's count of its tokens and of those that came from accepted drafts)."""
+    ``event: TYPE`` and ``data: {"type", "sequence_number", ...}``. A text answer's message opens with its first
+    text, each step's text a ``output_text.delta`` (with dartspec's count of its tokens and of those that came from
+    accepted drafts); where the answer may be calls (``calls``: "auto" or "required") one starting as JSON is held
+    back and sent whole, each call an output item with its arguments in one delta."""
 
-    def __init__(self, rid: str, model: str, echo: dict[str, Any]) -> None:
-        self.rid, self.model, self.echo = rid, model, echo
+    def __init__(self, rid: str, model: str, echo: dict[str, Any], calls: str | None = None) -> None:
+        self.rid, self.model, self.echo, self.calls = rid, model, echo, calls
         self.created = int(time.time())
         self.item = "msg_" + rid.removeprefix("resp_")
         self.sequence = 0
         self.text = ""
+        self.kind: str | None = "call" if calls == "required" else None  # "text" or "call", once known
+        self.opened = False  # the message's item and content part are out
 
     def _event(self, kind: str, **fields: Any) -> str:
         body = {"type": kind, "sequence_number": self.sequence, **fields}
         self.sequence += 1
         return f"event: {kind}\ndata: {json.dumps(body)}\n\n"
 
-    def _response(self, text: str | None, result: GenerationResult | None, usage: dict[str, Any] | None) -> dict:
-        return response_body(self.rid, self.model, self.echo, text, result, usage, self.created)
+    def _response(self, output: list[dict[str, Any]], result: GenerationResult | None, usage: dict | None) -> dict:
+        return response_body(self.rid, self.model, self.echo, output, result, usage, self.created)
 
     def _where(self) -> dict[str, Any]:
         return {"item_id": self.item, "output_index": 0, "content_index": 0}
 
+    def _open(self) -> list[str]:
+        """The message's item and content part, once."""
+        if self.opened:
+            return []
+        self.opened = True
+        return [
+            self._event("response.output_item.added", output_index=0, item=_message(self.rid, None, "in_progress")),
+            self._event("response.content_part.added", **self._where(), part=_part("")),
+        ]
+
     def opening(self) -> list[str]:
-        pending = self._response(None, None, None)
+        pending = self._response([], None, None)
         return [
             self._event("response.created", response=pending),
             self._event("response.in_progress", response=pending),
-            self._event("response.output_item.added", output_index=0, item=_message(self.rid, None, "in_progress")),
-            self._event("response.content_part.added", **self._where(), part=_part("")),
         ]
 
     async def step(self, index: int, ev: StepEvent) -> list[str]:
         if not ev.text:
             return []
         self.text += ev.text
+        if self.kind is None:
+            self.kind = "call" if self.calls and ev.text.startswith(("{", "[")) else "text"
+        if self.kind == "call":
+            return []  # sent whole once it is
         counts = {"tokens": len(ev.token_ids), "drafted": ev.drafted}
-        return [self._event("response.output_text.delta", **self._where(), delta=ev.text, logprobs=[], dartspec=counts)]
+        opened = self._open()  # (events numbered in the order they go out)
+        return [
+            *opened,
+            self._event("response.output_text.delta", **self._where(), delta=ev.text, logprobs=[], dartspec=counts),
+        ]
 
     def finished(self, index: int, result: GenerationResult, total: dict[str, Any] | None) -> list[str]:
-        done = self._response(self.text, result, total)
-        return [
-            self._event("response.output_text.done", **self._where(), text=self.text, logprobs=[]),
-            self._event("response.content_part.done", **self._where(), part=_part(self.text)),
-            self._event("response.output_item.done", output_index=0, item=done["output"][0]),
-            self._event(f"response.{done['status']}", response=done),
-        ]
+        output = output_items(self.rid, self.text, result, self.calls)
+        done = self._response(output, result, total)
+        events: list[str] = []
+        if output[0]["type"] == "function_call":
+            for i, item in enumerate(output):
+                call_id, arguments = item["id"], item["arguments"]
+                opened = {**item, "arguments": "", "status": "in_progress"}
+                events += [
+                    self._event("response.output_item.added", output_index=i, item=opened),
+                    self._event(
+                        "response.function_call_arguments.delta", item_id=call_id, output_index=i, delta=arguments
+                    ),
+                    self._event(
+                        "response.function_call_arguments.done",
+                        item_id=call_id,
+                        output_index=i,
+                        name=item["name"],
+                        arguments=arguments,
+                    ),
+                    self._event("response.output_item.done", output_index=i, item=item),
+                ]
+        else:
+            events += self._open()
+            if self.kind == "call" and self.text:  # a call cut short, held back so far: what there is, as text
+                events.append(self._event("response.output_text.delta", **self._where(), delta=self.text, logprobs=[]))
+            events += [
+                self._event("response.output_text.done", **self._where(), text=self.text, logprobs=[]),
+                self._event("response.content_part.done", **self._where(), part=_part(self.text)),
+                self._event("response.output_item.done", output_index=0, item=output[0]),
+            ]
+        return [*events, self._event(f"response.{done['status']}", response=done)]
 
     def closing(self) -> list[str]:
         return []
