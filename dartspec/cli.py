@@ -479,14 +479,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         assert result is not None
         sys.stdout.write("\n")
         _log(_stats_line(result))
-    if not args.chat and not result.text.strip() and result.finish_reason == "stop" and _has_chat_template(target):
+    if not args.chat and not result.text.strip() and result.finish_reason == "stop" and target.has_chat_template:
         # An instruct model given a bare prompt often ends it at once: an empty answer, not an error, but puzzling
         _log(f"note: the answer is empty; {target.name} is a chat model: --chat wraps the prompt in its chat template")
     return 0
-
-
-def _has_chat_template(target: Any) -> bool:
-    return bool(getattr(target.tokenizer, "chat_template", None))
 
 
 def _stats_line(result: Any) -> str:

@@ -66,6 +66,11 @@ class Obj:
         return self.min_props > 0 or self.max_props is not None or self.literal_keys is not None
 
     @cached_property
+    def names(self) -> frozenset[bytes]:
+        """The keys (JSON text without quotes) no other key may be: the named ones and the banned ones."""
+        return frozenset(key[1:-1] for key, _, _ in self.props) | frozenset(self.banned)
+
+    @cached_property
     def required_from(self) -> tuple[int, ...]:
         """For each property index j (and the end), how many required properties come from j on."""
         counts = [0]
@@ -525,7 +530,7 @@ class Grammar:
         other keys so far (``whole``: a bounded object short of its minimum), and then kept among them."""
         then, read, whole = aux
         obj: Obj = self.nodes[frames[-1][0]]  # type: ignore[assignment]
-        names = [*(key[1:-1] for key, _, _ in obj.props), *obj.banned]
+        names = obj.names
         if b == 0x22:
             if read in names:
                 return []

@@ -532,6 +532,15 @@ class Pattern:
         after = (targets[k], min(n + 1, self._cap) if self.max_length is None else n + 1)
         return after if self.live(*after) else None
 
+    def matches(self, text: str) -> bool:
+        """Whether the pattern (with its length bounds) matches the whole of ``text``, read from the start."""
+        state: tuple[int, int] | None = (self.start, 0)
+        for char in text:
+            state = self.step(*state, ord(char))
+            if state is None:
+                return False
+        return self.can_end(*state)
+
     def completion(self, d: int, n: int) -> str | None:
         """A shortest string that, read from state ``(d, n)``, ends a match within the bounds (None: there is none);
         a witness that the state lives."""

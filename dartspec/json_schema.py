@@ -310,7 +310,7 @@ class _Compiler:
         for key in props:  # a named key is held to propertyNames, and may not fall under a pattern as well
             if key in required and not names.admits(key):
                 raise SchemaError(f"{where}/required names {key!r}, which propertyNames does not admit")
-            if any(_matches(pattern, key) for pattern, _ in keyed.values()):
+            if any(pattern.matches(key) for pattern, _ in keyed.values()):
                 raise SchemaError(f"{where}/properties/{_escape(key)}: its name matches a patternProperties pattern")
         named = tuple(
             (canonical(k), self.node(s, f"{where}/properties/{_escape(k)}"), k in required)
@@ -325,7 +325,7 @@ class _Compiler:
             for name in names.literals:
                 if name in props:
                     continue
-                under = [p for p, (pattern, _) in keyed.items() if _matches(pattern, name)]
+                under = [p for p, (pattern, _) in keyed.items() if pattern.matches(name)]
                 if len(under) > 1:
                     raise SchemaError(f"{where}/patternProperties: the name {name!r} matches several patterns")
                 value = values[under[0]] if under else extra
@@ -361,7 +361,6 @@ class _KeyNames:
     def __init__(self, compiler: _Compiler, schema: object, where: str) -> None:
         self.literals: list[str] | None = None
         self.low, self.high, self.own = 0, None, None
-        self.where = where
         if schema is True:
             self.constrained = False
             return
@@ -382,7 +381,7 @@ class _KeyNames:
         length = len(name.encode("utf-16-le")) // 2  # as JSON Schema counts: UTF-16 code units
         if length < self.low or (self.high is not None and length > self.high):
             return False
-        return self.own is None or _matches(self.own, name)
+        return self.own is None or self.own.matches(name)
 
     def pattern(self, source: str, where: str) -> Pattern:
         """The pattern of a patternProperties key (with propertyNames' lengths; not beside a pattern of its own)."""
@@ -392,16 +391,6 @@ class _KeyNames:
             return Pattern(source, self.low, self.high)
         except PatternError as err:
             raise SchemaError(f"{where}: {err}") from None
-
-
-def _matches(pattern: Pattern, text: str) -> bool:
-    """Whether ``pattern`` (with its length bounds) matches the string ``text``."""
-    state: tuple[int, int] | None = (pattern.start, 0)
-    for char in text:
-        state = pattern.step(*state, ord(char))
-        if state is None:
-            return False
-    return pattern.can_end(*state)
 
 
 def _only(schema: Mapping[str, Any], keys: set[str], allowed: set[str], where: str) -> None:

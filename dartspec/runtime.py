@@ -545,6 +545,10 @@ class CausalRuntime(ABC):
 
     # --- text --------------------------------------------------------------------------------
 
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
     def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
         """Apply the model's chat template (with the assistant turn opened) and tokenize."""
         return self.encode_chats([messages])[0]
@@ -553,7 +557,7 @@ class CausalRuntime(ABC):
         """:meth:`encode_chat` of many conversations, tokenized in one batch (the tokenizer's own threads: data
         generation encodes a thousand at a time). Templates render to text with their special tokens, which the
         tokenizer reads back as such; nothing is added around them (what ``apply_chat_template`` does)."""
-        if not getattr(self.tokenizer, "chat_template", None):
+        if not self.has_chat_template:
             raise DartspecError(f"{self.name} has no chat template; pass a plain prompt without --chat")
         texts = [
             self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)

@@ -292,7 +292,7 @@ async def responses(body: ResponsesRequest, request: Request):
     run = await _start(served, req, ids, prompt_param="input", request=request, format_param="text.format")
     if isinstance(run, Response):
         return run
-    rid, model, calls = f"resp_{uuid.uuid4().hex[:24]}", served.engine.model_name, call_mode(req)
+    rid, model, calls = f"resp_{uuid.uuid4().hex[:24]}", served.engine.model_name, _calls(req)
     if run.starts is not None:
         events = ResponseEvents(rid, model, body.echo(), calls)
         return StreamingResponse(_sse(events, run.starts, run.jobs, request), media_type="text/event-stream")
