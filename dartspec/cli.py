@@ -173,12 +173,18 @@ def add_drafter_args(p: argparse.ArgumentParser, default: str = "auto") -> None:
         help="auto (default: on a CPU dart+pld where a DART drafter ships for the model, else pld, the fastest "
         "measured there, and plain decoding for requests sampled above temperature 0.5; on a GPU none: plain decoding "
         "on CUDA graphs measured fastest on chat, pass dart+pld for code), none (plain decoding), pld (prompt "
-        "lookup), dart, dart+pld (both in one tree), or eagle3 (baseline)",
+        "lookup), dart, dart+pld (both in one tree), eagle3 (baseline), dflash, or draft-model (a smaller model with "
+        "the target's tokenizer, named by --drafter-path)",
     )
     p.add_argument(
         "--topk", type=_positive_int, default=4, help="eagle3: nodes expanded per tree level, children per node"
     )
-    p.add_argument("--drafter-path", default=None, help="drafter checkpoint folder (default: the shipped one)")
+    p.add_argument(
+        "--drafter-path",
+        default=None,
+        help="drafter checkpoint folder (default: the shipped one); for draft-model the draft model, named as --model "
+        "names a target",
+    )
     p.add_argument("--tree", default="beam", choices=TREE_BUILDERS, help="tree builder for dart")
     p.add_argument(
         "--ngram", default=None, help="static n-gram file for the beam search (default: the shipped one; off = none)"

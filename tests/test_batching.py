@@ -102,7 +102,7 @@ def jobs_for(prompt_list: list[list[int]], temperature: float = 0.0) -> list[dic
 
 
 @pytest.mark.parametrize("runtime", ["hf", pytest.param("lean", marks=needs_kernels)])
-@pytest.mark.parametrize("name", ["none", "pld", "random", "dart", "dart+pld", "eagle3", "dflash"])
+@pytest.mark.parametrize("name", ["none", "pld", "random", "dart", "dart+pld", "eagle3", "dflash", "draft-model"])
 def test_sequences_stepped_together_equal_lone_runs(runtime: str, name: str) -> None:
     """Greedy and seeded sampling, requests joining and leaving mid-generation, rows budgets that give some
     sequences their root alone: every sequence's tokens equal its lone run's."""

@@ -17,6 +17,7 @@ from test_engine import RandomDrafter
 from dartspec.drafters import NoDrafter, PromptLookupDrafter
 from dartspec.drafters.base import DraftBudget, DrafterBase
 from dartspec.drafters.dart import DartDrafter
+from dartspec.drafters.draft_model import DraftModelDrafter
 from dartspec.drafters.eagle3 import Eagle3Drafter
 from dartspec.drafters.hybrid import HybridDrafter
 from dartspec.drafters.pld import LookupGate
@@ -25,7 +26,7 @@ from dartspec.target import Target
 from dartspec.tree import Proposal, Tree
 from dartspec.tree_size import CostCurve
 
-DRAFTERS = ("none", "pld", "pld-gated", "random", "dart", "dart+pld", "eagle3")
+DRAFTERS = ("none", "pld", "pld-gated", "random", "dart", "dart+pld", "eagle3", "draft-model")
 
 
 def untied_target(arch: str, dtype: torch.dtype) -> Target:
@@ -86,6 +87,10 @@ def drafter(name: str, target: Target, reference: list[int]):
         return RandomDrafter(seed=3, reference=reference)
     if name == "eagle3":
         return Eagle3Drafter(eagle_for(target).to(target.dtype), target, topk=3)
+    if name == "draft-model":  # another random model with the target's tokenizer: its chains are mostly refused
+        from test_draft_model import draft_target
+
+        return DraftModelDrafter(draft_target(target.dtype), target, p_min=0.0)
     if name == "dflash":
         from test_dflash import dflash_for
 
@@ -190,7 +195,14 @@ def exact_two_token_distribution(target: Target, prompt: list[int]) -> dict:
 
 @pytest.mark.parametrize(
     ("name", "sampled"),
-    [("random", False), ("dart", False), ("dart", True), ("dart+pld", True), ("near-target", True)],
+    [
+        ("random", False),
+        ("dart", False),
+        ("dart", True),
+        ("dart+pld", True),
+        ("near-target", True),
+        ("draft-model", False),
+    ],
 )
 def test_sampled_output_follows_the_exact_distribution(name: str, sampled: bool) -> None:
     """The first two tokens of three-token answers (the step after the prefill drafts one token deep; a two-token
