@@ -173,8 +173,8 @@ def add_drafter_args(p: argparse.ArgumentParser, default: str = "auto") -> None:
         help="auto (default: on a CPU dart+pld where a DART drafter ships for the model, else pld, the fastest "
         "measured there, and plain decoding for requests sampled above temperature 0.5; on a GPU none: plain decoding "
         "on CUDA graphs measured fastest on chat, pass dart+pld for code), none (plain decoding), pld (prompt "
-        "lookup), dart, dart+pld (both in one tree), eagle3 (baseline), dflash, or draft-model (a smaller model with "
-        "the target's tokenizer, named by --drafter-path)",
+        "lookup), dart, dart+pld (both in one tree), eagle3 (baseline), dflash, draft-model (a smaller model with "
+        "the target's tokenizer, named by --drafter-path) or draft-model+pld",
     )
     p.add_argument(
         "--topk", type=_positive_int, default=4, help="eagle3: nodes expanded per tree level, children per node"

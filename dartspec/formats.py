@@ -48,6 +48,12 @@ DRAFTERS = (
     DrafterKind("eagle3", "dartspec.drafters.eagle3:build", feature=True, options=_EAGLE3_OPTIONS),
     DrafterKind("dflash", "dartspec.drafters.dflash:build", feature=True, samples=True, options=_DART_OPTIONS),
     DrafterKind("draft-model", "dartspec.drafters.draft_model:build", options=frozenset({"size", "depth", "path"})),
+    DrafterKind(
+        "draft-model+pld",
+        "dartspec.drafters.hybrid:build_draft_model",
+        lookup=True,
+        options=frozenset({"size", "depth", "path", "draft"}),
+    ),
 )
 DRAFTER_NAMES = tuple(d.name for d in DRAFTERS)
 

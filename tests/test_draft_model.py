@@ -12,6 +12,8 @@ from test_lossless import prompts, untied_target
 from dartspec.drafters import make_drafter
 from dartspec.drafters.base import DraftBudget
 from dartspec.drafters.draft_model import DraftModelDrafter
+from dartspec.drafters.hybrid import HybridDrafter
+from dartspec.drafters.pld import PromptLookupDrafter
 from dartspec.engine import Generator
 from dartspec.errors import DartspecError
 from dartspec.target import Target
@@ -126,3 +128,22 @@ def test_bad_pairings_are_clear_errors() -> None:
         DraftModelDrafter(stranger, target)
     with pytest.raises(ValueError, match="p_min"):
         DraftModelDrafter(draft_target(), target, p_min=1.0)
+
+
+def test_with_lookup_spans_the_draft_model_drafts_only_in_the_nodes_they_leave() -> None:
+    target, small = untied_target("llama", torch.float64), draft_target()
+    chain = DraftModelDrafter(small, target, p_min=0.0)
+    hybrid = HybridDrafter(chain, PromptLookupDrafter())
+    assert hybrid.name == "draft-model+pld"
+    budget = DraftBudget(max_nodes=4, max_depth=3)
+    repeats = [5, 6, 7, 8, 9, 10, 5, 6, 7]  # "6 7" was followed by "8 9 10": a span fills the budget
+    hybrid.begin(repeats)
+    assert hybrid.propose(repeats, budget).tokens.tolist() == [7, 8, 9, 10] and chain.forwards == 0
+    fresh = [*repeats, 11, 12]  # no match: the draft model has every node, and feeds what it missed in one forward
+    tree = hybrid.propose(fresh, budget)
+    assert tree.size == 4 and chain.forwards == 3 and chain.positions == len(fresh) + 2
+    prompt = prompts(1)[0]
+    plain = Generator(target).generate(prompt, max_new_tokens=24)
+    assert Generator(target, hybrid, tree_size=4).generate(prompt, max_new_tokens=24).token_ids == plain.token_ids
+    with pytest.raises(DartspecError, match="--drafter-path"):
+        make_drafter("draft-model+pld", target)

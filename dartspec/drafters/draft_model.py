@@ -28,13 +28,16 @@ import torch
 
 from dartspec.drafters.base import DraftBudget, DrafterBase
 from dartspec.drafters.options import DrafterOptions
-from dartspec.errors import ContextLengthError, DartspecError
+from dartspec.errors import DartspecError
 from dartspec.runtime import CausalRuntime
 from dartspec.tree import Tree
 
 #: The chain stops before a token the draft model gives less than this probability (its first token is always
 #: drafted: the forward that scores it is paid already, and a verified row costs less than a draft forward).
-DRAFT_P_MIN = 0.5
+#: Qwen2.5-Coder-0.5B drafting for 1.5B at 4 nodes (2-core Intel Xeon, 18 development prompts, ShareGPT 14000+, 96
+#: new tokens, interleaved): medians 1.10x plain decoding at 0.3, 1.16x at 0.5, 1.18-1.19x at 0.7, 1.15x at 0.8 and
+#: 0.9; 3 nodes 1.11-1.16x, 6 nodes 1.08x.
+DRAFT_P_MIN = 0.7
 
 
 def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -98,10 +101,7 @@ class DraftModelDrafter(DrafterBase):
         keep = shared_prefix(self.cached, tokens[:-1])
         self.cache.truncate(keep)
         del self.cached[keep:]
-        try:
-            probs = self._feed(tokens[keep:])
-        except ContextLengthError:
-            return Tree.root_only(root)
+        probs = self._feed(tokens[keep:])  # within the context: checked above for the whole chain
         chain: list[int] = []
         runner_ups: list[tuple[float, list[int]]] = []  # (estimated chance, path)
         reach = 1.0  # the draft model's probability of the chain so far
