@@ -830,6 +830,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         default_max_tokens=args.default_max_tokens,
         max_body_bytes=args.max_body_kb * 1024,
         aliases=tuple(args.alias),
+        max_stored_responses=args.max_stored_responses,
     )
     where = f"http://[{args.host}]:{args.port}/" if ":" in args.host else f"http://{args.host}:{args.port}/"
     _log(f"serving {target.name} with drafter {generator.drafter.name} on {where} (web demo at /)")
@@ -1073,6 +1074,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--api-key-file)",
     )
     p.add_argument("--api-key-file", default=None, help="read the API key from this file (first line)")
+    p.add_argument(
+        "--max-stored-responses",
+        type=_count,
+        default=1000,
+        help="Responses API answers kept in memory for previous_response_id and GET/DELETE /v1/responses/ID, the "
+        "newest first (default 1000; 0: none)",
+    )
     p.add_argument("--protect-all", action="store_true", help="with a key, also guard / and /metrics (not /health)")
     p.add_argument("--alias", action="append", default=[], help="another model name requests may use (repeatable)")
     p.add_argument(

@@ -1187,12 +1187,72 @@ def test_responses_api_calls_functions_as_chat_completions_do() -> None:
     assert roles == [("user", 0), ("assistant", 2), ("tool", 0)]
 
 
+def test_responses_api_continues_stored_responses(url: str) -> None:
+    """previous_response_id continues a stored response's conversation: the answer is the chat completion of the
+    earlier input, the stored answer and the new input (the earlier instructions left out, the new ones first),
+    whole and streamed; a stored response reads back as it was answered, a deleted one and one asked with store: false
+    are not found."""
+    c = client(url)
+    kw = {"model": "tiny", "max_output_tokens": 6, "temperature": 0}
+    first = c.responses.create(instructions="t2", input="t5 t6 t7", **kw)
+    assert first.store and first.previous_response_id is None
+    second = c.responses.create(previous_response_id=first.id, instructions="t3", input="t9 t5", **kw)
+    turns = [
+        {"role": "system", "content": "t3"},
+        {"role": "user", "content": "t5 t6 t7"},
+        {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "t9 t5"},
+    ]
+    want = c.chat.completions.create(model="tiny", messages=turns, max_tokens=6, temperature=0)
+    assert second.output_text == want.choices[0].message.content and second.previous_response_id == first.id
+    assert second.usage.input_tokens == want.usage.prompt_tokens  # the same conversation, token for token
+    # A chain: the third continues the second's conversation, streamed (stored when it finishes)
+    events = list(c.responses.create(previous_response_id=second.id, input="t4", stream=True, **kw))
+    third = events[-1].response
+    turns = [*turns[1:], {"role": "assistant", "content": second.output_text}, {"role": "user", "content": "t4"}]
+    want = c.chat.completions.create(model="tiny", messages=turns, max_tokens=6, temperature=0)
+    assert third.output_text == want.choices[0].message.content
+    assert third.usage.input_tokens == want.usage.prompt_tokens
+    assert c.responses.retrieve(third.id).output_text == third.output_text
+    assert c.responses.retrieve(first.id).model_dump() == first.model_dump()
+    c.responses.delete(first.id)
+    for rid in (first.id, "resp_nothing"):
+        r = httpx.get(f"{url}/v1/responses/{rid}", timeout=30)
+        assert r.status_code == 404 and r.json()["error"]["param"] == "response_id"
+        assert httpx.delete(f"{url}/v1/responses/{rid}", timeout=30).status_code == 404
+    r = httpx.post(f"{url}/v1/responses", json={"input": "t5", "previous_response_id": first.id}, timeout=30)
+    assert r.status_code == 404 and "no stored response" in r.json()["error"]["message"]
+    # The second's conversation was stored whole: forgetting the first does not break the chain after it
+    assert c.responses.create(previous_response_id=second.id, input="t4", **kw).output_text == third.output_text
+    unstored = c.responses.create(input="t5", store=False, **kw)
+    assert unstored.store is False
+    assert httpx.get(f"{url}/v1/responses/{unstored.id}", timeout=30).status_code == 404
+
+
+def test_response_store_keeps_the_newest() -> None:
+    from dartspec.serve.responses import ResponseStore
+    from dartspec.serve.schema import Message
+
+    store = ResponseStore(2)
+    for i in range(3):
+        store.put({"id": f"r{i}", "output": [{"type": "message", "content": [{"text": f"a{i}"}]}]}, [])
+    assert (store.get("r0"), len(store)) == (None, 2)
+    assert store.get("r2").conversation == [Message(role="assistant", content="a2")]
+    calls = [{"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}]
+    store.put({"id": "r3", "output": calls}, [Message(role="user", content="q")])
+    held = store.get("r3").conversation
+    assert [m.role for m in held] == ["user", "assistant"] and held[1].tool_calls[0].id == "c1"
+    none = ResponseStore(0)
+    none.put({"id": "r", "output": []}, [])
+    assert none.get("r") is None
+
+
 def test_responses_api_refuses_what_it_cannot_honour_naming_the_field(url: str) -> None:
     cases = [
         ({"tools": [{"type": "web_search"}]}, "tools.0.type", "'function'"),
         ({"tools": [{"type": "function", "name": "a b"}]}, "tools.0.name", "should match pattern"),
         ({"tool_choice": "required"}, "tool_choice", "tool_choice needs tools"),
-        ({"previous_response_id": "resp_1"}, "previous_response_id", "not stored here"),
+        ({"previous_response_id": "resp_1"}, "previous_response_id", "no stored response 'resp_1'"),
         ({"input": []}, "input", "must not be empty"),
         ({"input": [{"role": "user", "content": "t5"}] * 300}, "input", "at most 256 items"),
         ({"input": [{"type": "reasoning", "summary": []}]}, "input", "item 0 is 'reasoning'"),

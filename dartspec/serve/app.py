@@ -33,12 +33,13 @@ from dartspec.constraint import response_grammar
 from dartspec.engine import GenerationResult, StepEvent, TokenLogprob
 from dartspec.errors import DartspecError, FieldError
 from dartspec.serve.engine import GenerationTimeout, Job, QueueFull, ServeEngine
-from dartspec.serve.responses import ResponseEvents, ResponsesRequest, output_items, response_body
+from dartspec.serve.responses import ResponseEvents, ResponsesRequest, ResponseStore, output_items, response_body
 from dartspec.serve.schema import (
     MAX_SEED,
     ChatRequest,
     CommonRequest,
     CompletionRequest,
+    Message,
     chunk,
     error_body,
     error_response,
@@ -162,6 +163,7 @@ class Served:
     engine: ServeEngine
     names: frozenset[str]
     default_max_tokens: int
+    responses: ResponseStore  # finished Responses API answers, for previous_response_id and GET / DELETE
     # Tokenizing a long prompt takes a while: off the event loop (so /health and streams stay live), in one
     # thread because a fast tokenizer must not be used from two threads at once.
     tokenizer_thread: ThreadPoolExecutor
@@ -187,15 +189,17 @@ def create_app(
     default_max_tokens: int = 256,
     max_body_bytes: int = MAX_BODY_BYTES,
     aliases: tuple[str, ...] = (),
+    max_stored_responses: int = 1000,
 ) -> FastAPI:
     """The FastAPI application; ``api_key`` (if set) is required as ``Authorization: Bearer KEY`` on ``/v1/``
     (everywhere but ``/health`` with ``protect_all``); a request's ``model`` must be the served model's name or
-    one of ``aliases`` (or absent)."""
+    one of ``aliases`` (or absent). The Responses API keeps the newest ``max_stored_responses`` answers."""
     app = FastAPI(title="dartspec", docs_url=None, redoc_url=None)
     app.state.dartspec = Served(
         engine=engine,
         names=frozenset({engine.model_name, *aliases}),
         default_max_tokens=default_max_tokens,
+        responses=ResponseStore(max_stored_responses),
         tokenizer_thread=ThreadPoolExecutor(max_workers=1, thread_name_prefix="dartspec-tokenize"),
     )
     app.include_router(routes)
@@ -280,8 +284,15 @@ async def responses(body: ResponsesRequest, request: Request):
     """OpenAI's Responses API for text answers (:mod:`dartspec.serve.responses`): the same generation as a chat
     completion of the same conversation and settings."""
     served = _served(request)
+    previous: list[Message] = []
+    if body.previous_response_id is not None:
+        stored = served.responses.get(body.previous_response_id)
+        if stored is None:
+            return error_response(404, _not_stored(served, body.previous_response_id), param="previous_response_id")
+        previous = stored.conversation
     try:
-        req = body.as_chat()
+        conversation = body.conversation(previous)
+        req = body.as_chat(conversation)
     except FieldError as err:
         return error_response(400, str(err), param=err.param)
     if (refused := _unknown_model(served, req)) is not None:
@@ -293,12 +304,46 @@ async def responses(body: ResponsesRequest, request: Request):
     if isinstance(run, Response):
         return run
     rid, model, calls = f"resp_{uuid.uuid4().hex[:24]}", served.engine.model_name, _calls(req)
+
+    def keep(done: dict[str, Any]) -> None:
+        if body.store:
+            served.responses.put(done, conversation)
+
     if run.starts is not None:
-        events = ResponseEvents(rid, model, body.echo(), calls)
+        events = ResponseEvents(rid, model, body.echo(), calls, keep)
         return StreamingResponse(_sse(events, run.starts, run.jobs, request), media_type="text/event-stream")
     assert run.outs is not None
     ((text, result),) = run.outs
-    return response_body(rid, model, body.echo(), output_items(rid, text, result, calls), result, usage(result))
+    done = response_body(rid, model, body.echo(), output_items(rid, text, result, calls), result, usage(result))
+    keep(done)
+    return done
+
+
+def _not_stored(served: Served, rid: str) -> str:
+    kept = served.responses.max_count
+    return (
+        f"no stored response {rid!r}: this server keeps the newest {kept} finished responses in memory, "
+        "not those asked with store: false"
+        if kept
+        else f"no stored response {rid!r}: this server keeps none (serve --max-stored-responses 0)"
+    )
+
+
+@routes.get("/v1/responses/{rid}")
+async def get_response(rid: str, request: Request):
+    """A stored response, as it was answered."""
+    served = _served(request)
+    stored = served.responses.get(rid)
+    return stored.body if stored is not None else error_response(404, _not_stored(served, rid), param="response_id")
+
+
+@routes.delete("/v1/responses/{rid}")
+async def delete_response(rid: str, request: Request):
+    """Forget a stored response (a later previous_response_id naming it is refused)."""
+    served = _served(request)
+    if not served.responses.delete(rid):
+        return error_response(404, _not_stored(served, rid), param="response_id")
+    return {"id": rid, "object": "response", "deleted": True}
 
 
 async def _chat_ids(served: Served, req: ChatRequest, param: str) -> list[int] | Response:

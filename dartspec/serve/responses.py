@@ -7,15 +7,22 @@ chat completion's; what differs is the shape: a response object whose ``output``
 streamed, the API's typed events (``response.created`` ... ``response.output_text.delta`` ... ``response.completed``,
 or ``response.incomplete`` where ``max_output_tokens`` cut the answer). Function tools work as in chat completions
 (:mod:`dartspec.serve.tools`: a call is decoded under its schema): a call comes back as ``function_call`` output
-items, and ``function_call`` / ``function_call_output`` input items send calls and their results back. Responses are
-not stored: a ``previous_response_id`` is refused (send the conversation in ``input``), and so are tools other than
-functions.
+items, and ``function_call`` / ``function_call_output`` input items send calls and their results back. Tools other
+than functions are refused.
+
+Finished responses are kept in memory (:class:`ResponseStore`, the newest ``serve --max-stored-responses``, unless the
+request says ``store: false``): ``previous_response_id`` continues the conversation of a stored response (its input
+after the earlier ones', and its output; not its ``instructions``, as OpenAI's API does), and ``GET`` / ``DELETE
+/v1/responses/{id}`` read and forget one. A server restart forgets them all.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -162,17 +169,19 @@ class ResponsesRequest(BaseModel):
     tool_choice: Literal["none", "auto", "required"] | NamedTool | None = None
     parallel_tool_calls: StrictBool = True
     previous_response_id: StrictStr | None = None
+    store: StrictBool = True
 
-    def as_chat(self) -> ChatRequest:
-        """The chat completion request of the same conversation and settings (a :class:`FieldError` names what this
-        server does not do)."""
-        if self.previous_response_id is not None:
-            raise FieldError(
-                "responses are not stored here: send the whole conversation in input", "previous_response_id"
-            )
+    def conversation(self, previous: Sequence[Message] = ()) -> list[Message]:
+        """The conversation so far without ``instructions``: ``previous`` (a stored response's) and ``input``."""
         messages = [Message(role="user", content=self.input)] if isinstance(self.input, str) else _messages(self.input)
         if not messages:
             raise FieldError("input must not be empty", "input")
+        return [*previous, *messages]
+
+    def as_chat(self, conversation: Sequence[Message] | None = None) -> ChatRequest:
+        """The chat completion request of ``conversation`` (default: :meth:`conversation` without a previous
+        response) and the same settings (a :class:`FieldError` names what this server does not do)."""
+        messages = list(self.conversation() if conversation is None else conversation)
         if self.instructions is not None:
             messages.insert(0, Message(role="system", content=self.instructions))
         fmt = (self.text or TextConfig()).format
@@ -229,8 +238,8 @@ class ResponsesRequest(BaseModel):
             if isinstance(self.tool_choice, NamedTool)
             else self.tool_choice or "auto",
             "parallel_tool_calls": self.parallel_tool_calls,
-            "previous_response_id": None,
-            "store": False,
+            "previous_response_id": self.previous_response_id,
+            "store": self.store,
             "metadata": {},
             "truncation": "disabled",
         }
@@ -251,6 +260,53 @@ def _messages(items: list[Any]) -> list[Message]:
         else:
             out.append(Message(role=item.role, content=item.text()))
     return out
+
+
+def output_messages(output: list[dict[str, Any]]) -> list[Message]:
+    """A response's output items as the assistant turn that a next request's conversation holds."""
+    calls = [
+        ToolCall(id=item["call_id"], function=FunctionCall(name=item["name"], arguments=item["arguments"]))
+        for item in output
+        if item["type"] == "function_call"
+    ]
+    if calls:
+        return [Message(role="assistant", content=None, tool_calls=calls)]
+    text = "".join(part["text"] for item in output if item["type"] == "message" for part in item["content"])
+    return [Message(role="assistant", content=text)]
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    body: dict[str, Any]  # the response object, as it was answered
+    conversation: list[Message]  # what a next response continues: its input after the earlier ones', its output
+
+
+class ResponseStore:
+    """Finished responses, in memory: the newest ``max_count`` (0: none), the oldest forgotten first."""
+
+    def __init__(self, max_count: int) -> None:
+        if max_count < 0:
+            raise ValueError(f"max_count must be >= 0 (got {max_count})")
+        self.max_count = max_count
+        self._items: OrderedDict[str, StoredResponse] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, body: dict[str, Any], conversation: list[Message]) -> None:
+        """Keep a finished response (``body["id"]``) and the conversation it ends: ``conversation`` (its input, after
+        the earlier responses') and its output."""
+        if self.max_count == 0:
+            return
+        self._items[body["id"]] = StoredResponse(body, [*conversation, *output_messages(body["output"])])
+        while len(self._items) > self.max_count:
+            self._items.popitem(last=False)
+
+    def get(self, rid: str) -> StoredResponse | None:
+        return self._items.get(rid)
+
+    def delete(self, rid: str) -> bool:
+        return self._items.pop(rid, None) is not None
 
 
 def _status(result: GenerationResult | None) -> str:
@@ -328,8 +384,16 @@ class ResponseEvents:
     accepted drafts); where the answer may be calls (``calls``: "auto" or "required") one starting as JSON is held
     back and sent whole, each call an output item with its arguments in one delta."""
 
-    def __init__(self, rid: str, model: str, echo: dict[str, Any], calls: str | None = None) -> None:
-        self.rid, self.model, self.echo, self.calls = rid, model, echo, calls
+    def __init__(
+        self,
+        rid: str,
+        model: str,
+        echo: dict[str, Any],
+        calls: str | None = None,
+        keep: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        """``keep``: called with the finished response object (to store it)."""
+        self.rid, self.model, self.echo, self.calls, self.keep = rid, model, echo, calls, keep
         self.created = int(time.time())
         self.item = "msg_" + rid.removeprefix("resp_")
         self.sequence = 0
@@ -411,6 +475,8 @@ class ResponseEvents:
                 self._event("response.content_part.done", **self._where(), part=_part(self.text)),
                 self._event("response.output_item.done", output_index=0, item=output[0]),
             ]
+        if self.keep is not None:
+            self.keep(done)
         return [*events, self._event(f"response.{done['status']}", response=done)]
 
     def closing(self) -> list[str]:
