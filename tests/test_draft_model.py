@@ -130,18 +130,24 @@ def test_bad_pairings_are_clear_errors() -> None:
         DraftModelDrafter(draft_target(), target, p_min=1.0)
 
 
-def test_with_lookup_spans_the_draft_model_drafts_only_in_the_nodes_they_leave() -> None:
+@pytest.mark.parametrize("beside_spans", [True, False])
+def test_with_lookup_spans_the_draft_model_drafts_only_in_the_nodes_they_leave(beside_spans: bool) -> None:
     target, small = untied_target("llama", torch.float64), draft_target()
     chain = DraftModelDrafter(small, target, p_min=0.0)
-    hybrid = HybridDrafter(chain, PromptLookupDrafter())
+    hybrid = HybridDrafter(chain, PromptLookupDrafter(), beside_spans=beside_spans)
     assert hybrid.name == "draft-model+pld"
-    budget = DraftBudget(max_nodes=4, max_depth=3)
-    repeats = [5, 6, 7, 8, 9, 10, 5, 6, 7]  # "6 7" was followed by "8 9 10": a span fills the budget
+    repeats = [5, 6, 7, 8, 9, 10, 5, 6, 7]  # "6 7" was followed by "8 9 10": a span of three
     hybrid.begin(repeats)
-    assert hybrid.propose(repeats, budget).tokens.tolist() == [7, 8, 9, 10] and chain.forwards == 0
+    assert hybrid.propose(repeats, DraftBudget(max_nodes=4, max_depth=3)).tokens.tolist() == [7, 8, 9, 10]
+    assert chain.forwards == 0  # the span filled the budget
+    tree = hybrid.propose(repeats, DraftBudget(max_nodes=6, max_depth=3))
+    # Two nodes left: the draft model fills them (one forward: the chain stops at the budget) or leaves them.
+    assert tree.tokens[:4].tolist() == [7, 8, 9, 10]
+    assert (tree.size, chain.forwards) == ((6, 2) if beside_spans else (4, 0))
     fresh = [*repeats, 11, 12]  # no match: the draft model has every node, and feeds what it missed in one forward
-    tree = hybrid.propose(fresh, budget)
-    assert tree.size == 4 and chain.forwards == 3 and chain.positions == len(fresh) + 2
+    before = chain.positions
+    tree = hybrid.propose(fresh, DraftBudget(max_nodes=4, max_depth=3))
+    assert tree.size == 4 and chain.positions - before == len(fresh) - (len(repeats) if beside_spans else 0) + 2
     prompt = prompts(1)[0]
     plain = Generator(target).generate(prompt, max_new_tokens=24)
     assert Generator(target, hybrid, tree_size=4).generate(prompt, max_new_tokens=24).token_ids == plain.token_ids

@@ -56,10 +56,13 @@ class HybridDrafter(DrafterBase):
         lookup: PromptLookupDrafter | None = None,
         draft_nodes: int | None = None,
         draft_context: int | None = None,
+        beside_spans: bool = True,
     ) -> None:
         """``draft_nodes``: at most this many nodes (root included) of the budget go to ``drafter``'s tree; None:
         all that the lookup's spans leave. ``draft_context``: ``drafter`` drafts only while the context (prompt and
-        answer so far) is at most this many tokens, then the lookup alone; None: always."""
+        answer so far) is at most this many tokens, then the lookup alone; None: always. ``beside_spans`` False:
+        where the lookup finds spans they are the whole tree, and ``drafter`` drafts only where it finds none (for
+        a drafter whose forwards cost a good part of a target step, such as a draft model)."""
         if draft_nodes is not None and draft_nodes < 1:
             raise ValueError(f"draft_nodes must be >= 1 (got {draft_nodes})")
         if draft_context is not None and draft_context < 1:
@@ -69,6 +72,7 @@ class HybridDrafter(DrafterBase):
         self.lookup = lookup or PromptLookupDrafter(max_matches=LOOKUP_MATCHES)
         self.draft_nodes = draft_nodes
         self.draft_context = draft_context
+        self.beside_spans = beside_spans
         self.needs_features = drafter.needs_features
         self._lookup_only: int | None = None  # the context at which this sequence's drafter stopped
 
@@ -92,7 +96,12 @@ class HybridDrafter(DrafterBase):
             self.last_tree_seconds = 0.0
             return hybrid_tree(self.lookup, tokens, budget, lambda room: Tree.root_only(tokens[-1]), 1)
         tree = hybrid_tree(
-            self.lookup, tokens, budget, lambda room: self.drafter.propose(tokens, room), self.draft_nodes
+            self.lookup,
+            tokens,
+            budget,
+            lambda room: self.drafter.propose(tokens, room),
+            self.draft_nodes,
+            self.beside_spans,
         )
         self.last_tree_seconds = self.drafter.last_tree_seconds
         return tree
@@ -114,9 +123,11 @@ def hybrid_tree(
     budget: DraftBudget,
     draft: Callable[[DraftBudget], Tree],
     draft_nodes: int | None = None,
+    beside_spans: bool = True,
 ) -> Tree:
     """``lookup``'s continuations of ``tokens`` first, then the tree ``draft`` makes in the nodes they leave (all of
-    them without a match), at most ``draft_nodes`` of them, less what a batched step cut (``budget.batch_cut``).
+    them without a match; none where there are spans and not ``beside_spans``), at most ``draft_nodes`` of them, less
+    what a batched step cut (``budget.batch_cut``).
     Where the spans fill the budget, ``draft`` gets one node (the root: a network drafter then runs nothing, and its
     committed features wait for its next step, which absorbs them in one forward)."""
     root = tokens[-1]
@@ -127,6 +138,8 @@ def hybrid_tree(
     if not spans:
         return draft(replace(budget, max_nodes=cap, batch_cut=0))
     copied = Tree.from_paths(root, spans, max_nodes=budget.max_nodes)
+    if not beside_spans:
+        return copied
     room = budget.max_nodes - copied.size + 1  # the drafter's tree shares the root
     tree = draft(replace(budget, max_nodes=max(min(room, cap), 1), batch_cut=0))
     if tree.size == 1:
@@ -159,4 +172,5 @@ def build_draft_model(target: Any, options: DrafterOptions) -> HybridDrafter:
     from dartspec.drafters import draft_model
 
     lookup = PromptLookupDrafter(max_matches=LOOKUP_MATCHES)
-    return HybridDrafter(draft_model.build(target, options), lookup, options.draft_nodes, options.draft_context)
+    drafter = draft_model.build(target, options)
+    return HybridDrafter(drafter, lookup, options.draft_nodes, options.draft_context, beside_spans=False)
