@@ -433,3 +433,23 @@ def test_an_empty_answer_to_a_bare_prompt_suggests_chat(capsys: pytest.CaptureFi
         chat = run_in_process(capsys, *ask, *extra)
         assert chat.returncode == 0 and chat.stdout.strip() and "note:" not in chat.stderr, chat
     assert "note: the answer is empty" in run_in_process(capsys, *ask, "--json").stderr
+
+
+def test_generate_with_a_draft_model(tiny_model_dir: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A draft model named by --drafter-path (here the target's own weights: every first draft is accepted) gives
+    plain decoding's tokens; one with another tokenizer, or none, is a one-line error."""
+    common = ["generate", "--model", str(tiny_model_dir), "--prompt", "Hello there", "--max-new-tokens", "12"]
+    plain = json.loads(run_in_process(capsys, *common, "--json", "--drafter", "none").stdout)
+    for drafter in ("draft-model", "draft-model+pld"):
+        proc = run_in_process(capsys, *common, "--json", "--drafter", drafter, "--drafter-path", str(tiny_model_dir))
+        assert proc.returncode == 0, proc.stderr
+        got = json.loads(proc.stdout)
+        assert got["token_ids"] == plain["token_ids"] and got["drafter"] == drafter
+        assert got["tau"] >= 1.5  # the twin's first token is the target's
+    assert_one_line_error(run_in_process(capsys, *common, "--drafter", "draft-model"), "--drafter-path")
+    from conftest import tiny_model, tiny_tokenizer
+
+    tiny_model("llama").save_pretrained(tmp_path)  # another tokenizer: word-level, 96 words
+    tiny_tokenizer().save_pretrained(tmp_path)
+    other = run_in_process(capsys, *common, "--drafter", "draft-model", "--drafter-path", str(tmp_path))
+    assert_one_line_error(other, "does not share the target's tokenizer")
