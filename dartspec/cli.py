@@ -216,9 +216,10 @@ def add_drafter_args(p: argparse.ArgumentParser, default: str = "auto") -> None:
         "--sampled-drafts",
         action="store_true",
         help="sampled requests (temperature > 0): the drafters dart, dart+pld and dflash draw a token from their "
-        "first row, which the verifier tests by rejection: more drafts kept (tau +10-15%% on chat at temperature 1, "
-        "0-6%% elsewhere), the same distribution, but a seed no longer gives plain sampling's tokens; off by default: "
-        "on a CPU it did not lift sampled decoding above plain decoding",
+        "first row, draft-model and draft-model+pld each chain token from the draft model, which the verifier tests "
+        "by rejection: more drafts kept (DART: tau +10-15%% on chat at temperature 1, 0-6%% elsewhere), the same "
+        "distribution, but a seed no longer gives plain sampling's tokens; off by default: on a CPU it did not lift "
+        "DART's sampled decoding above plain decoding",
     )
 
 

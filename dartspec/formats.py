@@ -47,11 +47,14 @@ DRAFTERS = (
     ),
     DrafterKind("eagle3", "dartspec.drafters.eagle3:build", feature=True, options=_EAGLE3_OPTIONS),
     DrafterKind("dflash", "dartspec.drafters.dflash:build", feature=True, samples=True, options=_DART_OPTIONS),
-    DrafterKind("draft-model", "dartspec.drafters.draft_model:build", options=frozenset({"size", "depth", "path"})),
+    DrafterKind(
+        "draft-model", "dartspec.drafters.draft_model:build", samples=True, options=frozenset({"size", "depth", "path"})
+    ),
     DrafterKind(
         "draft-model+pld",
         "dartspec.drafters.hybrid:build_draft_model",
         lookup=True,
+        samples=True,
         options=frozenset({"size", "depth", "path", "draft"}),
     ),
 )

@@ -122,7 +122,8 @@ def test_sequences_stepped_together_equal_lone_runs(runtime: str, name: str) -> 
 
 
 @pytest.mark.parametrize("runtime", ["hf", pytest.param("lean", marks=needs_kernels)])
-def test_sampled_drafts_stepped_together_equal_lone_runs(runtime: str) -> None:
+@pytest.mark.parametrize("name", ["dart+pld", "draft-model"])
+def test_sampled_drafts_stepped_together_equal_lone_runs(runtime: str, name: str) -> None:
     """With sampled drafts a sequence's tokens depend on its trees (the draw and the rejection tests take its seeded
     generators' numbers), so each sequence must keep its own generators in a batch: at full trees (no rows budget,
     which would cut them) every sequence's tokens equal its lone run's, and differ from plain sampling's."""
@@ -130,7 +131,7 @@ def test_sampled_drafts_stepped_together_equal_lone_runs(runtime: str) -> None:
     ps = prompts(4)
     ref_tokens = Generator(target, NoDrafter()).generate(ps[0], max_new_tokens=24).token_ids
     jobs = jobs_for(ps, 0.9)
-    gen = Generator(target, drafter("dart+pld", target, ref_tokens), tree_size=6, max_depth=4, sampled_drafts=True)
+    gen = Generator(target, drafter(name, target, ref_tokens), tree_size=6, max_depth=4, sampled_drafts=True)
     lone = [gen.generate(j["prompt"], **j["params"]).token_ids for j in jobs]
     got = run_batched(gen, jobs, None)
     assert [got[i] for i in range(len(jobs))] == lone

@@ -153,3 +153,31 @@ def test_with_lookup_spans_the_draft_model_drafts_only_in_the_nodes_they_leave(b
     assert Generator(target, hybrid, tree_size=4).generate(prompt, max_new_tokens=24).token_ids == plain.token_ids
     with pytest.raises(DartspecError, match="--drafter-path"):
         make_drafter("draft-model+pld", target)
+
+
+def test_a_sampled_request_draws_its_chain_from_the_draft_model_at_its_temperature() -> None:
+    """With sampled drafts each chain token is drawn from the draft model's own distribution at the request's
+    temperature (transformers' forward of the draft model, the same uniforms), which rides on the tree for the
+    verifier's rejection test."""
+    import numpy as np
+
+    from dartspec.tree import DraftSampling
+    from dartspec.verify import sample
+
+    target, small = untied_target("llama", torch.float64), draft_target()
+    tokens = prompts(1)[0]
+    drafter = DraftModelDrafter(small, target, p_min=0.0)
+    budget = DraftBudget(max_nodes=5, max_depth=3, sampling=DraftSampling(0.7, np.random.default_rng(4)))
+    tree = drafter.propose(tokens, budget)
+    uniforms = np.random.default_rng(4)
+    chain: list[int] = []
+    for depth in range(3):
+        with torch.no_grad():
+            logits = small.model(torch.tensor([[*tokens, *chain]])).logits[0, -1].double()
+        q = torch.softmax(logits / 0.7, -1).numpy()
+        drawn = sample(torch.from_numpy(q), uniforms.random())
+        proposal = tree.proposals[depth]
+        assert np.allclose(proposal.probs, q, atol=1e-9) and proposal.draws == (depth + 1,) and proposal.at == (drawn,)
+        assert tree.tokens[depth + 1] == drawn
+        chain.append(drawn)
+    assert tree.size == 5 and sorted(tree.proposals) == [0, 1, 2]

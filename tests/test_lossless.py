@@ -91,6 +91,8 @@ def drafter(name: str, target: Target, reference: list[int]):
         from test_draft_model import draft_target
 
         return DraftModelDrafter(draft_target(target.dtype), target, p_min=0.0)
+    if name == "draft-model-twin":  # the target's own weights: its draws are close to the target's law
+        return DraftModelDrafter(Target(target.model, tiny_tokenizer(), name="twin"), target, p_min=0.0)
     if name == "dflash":
         from test_dflash import dflash_for
 
@@ -202,6 +204,8 @@ def exact_two_token_distribution(target: Target, prompt: list[int]) -> dict:
         ("dart+pld", True),
         ("near-target", True),
         ("draft-model", False),
+        ("draft-model", True),
+        ("draft-model-twin", True),
     ],
 )
 def test_sampled_output_follows_the_exact_distribution(name: str, sampled: bool) -> None:

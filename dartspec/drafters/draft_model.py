@@ -24,13 +24,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from dartspec.drafters.base import DraftBudget, DrafterBase
 from dartspec.drafters.options import DrafterOptions
 from dartspec.errors import DartspecError
 from dartspec.runtime import CausalRuntime
-from dartspec.tree import Tree
+from dartspec.tree import Proposal, Tree
+from dartspec.verify import sample
 
 #: The chain stops before a token the draft model gives less than this probability (its first token is always
 #: drafted: the forward that scores it is paid already, and a verified row costs less than a draft forward).
@@ -51,7 +53,9 @@ def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 class DraftModelDrafter(DrafterBase):
     """Greedy chains of a draft model (a :class:`~dartspec.runtime.CausalRuntime` with the target's tokenizer),
-    runner-ups along them in the nodes left."""
+    runner-ups along them in the nodes left. For a sampled request with ``--sampled-drafts`` each chain token is drawn
+    from the draft model at the request's temperature and the verifier tests it by rejection against the target's
+    distribution, classic speculative sampling (kept with probability min(1, p/q))."""
 
     name = "draft-model"
 
@@ -69,6 +73,7 @@ class DraftModelDrafter(DrafterBase):
         self.model = model
         self.vocab_limit = min(int(target.vocab_size), int(model.vocab_size))
         self.p_min = p_min
+        self._ids = np.arange(self.vocab_limit)  # a sampled draw's support: every token id
         self.forwards = 0  # the draft model's forwards in this generation
         self.positions = 0  # and the positions they fed
         self._own_state()
@@ -85,12 +90,12 @@ class DraftModelDrafter(DrafterBase):
         return {"draft_model_forwards": self.forwards, "draft_model_positions": self.positions}
 
     def _feed(self, token_ids: Sequence[int]) -> torch.Tensor:
-        """Append ``token_ids`` to the draft model's cache; the probabilities of the token after the last one."""
+        """Append ``token_ids`` to the draft model's cache; the logits of the token after the last one."""
         out = self.model.prefill(list(token_ids), cache=self.cache)
         self.cached.extend(int(t) for t in token_ids)
         self.forwards += 1
         self.positions += len(token_ids)
-        return torch.softmax(out.logits[-1, : self.vocab_limit].float(), dim=-1)
+        return out.logits[-1, : self.vocab_limit].float()
 
     def propose(self, tokens: Sequence[int], budget: DraftBudget) -> Tree:
         root = int(tokens[-1])
@@ -101,26 +106,39 @@ class DraftModelDrafter(DrafterBase):
         keep = shared_prefix(self.cached, tokens[:-1])
         self.cache.truncate(keep)
         del self.cached[keep:]
-        probs = self._feed(tokens[keep:])  # within the context: checked above for the whole chain
+        logits = self._feed(tokens[keep:])  # within the context: checked above for the whole chain
+        sampling = budget.sampling
         chain: list[int] = []
+        proposals: dict[int, Proposal] = {}  # chain node d -> what its child was drawn from (sampled drafts)
         runner_ups: list[tuple[float, list[int]]] = []  # (estimated chance, path)
         reach = 1.0  # the draft model's probability of the chain so far
         while True:
+            probs = torch.softmax(logits, dim=-1)
             top = torch.topk(probs, 2)
             (p1, p2), (t1, t2) = top.values.tolist(), top.indices.tolist()
             if chain and p1 < self.p_min:  # doubted: scored, so it may still take a node left over
                 runner_ups.append((reach * p1, [*chain, t1]))
                 runner_ups.append((reach * p2, [*chain, t2]))
                 break
-            runner_ups.append((reach * p2, [*chain, t2]))
-            chain.append(t1)
-            reach *= p1
+            token = t1
+            if sampling is not None:  # drawn at the request's temperature, tested by rejection (Leviathan et al.)
+                row = logits.double().cpu().numpy() / sampling.temperature
+                q = np.exp(row - row.max())
+                q /= q.sum()
+                token = sample(torch.from_numpy(q), sampling.rng.random())
+                proposals[len(chain)] = Proposal(self._ids, q, (len(chain) + 1,), (token,))
+            other = t2 if token == t1 else t1
+            runner_ups.append((reach * float(probs[other]), [*chain, other]))
+            chain.append(token)
+            reach *= float(probs[token])
             if len(chain) == depth_cap:
                 break
-            probs = self._feed([t1])
+            logits = self._feed([token])
         room = budget.max_nodes - 1 - len(chain)
         best = sorted(runner_ups, key=lambda item: -item[0])[: max(room, 0)]
-        return Tree.from_paths(root, [chain, *(path for _, path in best)], max_nodes=budget.max_nodes)
+        tree = Tree.from_paths(root, [chain, *(path for _, path in best)], max_nodes=budget.max_nodes)
+        # The chain went in first, so its node at depth d is node d.
+        return Tree(tree.tokens, tree.parents, proposals) if proposals else tree
 
 
 def build(target: Any, options: DrafterOptions) -> DraftModelDrafter:
