@@ -51,8 +51,10 @@ def build_generator(target: Any, spec: GeneratorSpec) -> Generator:
         samplers = ", ".join(d.name for d in DRAFTERS if d.samples)
         raise DartspecError(f"--sampled-drafts applies to drafters that draw their trees ({samplers}); here: {name}")
     if draft_nodes is not None and not lookup:
+        hybrids = ", ".join(d.name for d in DRAFTERS if d.lookup)
         raise DartspecError(
-            f"the DART share of the tree (--draft-nodes, draft=N) applies to dart+pld only; the drafter here is {name}"
+            f"the drafter's share of the tree beside lookup spans (--draft-nodes, draft=N) applies to {hybrids} only; "
+            f"the drafter here is {name}"
         )
     if auto:
         size = AUTO_MAX_SIZE if feature else 16

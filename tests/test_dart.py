@@ -728,12 +728,14 @@ def test_build_generator_gives_dart_with_lookup_its_default_cap_only_at_the_defa
     assert (both.tree_size, both.drafter.draft_nodes) == (6, 3)
     dart = build_generator(target, GeneratorSpec(drafter="dart", path=str(tmp_path)))
     assert dart.tree_size == 2
-    with pytest.raises(DartspecError, match="applies to dart\\+pld only; the drafter here is pld"):
+    with pytest.raises(DartspecError, match="applies to dart\\+pld, draft-model\\+pld only; the drafter here is pld"):
         build_generator(target, GeneratorSpec(drafter="auto", draft_nodes=2))  # no DART drafter ships: pld
     sampled = build_generator(target, GeneratorSpec(drafter="dart+pld", path=str(tmp_path), sampled_drafts=True))
     assert sampled.sampled_drafts and not default.sampled_drafts
     for name in ("auto", "pld", "eagle3"):  # prompt lookup's spans and EAGLE-3's levels are fixed guesses
-        with pytest.raises(DartspecError, match=r"--sampled-drafts applies to .*\(dart, dart\+pld, dflash\); here: "):
+        with pytest.raises(
+            DartspecError, match=r"--sampled-drafts applies to .*\(dart, dart\+pld, dflash, draft-model"
+        ):
             build_generator(target, GeneratorSpec(drafter=name, sampled_drafts=True))
 
 

@@ -1,4 +1,5 @@
-"""DART plus prompt lookup in one tree: copied spans as extra branches.
+"""DART plus prompt lookup in one tree: copied spans as extra branches (and ``draft-model+pld``: a draft model's chain
+where the lookup finds no span, :func:`build_draft_model`).
 
 Prompt lookup is nearly free and very precise when the answer repeats the prompt or itself (code, extraction, the
 loops a small model falls into), and it proposes nothing otherwise; the DART drafter guesses everywhere but rarely
