@@ -1229,6 +1229,31 @@ def test_responses_api_continues_stored_responses(url: str) -> None:
     assert httpx.get(f"{url}/v1/responses/{unstored.id}", timeout=30).status_code == 404
 
 
+def test_responses_api_gives_log_probabilities_as_the_chat_completion_does(url: str) -> None:
+    """include: ["message.output_text.logprobs"] with top_logprobs: the output text's tokens, their log-probabilities
+    and alternatives are the chat completion's (whole and streamed, the deltas' adding up); none unless asked; another
+    include is a 400 naming the field."""
+    c = client(url)
+    kw = {"model": "tiny", "max_output_tokens": 6, "temperature": 0}
+    want = c.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "t5 t6"}], max_tokens=6, temperature=0, logprobs=True,
+        top_logprobs=2,
+    ).choices[0].logprobs.model_dump()["content"]  # fmt: skip
+    assert want and all(len(e["top_logprobs"]) == 2 for e in want)
+    got = c.responses.create(input="t5 t6", include=["message.output_text.logprobs"], top_logprobs=2, **kw)
+    assert [lp.model_dump() for lp in got.output[0].content[0].logprobs] == want
+    events = list(
+        c.responses.create(input="t5 t6", include=["message.output_text.logprobs"], top_logprobs=2, stream=True, **kw)
+    )
+    deltas = [lp.model_dump() for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+    done = events[-1].response.output[0].content[0].logprobs
+    assert deltas == want == [lp.model_dump() for lp in done]
+    plain = c.responses.create(input="t5 t6", **kw)
+    assert not plain.output[0].content[0].logprobs
+    r = httpx.post(f"{url}/v1/responses", json={"input": "t5", "include": ["reasoning.encrypted_content"]}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "include"
+
+
 def test_response_store_keeps_the_newest() -> None:
     from dartspec.serve.responses import ResponseStore
     from dartspec.serve.schema import Message

@@ -309,12 +309,17 @@ async def responses(body: ResponsesRequest, request: Request):
         if body.store:
             served.responses.put(done, conversation)
 
+    async def entries(logprobs: list[TokenLogprob]) -> list[dict[str, Any]]:
+        return (await served.logprobs(logprobs, chat=True))["content"]
+
     if run.starts is not None:
-        events = ResponseEvents(rid, model, body.echo(), calls, keep)
+        events = ResponseEvents(rid, model, body.echo(), calls, keep, entries if body.logprobs else None)
         return StreamingResponse(_sse(events, run.starts, run.jobs, request), media_type="text/event-stream")
     assert run.outs is not None
     ((text, result),) = run.outs
-    done = response_body(rid, model, body.echo(), output_items(rid, text, result, calls), result, usage(result))
+    logprobs = await entries(result.logprobs) if body.logprobs and result.logprobs is not None else None
+    output = output_items(rid, text, result, calls, logprobs)
+    done = response_body(rid, model, body.echo(), output, result, usage(result))
     keep(done)
     return done
 

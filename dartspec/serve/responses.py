@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -37,7 +37,7 @@ from pydantic import (
     ValidationError,
 )
 
-from dartspec.engine import GenerationResult, StepEvent
+from dartspec.engine import MAX_TOP_LOGPROBS, GenerationResult, StepEvent, TokenLogprob
 from dartspec.errors import FieldError
 from dartspec.serve.schema import (
     MAX_MESSAGES,
@@ -51,6 +51,9 @@ from dartspec.serve.schema import (
     ToolCall,
 )
 from dartspec.serve.tools import tool_calls
+
+#: The ``include`` value that asks for the output text's log-probabilities (the only one this server reads).
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
 
 class InputText(BaseModel):
@@ -170,6 +173,13 @@ class ResponsesRequest(BaseModel):
     parallel_tool_calls: StrictBool = True
     previous_response_id: StrictStr | None = None
     store: StrictBool = True
+    include: list[StrictStr] | None = None
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    @property
+    def logprobs(self) -> bool:
+        """Whether the answer's text comes with each token's log-probability (``include``)."""
+        return LOGPROBS_INCLUDE in (self.include or ())
 
     def conversation(self, previous: Sequence[Message] = ()) -> list[Message]:
         """The conversation so far without ``instructions``: ``previous`` (a stored response's) and ``input``."""
@@ -182,6 +192,9 @@ class ResponsesRequest(BaseModel):
         """The chat completion request of ``conversation`` (default: :meth:`conversation` without a previous
         response) and the same settings (a :class:`FieldError` names what this server does not do)."""
         messages = list(self.conversation() if conversation is None else conversation)
+        unknown = [name for name in self.include or () if name != LOGPROBS_INCLUDE]
+        if unknown:
+            raise FieldError(f"include: only {LOGPROBS_INCLUDE!r} is supported here (got {unknown[0]!r})", "include")
         if self.instructions is not None:
             messages.insert(0, Message(role="system", content=self.instructions))
         fmt = (self.text or TextConfig()).format
@@ -214,6 +227,8 @@ class ResponsesRequest(BaseModel):
                 seed=self.seed,
                 response_format=response_format,
                 dartspec=self.dartspec,
+                logprobs=self.logprobs or None,
+                top_logprobs=self.top_logprobs if self.logprobs else None,
             )
         except ValidationError as err:  # a tool's name or parameters: the field as this API names it
             first = err.errors()[0]
@@ -240,6 +255,7 @@ class ResponsesRequest(BaseModel):
             "parallel_tool_calls": self.parallel_tool_calls,
             "previous_response_id": self.previous_response_id,
             "store": self.store,
+            "top_logprobs": self.top_logprobs,
             "metadata": {},
             "truncation": "disabled",
         }
@@ -315,9 +331,10 @@ def _status(result: GenerationResult | None) -> str:
     return "incomplete" if result.finish_reason == "length" else "completed"
 
 
-def _message(rid: str, text: str | None, status: str) -> dict[str, Any]:
-    """A text answer's output item: the assistant message (its id follows from the response's)."""
-    content = [] if text is None else [{"type": "output_text", "text": text, "annotations": []}]
+def _message(rid: str, text: str | None, status: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A text answer's output item: the assistant message (its id follows from the response's); ``logprobs``: its
+    tokens' (chat completions' ``logprobs.content`` entries), where asked for."""
+    content = [] if text is None else [_part(text, logprobs)]
     return {"type": "message", "id": "msg_" + rid.removeprefix("resp_"), "status": status, "role": "assistant",
             "content": content}  # fmt: skip
 
@@ -335,11 +352,13 @@ def _call(call: dict[str, Any], arguments: str | None = None, status: str = "com
     }
 
 
-def output_items(rid: str, text: str, result: GenerationResult, calls: str | None) -> list[dict[str, Any]]:
+def output_items(
+    rid: str, text: str, result: GenerationResult, calls: str | None, logprobs: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
     """A finished answer's output: its calls where it is whole calls (``calls``: the request's call mode), else the
-    message (a call cut short included: what there is, as text)."""
+    message (a call cut short included: what there is, as text; with ``logprobs`` where asked for)."""
     made = tool_calls(text) if calls and result.finish_reason == "stop" else None
-    return [_call(c) for c in made] if made is not None else [_message(rid, text, _status(result))]
+    return [_call(c) for c in made] if made is not None else [_message(rid, text, _status(result), logprobs)]
 
 
 def response_body(
@@ -391,9 +410,13 @@ class ResponseEvents:
         echo: dict[str, Any],
         calls: str | None = None,
         keep: Callable[[dict[str, Any]], None] | None = None,
+        logprobs: Callable[[list[TokenLogprob]], Awaitable[list[dict[str, Any]]]] | None = None,
     ) -> None:
-        """``keep``: called with the finished response object (to store it)."""
+        """``keep``: called with the finished response object (to store it). ``logprobs``: where asked for, turns a
+        step's tokens' log-probabilities into the API's entries."""
         self.rid, self.model, self.echo, self.calls, self.keep = rid, model, echo, calls, keep
+        self.to_logprobs = logprobs
+        self.logprobs: list[dict[str, Any]] | None = [] if logprobs is not None else None
         self.created = int(time.time())
         self.item = "msg_" + rid.removeprefix("resp_")
         self.sequence = 0
@@ -435,17 +458,21 @@ class ResponseEvents:
         self.text += ev.text
         if self.kind is None:
             self.kind = "call" if self.calls and ev.text.startswith(("{", "[")) else "text"
+        step_logprobs: list[dict[str, Any]] = []
+        if self.to_logprobs is not None and self.logprobs is not None and ev.logprobs:
+            step_logprobs = await self.to_logprobs(ev.logprobs)
+            self.logprobs += step_logprobs
         if self.kind == "call":
             return []  # sent whole once it is
         counts = {"tokens": len(ev.token_ids), "drafted": ev.drafted}
         opened = self._open()  # (events numbered in the order they go out)
-        return [
-            *opened,
-            self._event("response.output_text.delta", **self._where(), delta=ev.text, logprobs=[], dartspec=counts),
-        ]
+        delta = self._event(
+            "response.output_text.delta", **self._where(), delta=ev.text, logprobs=step_logprobs, dartspec=counts
+        )
+        return [*opened, delta]
 
     def finished(self, index: int, result: GenerationResult, total: dict[str, Any] | None) -> list[str]:
-        output = output_items(self.rid, self.text, result, self.calls)
+        output = output_items(self.rid, self.text, result, self.calls, self.logprobs)
         done = self._response(output, result, total)
         events: list[str] = []
         if output[0]["type"] == "function_call":
@@ -468,11 +495,14 @@ class ResponseEvents:
                 ]
         else:
             events += self._open()
+            held = self.logprobs or []
             if self.kind == "call" and self.text:  # a call cut short, held back so far: what there is, as text
-                events.append(self._event("response.output_text.delta", **self._where(), delta=self.text, logprobs=[]))
+                events.append(
+                    self._event("response.output_text.delta", **self._where(), delta=self.text, logprobs=held)
+                )
             events += [
-                self._event("response.output_text.done", **self._where(), text=self.text, logprobs=[]),
-                self._event("response.content_part.done", **self._where(), part=_part(self.text)),
+                self._event("response.output_text.done", **self._where(), text=self.text, logprobs=held),
+                self._event("response.content_part.done", **self._where(), part=_part(self.text, self.logprobs)),
                 self._event("response.output_item.done", output_index=0, item=output[0]),
             ]
         if self.keep is not None:
@@ -486,5 +516,6 @@ class ResponseEvents:
         return self._event("error", code=code, message=message, param=None)
 
 
-def _part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": []}
+def _part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": []}
+    return part if logprobs is None else {**part, "logprobs": logprobs}
