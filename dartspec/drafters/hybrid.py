@@ -48,9 +48,6 @@ class HybridDrafter(DrafterBase):
     """Merges a :class:`PromptLookupDrafter`'s paths (first) with another drafter's tree, in the engine's budget
     (named after it: ``dart+pld``, ``draft-model+pld``)."""
 
-    name = "dart+pld"
-    needs_features = True
-
     def __init__(
         self,
         drafter: Drafter,
