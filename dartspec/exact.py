@@ -877,12 +877,24 @@ def _march() -> str:
     return os.environ.get("DARTSPEC_MARCH", "native")
 
 
+def _prefetch_hint() -> int:
+    """The locality hint of the GEMM's weight prefetch (``qdot.c``'s ``PREFETCH_HINT``, as ``__builtin_prefetch``
+    takes it): into L2 (2) on Intel, where the non-temporal prefetch (0) halved a decode step's GEMM throughput;
+    non-temporal elsewhere, as measured faster than none on AMD Zen 5. DARTSPEC_PREFETCH_HINT (0-3) overrides it."""
+    given = os.environ.get("DARTSPEC_PREFETCH_HINT")
+    if given is not None:
+        if given not in ("0", "1", "2", "3"):
+            raise DartspecError(f"DARTSPEC_PREFETCH_HINT must be 0, 1, 2 or 3, not {given!r}")
+        return int(given)
+    return 2 if _cpu_field("vendor_id") == "GenuineIntel" else 0
+
+
 def build_key() -> str:
     """What the compiled kernels depend on (their sources, this CPU's flags, the OpenMP runtime, the target
-    instruction set), hashed: names the library, and keys measurements that depend on the kernels' speed (the
-    tree sizer's verify cost curve)."""
+    instruction set, the prefetch hint), hashed: names the library, and keys measurements that depend on the
+    kernels' speed (the tree sizer's verify cost curve)."""
     source = b"".join(src.read_bytes() for src in (*_SOURCES, *_HEADERS))
-    extra = str(sorted(_cpu_flags())) + str(_torch_libgomp()) + _march()
+    extra = str(sorted(_cpu_flags())) + str(_torch_libgomp()) + _march() + f"prefetch{_prefetch_hint()}"
     return hashlib.sha256(source + extra.encode()).hexdigest()[:16]
 
 
@@ -909,6 +921,7 @@ def _library() -> ctypes.CDLL:
                 "-shared",
                 "-fPIC",
                 "-Werror=implicit-function-declaration",
+                f"-DPREFETCH_HINT={_prefetch_hint()}",
             ]
             cmd += list(map(str, _SOURCES))
             cmd += ["-o", str(tmp)]
@@ -961,13 +974,18 @@ def _library() -> ctypes.CDLL:
     return lib
 
 
-def _cpu_flags() -> set[str]:
+def _cpu_field(name: str) -> str:
+    """The first value of ``name`` in /proc/cpuinfo ("" where there is none)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return set()
-    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    return set(line.partition(":")[2].split())
+        return ""
+    line = next((ln for ln in text.splitlines() if ln.split(":")[0].strip() == name), "")
+    return line.partition(":")[2].strip()
+
+
+def _cpu_flags() -> set[str]:
+    return set(_cpu_field("flags").split())
 
 
 def _torch_libgomp() -> Path | None:

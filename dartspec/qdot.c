@@ -119,6 +119,12 @@ typedef __m256 fvec;
 #endif
 
 #define CHUNK (2 * PANEL)
+/* The locality hint of the weight prefetch (exact.py passes it per CPU vendor). On a 2-core Intel Xeon (Emerald
+ * Rapids) a non-temporal prefetch (0) made a decode step's GEMMs slower than no prefetch at all (0.72x its time) and
+ * one into L2 (2, PREFETCHT1) twice as fast (0.51x); on AMD Zen 5 the non-temporal one measured faster than none. */
+#ifndef PREFETCH_HINT
+#define PREFETCH_HINT 0
+#endif
 
 int dartspec_qdot_panel(void) { return PANEL; }
 
@@ -244,7 +250,7 @@ static inline __attribute__((always_inline)) void panel_rows(int kind, int half,
     for (long r = 0; r < N; r++) acc[r] = FZERO();
     for (long g = 0; g < G; g++) {
         if (next) /* the next panel's weights, one group a step: DRAM latency hides behind this panel's work */
-            for (long b = 0; b < group_bytes; b += 64) __builtin_prefetch(next + g * group_bytes + b, 0, 0);
+            for (long b = 0; b < group_bytes; b += 64) __builtin_prefetch(next + g * group_bytes + b, 0, PREFETCH_HINT);
         ivec s0[RMAX], s1[RMAX];
         if (kind == 6) { /* the group's halves (inputs 0-15: low nibbles, 16-31: high) summed apart, scaled apart */
             const uint8_t *wg = w + g * 12 * CHUNK, *bits = wg + 8 * CHUNK;
