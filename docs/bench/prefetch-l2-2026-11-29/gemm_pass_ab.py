@@ -1,6 +1,14 @@
-"""Interleaved A/B of kernel variants: a full pass over every linear of the model (one decode step's weights) per
-variant, one row, rotating order; median ms per pass."""
-import ctypes, subprocess, sys, time, collections
+"""Interleaved A/B of builds of the C kernels with other -D flags: a pass over every linear of a model (a decode
+step's weights, so none is still in the last-level cache when it comes round again) per build, ROWS input rows,
+rotating order; median ms a pass. Run at commit 3acbb0a (PREFETCH_HINT, then a -D of qdot.c):
+
+    python docs/bench/prefetch-l2-2026-11-29/gemm_pass_ab.py qwen2.5-coder-1.5b nta=-DPREFETCH_HINT=0 \
+        none=-DPREFETCH_HINT=0,-DNO_PREFETCH l2=-DPREFETCH_HINT=2
+
+The first session's variants (a -DPF_PANELS / -DPF_BYTES distance, since dropped: 1, 2 or 4 panels ahead or 4-8 KB
+ahead in the same panel measured alike) are in prefetch_ab.txt.
+"""
+import ctypes, subprocess, sys, tempfile, time, collections
 import numpy as np, torch
 from dartspec.targets import load_target
 from dartspec import exact
@@ -9,7 +17,7 @@ variants = dict(v.split("=", 1) for v in sys.argv[2:])  # name=-DFOO=1,-DBAR=2
 gomp = exact._torch_libgomp()
 libs = {}
 for name, defs in variants.items():
-    out = f"/tmp/mb/lib_{name}.so"
+    out = f"{tempfile.mkdtemp()}/lib_{name}.so"
     cmd = ["gcc", "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", *[d for d in defs.split(",") if d], *map(str, exact._SOURCES), "-o", out, f"-Wl,-rpath,{gomp.parent}", str(gomp)]
     subprocess.run(cmd, check=True)
     lib = ctypes.CDLL(out)
