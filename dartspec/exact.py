@@ -857,7 +857,9 @@ def quantize_activations(x: torch.Tensor) -> torch.Tensor:
 
 
 def available() -> bool:
-    """Whether the kernel can be built or loaded here (an x86-64 CPU with AVX2 and FMA, and a C compiler)."""
+    """Whether the kernel can be built or loaded here (an x86-64 CPU with AVX2 and FMA, and a C compiler). A bad
+    DARTSPEC_PREFETCH_HINT is raised, not answered False: a typo must not fall back to slower weights in silence."""
+    _prefetch_hint()
     try:
         _library()
     except DartspecError:

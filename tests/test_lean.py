@@ -1034,7 +1034,6 @@ def test_prefetch_hint_follows_the_cpu_vendor_and_names_the_build(monkeypatch: p
     """The GEMM's weight prefetch goes into L2 on Intel and is non-temporal elsewhere (both measured);
     DARTSPEC_PREFETCH_HINT overrides it, a bad value is a one-line error, and the hint is part of the build key (a
     library built with one hint is never loaded for another)."""
-
     monkeypatch.delenv("DARTSPEC_PREFETCH_HINT", raising=False)
     vendor = {"vendor_id": "GenuineIntel", "flags": "avx2 fma f16c"}
     monkeypatch.setattr(exact, "_cpu_field", lambda name: vendor.get(name, ""))
@@ -1048,3 +1047,5 @@ def test_prefetch_hint_follows_the_cpu_vendor_and_names_the_build(monkeypatch: p
     monkeypatch.setenv("DARTSPEC_PREFETCH_HINT", "nta")
     with pytest.raises(DartspecError, match="DARTSPEC_PREFETCH_HINT"):
         exact._prefetch_hint()
+    with pytest.raises(DartspecError, match="DARTSPEC_PREFETCH_HINT"):  # not "no kernels here": no silent fallback
+        exact.available()
