@@ -2,7 +2,7 @@
 
 `dartspec bench` compares methods on one build of the kernels; a kernel change needs both builds side by side
 (timings on shared CPUs drift 2x between runs). This loads SmolLM2 twice, once per build, and alternates them:
-verify forwards of q rows after 256 cached tokens, then generations of development prompts per method.
+verify forwards of q rows after 256 cached tokens (`--context`), then generations of development prompts per method.
 
     python scripts/kernel_ab.py --base HEAD~1 --qs 1,2,4,8,16 --rounds 60
     python scripts/kernel_ab.py --base HEAD~1 --prompts DEV.jsonl   # e.g. docs/bench/h200-window-3-2026-11-26/
@@ -80,11 +80,11 @@ def use_build(libs: dict, name: str) -> None:
     exact._library = lambda: libs[name]  # the LM head and other per-call kernels look the library up each call
 
 
-def verify_curve(libs: dict, targets: dict, qs: list[int], rounds: int) -> None:
+def verify_curve(libs: dict, targets: dict, qs: list[int], rounds: int, context: int = 256) -> None:
     rng = np.random.default_rng(0)
     for t in targets.values():
         t.reset()
-        t.prefill(rng.integers(10, 40000, size=256).tolist())
+        t.prefill(rng.integers(10, 40000, size=context).tolist())
     samples = {n: {q: [] for q in qs} for n in targets}
     for r in range(rounds):
         for name in list(targets)[:: 1 if r % 2 else -1]:
@@ -134,13 +134,14 @@ def main() -> None:
     ap.add_argument("--base", default="HEAD", help="git revision whose kernels are the baseline")
     ap.add_argument("--qs", default="1,2,4,8,16")
     ap.add_argument("--rounds", type=int, default=60)
+    ap.add_argument("--context", type=int, default=256, help="cached tokens before the verify forwards")
     ap.add_argument("--prompts", help="a .jsonl of {'prompt': ...} to generate from (skipped if absent)")
     ap.add_argument("--limit", type=int, default=20)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         libs, targets = load_builds(args.base, Path(tmp))
-        verify_curve(libs, targets, [int(q) for q in args.qs.split(",")], args.rounds)
+        verify_curve(libs, targets, [int(q) for q in args.qs.split(",")], args.rounds, args.context)
         if args.prompts:
             lines = Path(args.prompts).read_text().splitlines()[: args.limit]
             generations(libs, targets, [json.loads(line)["prompt"] for line in lines], args.max_new_tokens)
