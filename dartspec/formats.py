@@ -70,7 +70,10 @@ def check_drafter_name(name: str) -> DrafterKind | None:
     that lists the known ones."""
     kind = drafter_kind(name)
     if kind is None and name != "auto":
-        raise DartspecError(f"unknown drafter {name!r}: choose one of auto, {', '.join(DRAFTER_NAMES)}")
+        hint, (head, _, options) = "", name.partition(":")
+        if options and (head == "auto" or drafter_kind(head)):  # a `bench --methods` spec where a bare name goes
+            hint = f" (options such as {options!r} are flags here: --tree-size, --tree, --draft-nodes, ...)"
+        raise DartspecError(f"unknown drafter {name!r}: choose one of auto, {', '.join(DRAFTER_NAMES)}{hint}")
     return kind
 
 

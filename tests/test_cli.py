@@ -54,6 +54,7 @@ def test_unknown_model_lists_known_names() -> None:
         (["--top-k", "-3"], "top_k"),
         (["--seed", "-1"], "seed"),
         (["--drafter", "magic"], "unknown drafter"),
+        (["--drafter", "dart+pld:size=4"], "'size=4' are flags here: --tree-size"),
     ],
 )
 def test_invalid_sampling_values_fail_before_loading(flags: list[str], needle: str) -> None:
