@@ -890,10 +890,14 @@ def cmd_bench_replay(args: argparse.Namespace) -> int:
 def cmd_bench_fidelity(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from dartspec.bench.fidelity import run_fidelity_bench
+    from dartspec.formats import parse_format
 
     if not Path(args.dev).is_dir():
         raise DartspecError(f"--dev {args.dev!r} is not a folder of regenerated shards")
+    for spec in args.formats:  # a typo costs no model load
+        parse_format(spec)
+    from dartspec.bench.fidelity import run_fidelity_bench
+
     run_fidelity_bench(
         load_target(args),
         args.formats,

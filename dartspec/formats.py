@@ -77,6 +77,17 @@ def check_drafter_name(name: str) -> DrafterKind | None:
     return kind
 
 
+def parse_format(spec: str) -> tuple[str, str]:
+    """``RUNTIME[:QUANT]`` (``lean:fp16``, ``hf``) -> ``(runtime, quant)``, quant ``none`` when left out;
+    DartspecError if either part is unknown."""
+    runtime, _, quant = spec.partition(":")
+    if runtime not in RUNTIMES:
+        raise DartspecError(f"{spec!r}: expected RUNTIME[:QUANT], RUNTIME one of {'|'.join(RUNTIMES)}")
+    if quant and quant not in QUANT_CHOICES:
+        raise DartspecError(f"{spec!r}: unknown QUANT {quant!r} in RUNTIME[:QUANT], one of {'|'.join(QUANT_CHOICES)}")
+    return runtime, quant or "none"
+
+
 #: Tree builders for a parallel drafter's rows (:func:`dartspec.search.make_tree_builder`).
 TREE_BUILDERS = ("beam", "ddtree", "chain")
 #: Where ``data regenerate`` takes user turns from: ShareGPT conversations, or requests the target writes itself.

@@ -17,7 +17,7 @@ import torch
 
 from dartspec import exact
 from dartspec.errors import DartspecError
-from dartspec.formats import QUANT_CHOICES, RUNTIMES
+from dartspec.formats import QUANT_CHOICES, RUNTIMES, parse_format
 from dartspec.quant import check_format
 from dartspec.runtime import describe
 
@@ -113,15 +113,6 @@ def lean_copy_fits(model: Any, device: torch.device) -> bool:
     free, _ = torch.cuda.mem_get_info(device)
     copies = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if n.endswith(FUSED_PROJECTIONS))
     return 2 * copies <= free
-
-
-def parse_format(spec: str) -> tuple[str, str]:
-    """``RUNTIME[:QUANT]`` (``lean:fp16``, ``hf``) -> ``(runtime, quant)``, quant ``none`` when left out;
-    DartspecError if either part is unknown."""
-    runtime, _, quant = spec.partition(":")
-    if runtime not in RUNTIMES or (quant and quant not in QUANT_CHOICES):
-        raise DartspecError(f"{spec!r}: expected RUNTIME[:QUANT], RUNTIME in {'|'.join(RUNTIMES)}")
-    return runtime, quant or "none"
 
 
 def wrap_format(target: Any, spec: str) -> Any:  # -> Target | LeanTarget

@@ -82,6 +82,8 @@ def test_invalid_sampling_values_fail_before_loading(flags: list[str], needle: s
         (["generate", "--prompt", "hi", "--logit-bias", "42"], "--logit-bias takes ID=BIAS"),
         (["generate", "--prompt", "hi", "--logit-bias", "x=1"], "--logit-bias takes ID=BIAS"),
         (["generate", "--prompt", "hi", "--logit-bias", "42=-200"], "logit_bias value must be a number from -100"),
+        (["bench", "fidelity", "--dev", ".", "--formats", "lean:int4"], "unknown QUANT 'int4' in RUNTIME[:QUANT]"),
+        (["bench", "fidelity", "--dev", ".", "--formats", "hf,gpu:fp16"], "'gpu:fp16': expected RUNTIME[:QUANT]"),
     ],
 )
 def test_a_mistyped_option_is_refused_before_torch_is_imported(args: list[str], needle: str) -> None:
