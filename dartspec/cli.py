@@ -998,10 +998,11 @@ def cmd_train_promote(args: argparse.Namespace) -> int:
 
     from dartspec.drafters import checkpoint_folder
     from dartspec.train.cli import samples_from
-    from dartspec.train.promote import promote
+    from dartspec.train.promote import check_checkpoint, promote
 
     if not Path(args.dev).is_dir():
         raise DartspecError(f"--dev {args.dev!r} is not a folder of regenerated shards")
+    check_checkpoint(Path(args.candidate), "candidate")  # before the model loads
     target = load_target(args)
     into = Path(args.into) if args.into else checkpoint_folder(args.kind, target, None)
     samples = [(s.tokens, s.prompt_len) for s in samples_from(args.dev)][: args.limit]

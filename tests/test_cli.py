@@ -96,6 +96,12 @@ def test_a_mistyped_option_is_refused_before_torch_is_imported(args: list[str], 
     assert_one_line_error(run_cli(*args, code=code), needle)
 
 
+def test_promote_refuses_a_missing_candidate_before_loading() -> None:
+    # an unknown model would be the error if the model loaded first
+    proc = run_cli("train", "promote", "--model", "no-such-model", "--candidate", "/no/such/ckpt", "--dev", ".")
+    assert_one_line_error(proc, "/no/such/ckpt is not a drafter checkpoint (no config.json): the candidate is missing")
+
+
 def test_serve_refuses_an_address_it_cannot_take_before_loading(tmp_path: Path) -> None:
     import socket
 

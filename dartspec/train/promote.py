@@ -103,6 +103,12 @@ def install(shipped: Path, candidate: Path, into: Path) -> None:
         raise
 
 
+def check_checkpoint(folder: Path, what: str) -> None:
+    """A clear error unless ``folder`` holds a drafter checkpoint (its config.json)."""
+    if not (folder / "config.json").is_file():
+        raise DartspecError(f"{folder} is not a drafter checkpoint (no config.json): the {what} is missing")
+
+
 def promote(
     target: Any,
     candidate: Path,
@@ -120,8 +126,7 @@ def promote(
     are also replayed on the first ``replay`` answers at ``replay_nodes`` nodes (reported and recorded; the gate stays
     the teacher-forced figures, whose noise is lower)."""
     for folder, what in ((candidate, "candidate"), (into, "installed drafter")):
-        if not (folder / "config.json").is_file():
-            raise DartspecError(f"{folder} is not a drafter checkpoint (no config.json): the {what} is missing")
+        check_checkpoint(folder, what)
     if candidate.resolve() == into.resolve():
         raise DartspecError("the candidate and the installed drafter are the same folder")
     if not samples:
