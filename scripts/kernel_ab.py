@@ -17,6 +17,7 @@ a base (its library would be called wrongly); compare layouts inside one build i
 from __future__ import annotations
 
 import argparse
+import ctypes
 import dataclasses
 import json
 import statistics
@@ -57,7 +58,18 @@ def load_builds(base: str, folder: Path) -> tuple[dict, dict]:
         libs[name] = build()
         use_build(libs, name)
         targets[name] = load_target("smollm2-135m")
+        bind_stack(targets[name], libs[name])
     return libs, targets
+
+
+def bind_stack(target, lib) -> None:
+    """Build the target's one-call forward (lean.py's BlockStack) now, under its own build: the stack takes the
+    library current when it is made, lazily at the first forward, so a target first run under the other build would
+    run that build's kernels (every A/B of the forward's kernels compared a build with itself until this check)."""
+    stack = target._block_stack()
+    fn, own = (ctypes.cast(f, ctypes.c_void_p).value for f in (stack._run, lib.dartspec_blocks))
+    if fn != own:
+        raise SystemExit("the target's forward is bound to the other build's kernels")
 
 
 def load_scale_layouts() -> tuple[dict, dict]:
@@ -82,7 +94,8 @@ def use_build(libs: dict, name: str) -> None:
 
 def verify_curve(libs: dict, targets: dict, qs: list[int], rounds: int, context: int = 256) -> None:
     rng = np.random.default_rng(0)
-    for t in targets.values():
+    for name, t in targets.items():
+        use_build(libs, name)
         t.reset()
         t.prefill(rng.integers(10, 40000, size=context).tolist())
     samples = {n: {q: [] for q in qs} for n in targets}
