@@ -335,6 +335,20 @@ static void score_key_block(attention *const *a, long m, long g, long b, float *
     score_queries(x, srow, nq, kt, n, first->D, first->scale);
 }
 
+/* How many of a visible list's first entries are positions 0, 1, 2, ...: the list ascends without repeats, so pos[k]
+ * >= k, and once pos[k] > k every later entry is past its index too (a binary search). */
+static long identity_run(const long *pos, long n) {
+    long lo = 0, hi = n; /* pos[k] == k for k < lo; pos[k] != k for k >= hi */
+    while (lo < hi) {
+        long mid = lo + (hi - lo) / 2;
+        if (pos[mid] == mid)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 /* Softmax weights of query t (row t / H, head t % H) over its row's visible positions, into its score row by list
  * index: e = exp(score - max) summed in LANES interleaved partial sums, then scaled by the sum's inverse. A tree row's
  * list equals the list of the same token decoded alone (the cached prefix, then its ancestors in depth order), and so
@@ -344,10 +358,16 @@ static void softmax_weights(attention *a, long t, float *e) {
     long i = t / a->H, n = a->count[i];
     const long *pos = a->seen + i * a->total;
     float *p = a->scores + t * a->total;
+    /* The row's scores in list order first (its list starts with a run of positions 0, 1, ...: one copy), so that the
+     * maximum and exp vectorize: read through the list, gcc left both scalar (a gather by 64-bit indices). */
+    long run = identity_run(pos, n);
+    memcpy(e, p, sizeof(float) * run);
+    for (long k = run; k < n; k++) e[k] = p[pos[k]];
     float best = -INFINITY;
-    for (long k = 0; k < n; k++) best = p[pos[k]] > best ? p[pos[k]] : best;
+#pragma omp simd reduction(max : best)
+    for (long k = 0; k < n; k++) best = e[k] > best ? e[k] : best;
 #pragma omp simd
-    for (long k = 0; k < n; k++) e[k] = exp_nonpositive(p[pos[k]] - best);
+    for (long k = 0; k < n; k++) e[k] = exp_nonpositive(e[k] - best);
     float part[LANES] = {0};
     long k = 0;
     for (; k + LANES <= n; k += LANES)
