@@ -102,7 +102,7 @@ void dartspec_block(const dartspec_block_weights *b, float *x, const float *attn
                     float *kc, float *vc, long cap, const float *const *kpages, const float *const *vpages, long npre,
                     long page, long base, const uint8_t *mask) {
     long starts[2] = {0, q};
-    dartspec_kv kv = {kc, vc, cap, kpages, vpages, npre, page > 0 ? page : 1};
+    dartspec_kv kv = {kc, vc, cap, kpages, vpages, npre, page > 0 ? page : 1, NULL, 0};
     dartspec_block_many(b, x, attn_in, q, rot, 1, starts, &kv, &base, &mask, 0);
 }
 

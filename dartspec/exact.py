@@ -805,8 +805,11 @@ class BlockStack:
 
 
 #: ``dartspec_kv`` of ``qdot.h``, one layer of one sequence's cache: its own key and value buffers and their
-#: capacity, then the shared pages before them (page pointer arrays, positions in pages, positions per page).
-KV_SLOT = np.dtype([(name, np.int64) for name in ("k", "v", "cap", "kpages", "vpages", "npre", "page")])
+#: capacity, then the shared pages before them (page pointer arrays, positions in pages, positions per page), then
+#: the own keys' transposed copy (0: none) and how many of its slots are valid.
+KV_SLOT = np.dtype(
+    [(name, np.int64) for name in ("k", "v", "cap", "kpages", "vpages", "npre", "page", "kt", "kt_valid")]
+)
 
 
 @dataclass

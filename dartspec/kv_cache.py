@@ -15,6 +15,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import torch
 
+#: Positions per block of the own keys' transposed copy (``KEYS`` of ``attend.c``).
+KT_BLOCK = 16
+
 if TYPE_CHECKING:
     from dartspec.exact import SharedPages
 
@@ -26,9 +29,15 @@ class TreeKVLayer:
     subset of the newest entries (the accepted path of a draft tree) in place.
     """
 
-    def __init__(self, capacity: int = 256, epoch: list[int] | None = None) -> None:
+    def __init__(self, capacity: int = 256, epoch: list[int] | None = None, kt_valid: list[int] | None = None) -> None:
         # Counts every replacement of the buffers (shared by a cache's layers, see TreeKVCache.extend_all).
         self._epoch = [0] if epoch is None else epoch
+        #: The own keys again, transposed in blocks of KT_BLOCK slots, for the C attention (``dartspec_kv.kt`` of
+        #: ``qdot.h``; made by TreeKVCache where that kernel reads the cache), and the slots of it that hold the keys
+        #: now (``_kt_valid[0]``, shared by a cache's layers, which move in step). Every change to the own keys below
+        #: that count lowers it; the attention kernel transposes the committed blocks past it.
+        self.kt: torch.Tensor | None = None
+        self._kt_valid = [0] if kt_valid is None else kt_valid
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
         self.is_initialized = False
@@ -48,6 +57,11 @@ class TreeKVLayer:
     def keys(self, buffer: torch.Tensor | None) -> None:
         self._keys = buffer
         self._epoch[0] += 1
+        self.kt, self._kt_valid[0] = None, 0  # a new buffer: its transposed copy is made again
+
+    def _keys_change(self, slot: int) -> None:
+        """Own key slots from ``slot`` on are (to be) rewritten: the transposed copy is valid below them at most."""
+        self._kt_valid[0] = min(self._kt_valid[0], max(slot, 0) // KT_BLOCK * KT_BLOCK)
 
     @property
     def values(self) -> torch.Tensor | None:
@@ -67,6 +81,7 @@ class TreeKVLayer:
         """Start an empty layer with ``shared.length`` positions in shared pages (never written here)."""
         if self.length:
             raise ValueError("shared pages go first: the layer is not empty")
+        self._keys_change(0)  # own slot 0 is a later position now
         self.shared, self._pages, self.length = shared, pages, shared.length
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -104,6 +119,7 @@ class TreeKVLayer:
         q, npre = key_states.shape[2], self.npre
         start, end = self.length - npre, self.length - npre + q
         self._reserve(end)
+        self._keys_change(start)
         self.keys[:, :, start:end] = key_states
         self.values[:, :, start:end] = value_states
         self.length += q
@@ -125,6 +141,7 @@ class TreeKVLayer:
             self.lazy_initialization(like_keys, like_values)
         base = self.length
         self._reserve(base - self.npre + q)
+        self._keys_change(base - self.npre)
         self.length = base + q
         return self.keys, self.values, base
 
@@ -133,6 +150,7 @@ class TreeKVLayer:
         n, own = nodes.numel(), base - self.npre
         if own < 0:
             raise ValueError("cannot rewrite positions in shared pages")
+        self._keys_change(own)
         if self.is_initialized:
             src = nodes + own
             # index_select copies first, so overlapping source and destination ranges are safe.
@@ -143,6 +161,7 @@ class TreeKVLayer:
     def truncate(self, length: int) -> None:
         if length < self.npre:
             raise ValueError("cannot truncate into shared pages: reset the cache instead")
+        self._keys_change(length - self.npre)
         self.length = min(self.length, length)
 
     def select_rows(self, rows: torch.Tensor) -> None:
@@ -153,6 +172,7 @@ class TreeKVLayer:
 
     def reset(self) -> None:
         self.length = 0
+        self._kt_valid[0] = 0
         self.shared, self._pages = None, ()
 
 
@@ -162,6 +182,7 @@ class _Buffers(NamedTuple):
     epoch: int  # the count of buffer replacements it was read at
     keys: np.ndarray  # every layer's key buffer address
     values: np.ndarray
+    kts: np.ndarray  # every layer's transposed keys' address (0: none)
     caps: np.ndarray  # positions each layer's own buffers hold
     room: int  # the least of them
     heads: int
@@ -173,9 +194,13 @@ class _Buffers(NamedTuple):
 class TreeKVCache:
     """A model's KV cache: one :class:`TreeKVLayer` per decoder layer."""
 
-    def __init__(self, num_layers: int, capacity: int = 256) -> None:
+    def __init__(self, num_layers: int, capacity: int = 256, *, transposed_keys: bool = True) -> None:
+        """``transposed_keys``: keep the C attention's transposed copy of the keys where it reads the cache (fp32 CPU
+        buffers of one batch row); False leaves it to transpose them at every step (the same results)."""
         self._epoch = [0]  # bumped whenever any layer's buffers are replaced
-        self.layers = [TreeKVLayer(capacity, self._epoch) for _ in range(num_layers)]
+        self._transposed_keys = transposed_keys
+        self._kt_valid = [0]  # slots of the layers' transposed keys that hold their keys (TreeKVLayer.kt)
+        self.layers = [TreeKVLayer(capacity, self._epoch, self._kt_valid) for _ in range(num_layers)]
         self._table: _Buffers | None = None  # see _buffers
         self._release: Callable[[], None] | None = None
         #: The shared pages as the batched attention kernel reads them, one ``exact.KV_SLOT`` row per layer (the
@@ -224,10 +249,17 @@ class TreeKVCache:
             # What the C keep reads: CPU buffers (contiguous: this class makes them) of one batch row, in every layer
             # the same heads and row widths.
             alike = all(len({(t.shape[0], t.shape[1], t.shape[3], t.dtype) for t in ts}) == 1 for ts in (keys, values))
+            # The C attention's transposed copy of the keys: fp32 CPU buffers of one batch row (its kernel's input).
+            kt = self._transposed_keys and first.device.type == "cpu" and first.shape[0] == 1
+            kt = kt and first.dtype == torch.float32
+            for layer in self.layers if kt else ():
+                if layer.kt is None or layer.kt.shape != layer.keys.shape:
+                    layer.kt = torch.empty_like(layer.keys)
             table = _Buffers(
                 epoch=self._epoch[0],
                 keys=np.array([k.data_ptr() for k in keys], dtype=np.int64),
                 values=np.array([v.data_ptr() for v in values], dtype=np.int64),
+                kts=np.array([layer.kt.data_ptr() if kt else 0 for layer in self.layers], dtype=np.int64),
                 caps=caps,
                 room=int(caps.min()),
                 heads=heads,
@@ -240,9 +272,10 @@ class TreeKVCache:
 
     def extend_all(
         self, q: int, like_keys: torch.Tensor, like_values: torch.Tensor
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """:meth:`TreeKVLayer.extend` of every layer; returns the layers' key and value buffer addresses and
-        capacities (:meth:`_buffers`), in one pass over the layers while their buffers have room."""
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`TreeKVLayer.extend` of every layer; returns the layers' key and value buffer addresses, capacities
+        and transposed keys' addresses (:meth:`_buffers`), in one pass over the layers while their buffers have
+        room."""
         first, table = self.layers[0], self._table
         if table is not None and table.epoch == self._epoch[0] and first.length - first.npre + q <= table.room:
             for layer in self.layers:
@@ -251,7 +284,18 @@ class TreeKVCache:
             for layer in self.layers:
                 layer.extend(q, like_keys, like_values)
             table = self._buffers()  # after any growth
-        return table.keys, table.values, table.caps
+        return table.keys, table.values, table.caps, table.kts
+
+    @property
+    def kt_valid(self) -> int:
+        """Slots of every layer's transposed keys that hold their keys (:attr:`TreeKVLayer.kt`)."""
+        return self._kt_valid[0]
+
+    def keys_transposed(self, base: int) -> None:
+        """The C attention ran over positions ``0 .. base`` (committed before its new rows) with the transposed copies
+        passed to it: it transposed every whole block of them it had not, so those are valid now."""
+        own = base - self.layers[0].npre
+        self._kt_valid[0] = max(self._kt_valid[0], own // KT_BLOCK * KT_BLOCK)
 
     def keep(self, base: int, nodes: torch.Tensor) -> None:
         """Keep entries ``base + nodes`` (ascending) of every layer as positions ``base, base+1, ...``."""
@@ -270,6 +314,7 @@ class TreeKVCache:
         if not table.c_keep:
             return False
         rows = np.ascontiguousarray(nodes.cpu().numpy(), dtype=np.int64)
+        first._keys_change(own)
         kernel(table.keys.ctypes.data, table.values.ctypes.data, table.caps.ctypes.data, len(self.layers), table.heads,
                table.key_bytes, table.value_bytes, own, rows.ctypes.data, len(rows))  # fmt: skip
         for layer in self.layers:

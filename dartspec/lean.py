@@ -661,6 +661,8 @@ class LeanTarget(CausalRuntime):
             for cache, base in zip(caches, bases, strict=True):
                 cache.truncate(base)
             raise
+        for cache, base in zip(caches, bases, strict=True):
+            cache.keys_transposed(base)
         return feats
 
     def sequence_slots(
@@ -693,7 +695,8 @@ class LeanTarget(CausalRuntime):
         write per field and sequence: per layer and field they cost ~3% of a SmolLM2 decode step)."""
         for s, (cache, q) in enumerate(zip(caches, sizes, strict=True)):
             kv = slots.kv[:, s]
-            kv["k"], kv["v"], kv["cap"] = cache.extend_all(q, self._no_kv, self._no_kv)
+            kv["k"], kv["v"], kv["cap"], kv["kt"] = cache.extend_all(q, self._no_kv, self._no_kv)
+            kv["kt_valid"] = cache.kt_valid
 
     def _attention(
         self,

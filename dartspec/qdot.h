@@ -37,14 +37,18 @@ int qdot_takes_float(const qdot_linear *L); /* whether some part is fp16 weights
 
 /* One layer of one sequence's KV cache as attention sees it: positions [0, npre) in shared pages of ``page``
  * positions each (the prefix cache; page i holds (KV, page, D) keys at kpages[i], values at vpages[i]), the rest in
- * the sequence's own buffers k, v (KV, cap, D), position npre at slot 0. npre 0: no shared pages. Every field is 8
- * bytes, in the order of exact.py's KV_SLOT. */
+ * the sequence's own buffers k, v (KV, cap, D), position npre at slot 0. npre 0: no shared pages. ``kt`` (or NULL):
+ * the own keys again, transposed in blocks of 16 slots (kv head g's block i, (D, 16), at kt + (g cap + 16 i) D), valid
+ * for the first ``kt_valid`` slots (a multiple of 16); attention fills in the blocks its committed positions complete,
+ * and the caller then counts them valid (kv_cache.py). Every field is 8 bytes, in the order of exact.py's KV_SLOT. */
 typedef struct {
     float *k, *v;
     long cap;
     const float *const *kpages;
     const float *const *vpages;
     long npre, page;
+    float *kt;
+    long kt_valid;
 } dartspec_kv;
 
 void dartspec_attend(const float *qkv, long q, long H, long KV, long D, const float *rot, float *kc, float *vc,

@@ -13,6 +13,7 @@ from test_engine import RandomDrafter
 from dartspec import exact, weight_cache
 from dartspec.engine import Generator
 from dartspec.errors import DartspecError
+from dartspec.kv_cache import TreeKVCache
 from dartspec.lean import LeanTarget
 from dartspec.quant import PackedLinear, check_format
 from dartspec.runtime import FeatureSource, TargetRuntime
@@ -140,6 +141,41 @@ def test_tree_verification_equals_sequential_decoding(arch: str, quant: str) -> 
         after = t.verify(Tree.chain(7, [3])).logits
         seq = [int(tree.tokens[i]) for i in tree.path_to(node)]
         torch.testing.assert_close(after[-1].to(ref.dtype), _step_by_step(t, prompt, [*seq, 7, 3]), rtol=0, atol=atol)
+
+
+@pytest.mark.skipif(not exact.available(), reason="dartspec's C kernels do not build here")
+def test_transposed_keys_follow_every_change_to_the_cache() -> None:
+    """The C attention keeps the committed keys transposed in the cache and transposes only blocks past the count it
+    is told is valid: every change to the keys (a kept path, a truncation, growth, new buffers) must lower that count,
+    or it reads keys that are no longer there. Two caches in lockstep, one without the copy, give the same logits bit
+    for bit through ~150 positions of random trees, commits and truncations across block boundaries."""
+    model = _gguf_like(tiny_model("qwen3", seed=3, head_dim=64).float())
+    t = LeanTarget(model, tiny_tokenizer(), quant="exact-a16")
+    kept, plain = TreeKVCache(t.num_layers, capacity=16), TreeKVCache(t.num_layers, capacity=16, transposed_keys=False)
+    rng = np.random.default_rng(1)
+    prompt = rng.integers(0, VOCAB, size=12).tolist()
+    for cache in (kept, plain):
+        t.prefill(prompt, cache=cache)
+    most = 0
+    for step in range(60):
+        tokens = rng.choice(VOCAB, size=int(rng.integers(1, 9)), replace=False)  # no two siblings alike
+        parents = [-1] + [int(rng.integers(0, i)) for i in range(1, len(tokens))]
+        tree = Tree(tokens, np.array(parents))
+        base = kept.length
+        got, ref = (t.verify(tree, cache=c).logits for c in (kept, plain))
+        assert torch.equal(got, ref), f"step {step}: logits differ after {base} positions"
+        path = tree.path_to(int(rng.integers(0, tree.size)))
+        for cache in (kept, plain):
+            t.commit(base, path, cache=cache)
+        if step % 7 == 6:  # back across a block boundary, then on with other tokens
+            length = max(len(prompt), kept.length - int(rng.integers(1, 24)))
+            for cache in (kept, plain):
+                cache.truncate(length)
+        if step == 30:  # new buffers behind the table's back (static batching's select_rows)
+            for cache in (kept, plain):
+                cache.select_rows(torch.tensor([0]))
+        most = max(most, kept.kt_valid)
+    assert most >= 64 and plain.layers[0].kt is None  # the copy was used, the other cache had none
 
 
 @pytest.mark.parametrize("quant", ["none", "fp16", "int8"])

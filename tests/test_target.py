@@ -206,10 +206,13 @@ def test_extend_all_gives_every_layers_current_buffers() -> None:
     cache = TreeKVCache(3, capacity=4)
     like = torch.empty(1, 2, 0, 8)
 
-    def check(table: tuple[np.ndarray, np.ndarray, np.ndarray], length: int) -> None:
+    def check(table: tuple[np.ndarray, ...], length: int) -> None:
         assert table[0].tolist() == [layer.keys.data_ptr() for layer in cache.layers]
         assert table[1].tolist() == [layer.values.data_ptr() for layer in cache.layers]
         assert table[2].tolist() == [layer.keys.shape[2] for layer in cache.layers]
+        # the transposed keys (fp32 CPU buffers of one row: made for the C attention) are as large as the keys
+        assert table[3].tolist() == [layer.kt.data_ptr() for layer in cache.layers]
+        assert all(layer.kt.shape == layer.keys.shape for layer in cache.layers)
         assert [layer.length for layer in cache.layers] == [length] * 3
         assert all(layer.keys.shape[2] >= length for layer in cache.layers)
 
