@@ -333,8 +333,9 @@ static void score_key_block(attention *const *a, long m, long g, long b, float *
     long j0 = b * KEYS, n = first->total - j0 < KEYS ? first->total - j0 : KEYS, slot = j0 - kv->npre;
     if (kv->kt && slot >= 0 && j0 + KEYS <= first->total - first->q) {
         /* A block of committed positions in the own buffers: its keys never change again, so they are transposed
-         * once into the cache's transposed copy and read from there at every later step (the per-step transpose
-         * was ~6% of a one-token step after 256 positions, ~20% after 1,500). Only data moves: the same scores. */
+         * once into the cache's transposed copy and read from there at every later step (transposing them at every
+         * step made a verify forward of 1-2 rows ~4% slower, after 256 positions and after 1,500). Only data moves:
+         * the same scores. */
         float *block = kv->kt + (g * kv->cap + slot) * first->D;
         if (slot + KEYS > kv->kt_valid) transpose_keys(kv, g, j0, KEYS, first->D, block);
         kt = block;

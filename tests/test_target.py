@@ -213,6 +213,8 @@ def test_extend_all_gives_every_layers_current_buffers() -> None:
         # the transposed keys (fp32 CPU buffers of one row: made for the C attention) are as large as the keys
         assert table[3].tolist() == [layer.kt.data_ptr() for layer in cache.layers]
         assert all(layer.kt.shape == layer.keys.shape for layer in cache.layers)
+        # a position's keys, values and transposed keys in 3 layers of 2 heads of 8 fp32 numbers
+        assert cache.own_bytes() == length * 3 * (3 * 2 * 8 * 4)
         assert [layer.length for layer in cache.layers] == [length] * 3
         assert all(layer.keys.shape[2] >= length for layer in cache.layers)
 
