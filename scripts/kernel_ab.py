@@ -47,6 +47,13 @@ def load_builds(base: str, folder: Path) -> tuple[dict, dict]:
             ["git", "show", f"{base}:dartspec/{src.name}"], cwd=src.parent, capture_output=True, check=True
         )
         (folder / src.name).write_bytes(shown.stdout)
+        if src.name == "qdot.h" and shown.stdout != src.read_bytes():
+            # the structs the kernels take (qdot.h) changed: this tree's Python would hand the base's kernels the
+            # wrong layouts (a crash, or numbers read from the wrong fields)
+            raise SystemExit(
+                f"{base}'s qdot.h differs from this tree's: its kernels cannot run under this Python. Compare from "
+                "a worktree of a revision whose qdot.h is the base's, or inside one build (as --base fp32-scales does)"
+            )
     builds = {
         base: (tuple(folder / s.name for s in exact._SOURCES), tuple(folder / h.name for h in exact._HEADERS)),
         "tree": (exact._SOURCES, exact._HEADERS),
