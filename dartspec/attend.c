@@ -196,6 +196,7 @@ typedef struct {
     float *scores;  /* (q H, total) by position; then the softmax weights, by list index */
     long *seen;     /* (q, total) each row's visible positions, in order */
     long *count;    /* (q) */
+    long *run;      /* (q) each list's leading entries 0, 1, 2, ... (before its first hidden position) */
     float *acc;     /* (q H, 4, D) value sums */
 } attention;
 
@@ -208,7 +209,8 @@ static void att_prepare(attention *a, const float *qkv, long q, long H, long KV,
     a->qs = (float *)malloc(sizeof(float) * q * H * D);
     a->scores = (float *)malloc(sizeof(float) * q * H * total);
     a->seen = (long *)malloc(sizeof(long) * q * total);
-    a->count = (long *)malloc(sizeof(long) * q);
+    a->count = (long *)malloc(sizeof(long) * 2 * q);
+    a->run = a->count + q;
     a->acc = (float *)calloc((size_t)q * H * 4 * D, sizeof(float));
     for (long i = 0; i < q; i++) {
         const float *row = qkv + i * width;
@@ -228,10 +230,14 @@ static void att_prepare(attention *a, const float *qkv, long q, long H, long KV,
         }
     }
     for (long i = 0; i < q; i++) { /* row i's visible positions, in order */
-        long n = 0;
+        long n = 0, run = -1;
         for (long j = 0; j < (mask ? total : base + i + 1); j++)
-            if (!mask || mask[i * total + j]) a->seen[i * total + n++] = j;
+            if (!mask || mask[i * total + j])
+                a->seen[i * total + n++] = j;
+            else if (run < 0)
+                run = n;
         a->count[i] = n;
+        a->run[i] = run < 0 ? n : run;
     }
 }
 
@@ -351,20 +357,6 @@ static void score_key_block(attention *const *a, long m, long g, long b, float *
     score_queries(x, srow, nq, kt, n, first->D, first->scale);
 }
 
-/* How many of a visible list's first entries are positions 0, 1, 2, ...: the list ascends without repeats, so pos[k]
- * >= k, and once pos[k] > k every later entry is past its index too (a binary search). */
-static long identity_run(const long *pos, long n) {
-    long lo = 0, hi = n; /* pos[k] == k for k < lo; pos[k] != k for k >= hi */
-    while (lo < hi) {
-        long mid = lo + (hi - lo) / 2;
-        if (pos[mid] == mid)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
 /* Softmax weights of query t (row t / H, head t % H) over its row's visible positions, into its score row by list
  * index: e = exp(score - max) summed in LANES interleaved partial sums, then scaled by the sum's inverse. A tree row's
  * list equals the list of the same token decoded alone (the cached prefix, then its ancestors in depth order), and so
@@ -376,7 +368,7 @@ static void softmax_weights(attention *a, long t, float *e) {
     float *p = a->scores + t * a->total;
     /* The row's scores in list order first (its list starts with a run of positions 0, 1, ...: one copy), so that the
      * maximum and exp vectorize: read through the list, gcc left both scalar (a gather by 64-bit indices). */
-    long run = identity_run(pos, n);
+    long run = a->run[i];
     memcpy(e, p, sizeof(float) * run);
     for (long k = run; k < n; k++) e[k] = p[pos[k]];
     float best = -INFINITY;
