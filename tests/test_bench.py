@@ -169,6 +169,37 @@ def test_llamacpp_row_without_the_package_says_how_to_install(
         make_runner(MethodSpec(kind, kind), llama_target)
 
 
+def test_a_crashing_llamacpp_probe_is_told_from_one_that_fails_or_works() -> None:
+    """llama.cpp's AMX backend segfaulted on an Intel Xeon (2026-12-06), killing the benchmark: a child process tries
+    first. Killed by a signal: no. An exception (the real load then raises its own error) or a clean exit: yes."""
+    from dartspec.bench.suite import _survives
+
+    assert not _survives("import ctypes; ctypes.string_at(0)")  # a segfault
+    assert not _survives("import os, signal; os.kill(os.getpid(), signal.SIGABRT)")
+    assert _survives("raise SystemExit(3)") and _survives("raise ValueError('no such file')")
+    assert _survives("import sys; assert sys.argv[1] == 'x.gguf'", "x.gguf")
+
+
+def test_llamacpp_model_params_are_changed_for_the_block_only() -> None:
+    """`_default_model_params`: Llama's starting model parameters carry the given fields inside the block (it has no
+    argument for use_extra_bufts), and llama-cpp-python's own function is back after it, also after an error."""
+    import types
+
+    from dartspec.bench.suite import _default_model_params
+
+    def default() -> types.SimpleNamespace:
+        return types.SimpleNamespace(use_extra_bufts=True, n_gpu_layers=0)
+
+    fake = types.SimpleNamespace(llama_cpp=types.SimpleNamespace(llama_model_default_params=default))
+    with _default_model_params(fake, use_extra_bufts=False):
+        made = fake.llama_cpp.llama_model_default_params()
+        assert (made.use_extra_bufts, made.n_gpu_layers) == (False, 0)
+    assert fake.llama_cpp.llama_model_default_params is default
+    with pytest.raises(RuntimeError), _default_model_params(fake, use_extra_bufts=False):
+        raise RuntimeError("load failed")
+    assert fake.llama_cpp.llama_model_default_params().use_extra_bufts is True
+
+
 def test_train_bench_rows_and_equal_losses(tmp_path: Path) -> None:
     """`bench train`: one row per setting, all from the same start and data (same loss after the same steps)."""
     from test_dart import random_samples, small_config, tiny_target

@@ -10,8 +10,12 @@ summarises and writes.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import subprocess
+import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -351,13 +355,21 @@ def _llamacpp_runner(target: Any, spec: MethodSpec) -> Runner:
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
         drafts = _CountedDrafts(LlamaPromptLookupDecoding(num_pred_tokens=spec.draft or 10))
-    llm = llama_cpp.Llama(
-        model_path=str(path),
-        n_ctx=target.max_context,
-        n_threads=torch.get_num_threads(),
-        draft_model=drafts,
-        verbose=False,
-    )
+    extra = _llamacpp_extra_buffers(path)
+    if not extra:
+        print(
+            "llama.cpp crashed decoding with its extra weight buffers (AMX, repacked weights) on this CPU: "
+            f"its {spec.label} rows load {path.name} without them",
+            file=sys.stderr,
+        )
+    with _default_model_params(llama_cpp, use_extra_bufts=extra):
+        llm = llama_cpp.Llama(
+            model_path=str(path),
+            n_ctx=target.max_context,
+            n_threads=torch.get_num_threads(),
+            draft_model=drafts,
+            verbose=False,
+        )
 
     def run(ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> Run:
         llm.reset()  # no prefix reuse from the previous prompt: every method pays its own prefill
@@ -375,6 +387,49 @@ def _llamacpp_runner(target: Any, spec: MethodSpec) -> Runner:
         return Run("", spec.label, len(new), seconds, tau, [], {}, new, exact=False)
 
     return run
+
+
+#: Loads ``sys.argv[1]`` with llama.cpp's defaults and decodes three tokens (:func:`_llamacpp_extra_buffers`).
+_LLAMACPP_PROBE = """
+import sys
+import llama_cpp
+llama_cpp.Llama(model_path=sys.argv[1], n_ctx=32, n_threads=1, verbose=False).eval([1, 2, 3])
+"""
+
+
+@functools.cache
+def _llamacpp_extra_buffers(path: Path) -> bool:
+    """Whether llama.cpp decodes ``path`` with its default extra weight buffers (AMX tiles, repacked weights). On an
+    Intel Xeon with AMX-INT8 (2026-12-06) llama-cpp-python 0.3.36's AMX backend segfaulted at the first decode of
+    SmolLM2's Q4_1 file, which took the whole benchmark (and ``dartspec demo``) down with it; a child process finds
+    out first. A probe that fails otherwise (an exception) says yes: the real load then reports its own error."""
+    return _survives(_LLAMACPP_PROBE, str(path))
+
+
+def _survives(code: str, *args: str) -> bool:
+    """Whether ``python -c code args`` ends without being killed by a signal (a segfault, an abort)."""
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, timeout=600)
+    return done.returncode >= 0
+
+
+@contextlib.contextmanager
+def _default_model_params(llama_cpp: Any, **fields: Any) -> Iterator[None]:
+    """llama-cpp-python's ``Llama`` with ``fields`` set in the model parameters it starts from (it takes no argument
+    for ``use_extra_bufts``), for the constructions inside the block."""
+    module = llama_cpp.llama_cpp
+    default = module.llama_model_default_params
+
+    def params() -> Any:
+        made = default()
+        for name, value in fields.items():
+            setattr(made, name, value)
+        return made
+
+    module.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        module.llama_model_default_params = default
 
 
 class _CountedDrafts:
