@@ -27,12 +27,15 @@ class DraftSampling:
 class DraftBudget:
     """Limits for one proposal: total tree nodes (root included) and depth below the root. ``batch_cut``: how many
     nodes of the sequence's own tree size a batched step's share took away (0 when it runs alone). ``sampling``: set
-    where the drafter may sample its tree (None: greedy decoding, or drafts verified by matching)."""
+    where the drafter may sample its tree (None: greedy decoding, or drafts verified by matching). ``beside``: nodes the
+    verified tree will carry besides the drafter's own (a hybrid's lookup spans), which a tree sizer counts in the
+    verification's cost."""
 
     max_nodes: int
     max_depth: int
     batch_cut: int = 0
     sampling: DraftSampling | None = None
+    beside: int = 0
 
 
 @dataclass(frozen=True, eq=False)
@@ -202,6 +205,16 @@ class Tree:
 
     def children(self, node: int) -> list[int]:
         return list(self._children[node].values())
+
+    def matched_depth(self, tokens: Sequence[int]) -> int:
+        """How many of ``tokens`` (after the root) follow a path of this tree from the root."""
+        node, depth = 0, 0
+        for token in tokens:
+            child = self._children[node].get(int(token))
+            if child is None:
+                break
+            node, depth = child, depth + 1
+        return depth
 
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root down to ``node`` inclusive."""

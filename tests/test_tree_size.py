@@ -13,7 +13,7 @@ from test_dart import model_for
 
 from dartspec.drafters.dart import DartDrafter
 from dartspec.engine import Generator
-from dartspec.tree import Tree
+from dartspec.tree import DraftBudget, Tree
 from dartspec.tree_size import CALIBRATION_QS, AutoSizer, CostCurve, calibrate, node_estimates
 
 FLAT = CostCurve((1, 32), (0.01, 0.01))
@@ -71,6 +71,66 @@ def test_calibration_scale_follows_acceptance() -> None:
         sizer.observe(0)  # predicted 1.7 draft tokens, none accepted
     assert sizer.scale < 0.3
     assert sizer.report()["sizes"] == {"3": 20}
+
+
+def test_matched_depth_follows_the_tree_from_the_root() -> None:
+    tree = Tree(np.array([9, 3, 4, 5]), np.array([-1, 0, 1, 0]))  # 9 -> 3 -> 4 and 9 -> 5
+    assert [tree.matched_depth(t) for t in ([3, 4, 7], [5, 4], [6], [], [3, 5])] == [2, 1, 0, 0, 1]
+
+
+def test_nodes_beside_the_tree_count_in_its_cost() -> None:
+    """A hybrid's lookup spans are verified with the drafter's tree: a cut of R nodes costs T(R + beside)."""
+    curve = CostCurve((1, 4, 8, 16), (0.010, 0.012, 0.030, 0.080))  # rows cheap up to 4, dear after
+    tree, est = Tree.chain(1, [2, 3, 4]), np.array([1.0, 0.7, 0.5, 0.35])
+    assert AutoSizer(curve).choose(tree, est)[0].size == 4
+    # 4 more rows: rates 1 / T(5), 1.7 / T(6), 2.2 / T(7), 2.55 / T(8) = 60.6, 81.0, 86.3, 85.0
+    assert AutoSizer(curve).choose(tree, est, beside=4)[0].size == 3
+
+
+def test_only_the_drafters_own_nodes_count_as_its_hits() -> None:
+    """Beside lookup spans (dart+pld) the accepted path can leave the drafter's tree; the sizer's calibration counts
+    the accepted tokens its own tree held, not the spans' (which made it trust its estimates too much)."""
+    target = tiny_target()
+    sizer = AutoSizer(FLAT)
+    drafter = DartDrafter(model_for(target, depth=5), target, "beam", auto_size=sizer)
+    drafter._proposed = Tree(np.array([9, 3, 4, 5]), np.array([-1, 0, 1, 0]))
+    drafter.observe([9, 3, 6, 7], torch.zeros(4, 8))  # 3 was the drafter's; 6 and 7 came from a span
+    assert sizer.accepted == 1
+    drafter._proposed = None  # a step that drafted nothing teaches nothing
+    drafter.observe([7, 1], torch.zeros(2, 8))
+    assert sizer.accepted == 1
+
+
+def test_the_drafted_tree_grows_only_as_far_as_recent_cuts_reach() -> None:
+    """Drafting 32 nodes at depth 8 to keep 2-4 cost more than the cut saved: the drafter's budget is twice the
+    largest recent cut (at least 4 nodes; 8 before any) and one level below the deepest, never more than asked."""
+    wide = DraftBudget(max_nodes=32, max_depth=8)
+    tree, est = Tree.chain(1, [2, 3, 4]), np.array([1.0, 0.6, 0.3, 0.1])
+    steep = AutoSizer(STEEP)
+    assert steep.draft_budget(wide) == DraftBudget(max_nodes=8, max_depth=8)
+    steep.choose(tree, est)  # the root alone
+    assert steep.draft_budget(wide) == DraftBudget(max_nodes=4, max_depth=2)
+    flat = AutoSizer(FLAT)
+    for _ in range(3):
+        flat.choose(tree, est)  # all 4 nodes, depth 3
+    assert flat.draft_budget(wide) == DraftBudget(max_nodes=8, max_depth=4)
+    assert flat.draft_budget(DraftBudget(max_nodes=6, max_depth=3)) == DraftBudget(max_nodes=6, max_depth=3)
+    flat.begin()  # a new generation starts from the first guess again
+    assert flat.draft_budget(wide) == DraftBudget(max_nodes=8, max_depth=8)
+
+
+def test_auto_sized_dart_drafts_only_as_deep_as_its_cuts() -> None:
+    """Where verification is dear (each cut keeps the root alone) DART's forward predicts 2 positions after its first
+    step, not the 5 its budget allows (a tree kept whole may deepen a level a step). Tokens stay plain decoding's."""
+    target = tiny_target()
+    prompt = list(range(2, 12))
+    plain = Generator(target).generate(prompt, max_new_tokens=16)
+    drafter = DartDrafter(model_for(target, depth=5), target, "beam", auto_size=AutoSizer(STEEP))
+    step, depths = drafter._step, []
+    drafter._step = lambda f, n, s, d: depths.append(d) or step(f, n, s, d)
+    out = Generator(target, drafter, tree_size=16, max_depth=5).generate(prompt, max_new_tokens=16)
+    assert out.token_ids == plain.token_ids
+    assert depths[0] == 5 and len(depths) > 5 and max(depths[1:]) <= 2
 
 
 def test_auto_sized_drafter_is_lossless_and_reports(tmp_path: Path) -> None:

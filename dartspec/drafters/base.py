@@ -160,29 +160,32 @@ class FeatureDrafter(DrafterBase):
         self.embed = target.embed
         self.d2t = model.d2t.cpu().numpy()
         self.auto = auto_size
-        self._proposed = False  # the last propose drafted a tree whose outcome the sizer should learn from
+        #: the tree the last propose drafted, whose outcome the sizer learns from (None: it drafted nothing)
+        self._proposed: Tree | None = None
         self._cache = DraftKV()
         self._queue = FeatureQueue()
 
     def _own_state(self) -> None:
         self._cache = DraftKV()
         self._queue = FeatureQueue()
-        self._proposed = False
+        self._proposed = None
         if self.auto is not None:  # the learned calibration carries over, the size history does not
-            self.auto = dataclasses.replace(self.auto, chosen=[])
+            self.auto = dataclasses.replace(self.auto, chosen=[], depths=[])
 
     def begin(self, prompt_ids: Sequence[int]) -> None:
         self.target.set_feature_layers(self.model.cfg.feature_layers)
         self._cache = DraftKV()
         self._queue.reset()
-        self._proposed = False
+        self._proposed = None
         if self.auto is not None:
             self.auto.begin()
 
     def observe(self, token_ids: Sequence[int], features: torch.Tensor | None) -> None:
         self._queue.push(features, self.name)
-        if self.auto is not None and self._proposed:
-            self.auto.observe(len(token_ids) - 1)
+        if self.auto is not None and self._proposed is not None:
+            # the accepted drafts that were this drafter's own: beside lookup spans (dart+pld) the path may leave its
+            # tree, and the spans' tokens must not count as its estimates coming true
+            self.auto.observe(self._proposed.matched_depth(token_ids[1:]))
 
     def report(self) -> dict:
         """Extra ``--json`` figures: the automatic tree size's choices and why."""

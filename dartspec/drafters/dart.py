@@ -112,13 +112,15 @@ class DartDrafter(FeatureDrafter):
         root = int(tokens[-1])
         t_draft = time.perf_counter()
         self.last_tree_seconds = 0.0
-        self._proposed = False  # a step that drafts nothing teaches the tree sizer nothing
+        self._proposed = None  # a step that drafts nothing teaches the tree sizer nothing
         # No room to draft: the committed features wait in the queue for the next step that drafts (a full batch
         # gives each sequence one row; absorbing what it committed meanwhile then costs one forward, not one a step).
         waiting = self._queue.take(tokens) if budget.max_depth > 0 and budget.max_nodes > 1 else None
         if waiting is None:
             return Tree.root_only(root)
         feats, start, next_ids = waiting
+        if self.auto is not None and budget.sampling is None:  # no deeper or bigger than the sizer has been cutting
+            budget = self.auto.draft_budget(budget)
         # A tree of R nodes reaches depth R-1 at most: rows beyond that are never used.
         depth = min(budget.max_depth, budget.max_nodes - 1)
         logp = self._step(feats, next_ids, start, depth)
@@ -130,8 +132,9 @@ class DartDrafter(FeatureDrafter):
         else:
             tree = self.tree_builder(root, logp, self.d2t, tokens, budget)
             if self.auto is not None:
-                tree = self.auto.cut(tree, node_estimates(tree, logp, self.t2d), time.perf_counter() - t_draft)
-        self._proposed = True
+                estimates = node_estimates(tree, logp, self.t2d)
+                tree = self.auto.cut(tree, estimates, time.perf_counter() - t_draft, beside=budget.beside)
+        self._proposed = tree
         self.last_tree_seconds = time.perf_counter() - t0
         return tree
 

@@ -106,7 +106,7 @@ class Eagle3Drafter(FeatureDrafter):
         root = int(tokens[-1])
         t_draft = time.perf_counter()
         self.last_tree_seconds = 0.0
-        self._proposed = False
+        self._proposed = None
         # No room to draft: the committed features wait for the next step that drafts (as in DART).
         waiting = self._queue.take(tokens) if budget.max_depth > 0 and budget.max_nodes > 1 else None
         if waiting is None:
@@ -184,7 +184,7 @@ class Eagle3Drafter(FeatureDrafter):
             # Path probabilities are EAGLE's own acceptance estimates; the sizer rescales them as it learns.
             estimates = np.exp(np.array([0.0] + [score[c] for c in kept]))
             tree = self.auto.cut(tree, estimates, time.perf_counter() - t_draft)
-            self._proposed = True
+            self._proposed = tree
         self.last_tree_seconds = time.perf_counter() - t0
         return tree
 

@@ -139,7 +139,7 @@ def hybrid_tree(
     if not beside_spans:
         return copied
     room = budget.max_nodes - copied.size + 1  # the drafter's tree shares the root
-    tree = draft(replace(budget, max_nodes=max(min(room, cap), 1), batch_cut=0))
+    tree = draft(replace(budget, max_nodes=max(min(room, cap), 1), batch_cut=0, beside=copied.size - 1))
     if tree.size == 1:
         return copied
     if tree.proposals:  # a sampled tree keeps its nodes and proposals: the spans join as fixed guesses after them
