@@ -913,9 +913,9 @@ def test_plain_decoding_switch_gives_the_same_text(url: str) -> None:
 
 @pytest.mark.slow
 def test_smollm2_streaming_chat() -> None:
-    from dartspec.target import Target
+    from dartspec.targets import load_target
 
-    target = Target.from_pretrained("smollm2-135m")
+    target = load_target("smollm2-135m")  # what `dartspec serve` loads on a CPU (the lean runtime)
     with serving(target=target, aliases=("smollm2-135m",)) as u:
         c = client(u)
         text = stream_text(c, [{"role": "user", "content": "Name three primary colours."}], max_tokens=24)
