@@ -355,14 +355,7 @@ def _llamacpp_runner(target: Any, spec: MethodSpec) -> Runner:
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
         drafts = _CountedDrafts(LlamaPromptLookupDecoding(num_pred_tokens=spec.draft or 10))
-    extra = _llamacpp_extra_buffers(path)
-    if not extra:
-        print(
-            "llama.cpp crashed decoding with its extra weight buffers (AMX, repacked weights) on this CPU: "
-            f"its {spec.label} rows load {path.name} without them",
-            file=sys.stderr,
-        )
-    with _default_model_params(llama_cpp, use_extra_bufts=extra):
+    with _default_model_params(llama_cpp, use_extra_bufts=_llamacpp_extra_buffers(path)):
         llm = llama_cpp.Llama(
             model_path=str(path),
             n_ctx=target.max_context,
@@ -402,8 +395,16 @@ def _llamacpp_extra_buffers(path: Path) -> bool:
     """Whether llama.cpp decodes ``path`` with its default extra weight buffers (AMX tiles, repacked weights). On an
     Intel Xeon with AMX-INT8 (2026-12-06) llama-cpp-python 0.3.36's AMX backend segfaulted at the first decode of
     SmolLM2's Q4_1 file, which took the whole benchmark (and ``dartspec demo``) down with it; a child process finds
-    out first. A probe that fails otherwise (an exception) says yes: the real load then reports its own error."""
-    return _survives(_LLAMACPP_PROBE, str(path))
+    out first (once a file: its rows share the answer). A probe that fails otherwise (an exception) says yes: the
+    real load then reports its own error."""
+    if _survives(_LLAMACPP_PROBE, str(path)):
+        return True
+    print(
+        "llama.cpp crashed decoding with its extra weight buffers (AMX, repacked weights) on this CPU: "
+        f"its rows load {path.name} without them",
+        file=sys.stderr,
+    )
+    return False
 
 
 def _survives(code: str, *args: str) -> bool:
