@@ -26,15 +26,98 @@
 #define QUERIES 4 /* queries scored together against a block of keys */
 #define LANES 16 /* partial sums of the softmax and value sums: one 512-bit vector */
 
+/* A cache of fp16 numbers (dartspec_kv.half): each is widened to fp32 as it is read, and every new key and value
+ * rounded to the nearest fp16 (ties to even, as torch's .half()) as it is written; the arithmetic is the same fp32
+ * arithmetic as over an fp32 cache holding those numbers. Without F16C (never on the CPUs with AVX2) the compiler's
+ * _Float16 converts. */
+static inline float h2f(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    _Float16 f;
+    memcpy(&f, &h, 2);
+    return (float)f;
+#endif
+}
+
+static inline uint16_t f2h(float x) {
+#if defined(__F16C__)
+    return _cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT);
+#else
+    _Float16 f = (_Float16)x;
+    uint16_t h;
+    memcpy(&h, &f, 2);
+    return h;
+#endif
+}
+
+/* Number i of a cache buffer (fp32, or fp16 where half). */
+static inline float ld1(const void *p, long i, int half) {
+    return half ? h2f(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+static inline void st1(void *p, long i, float x, int half) {
+    if (half)
+        ((uint16_t *)p)[i] = f2h(x);
+    else
+        ((float *)p)[i] = x;
+}
+
+#if defined(__AVX512F__)
+/* Numbers i .. i + 16 of a cache buffer as fp32. */
+static inline __m512 ld16(const void *p, long i, int half) {
+    if (half) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)));
+    return _mm512_loadu_ps((const float *)p + i);
+}
+
+static inline void st16(void *p, long i, __m512 x, int half) {
+    if (half)
+        _mm256_storeu_si256((__m256i *)((uint16_t *)p + i), _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+    else
+        _mm512_storeu_ps((float *)p + i, x);
+}
+#endif
+
+#if !defined(__AVX512F__)
+/* Numbers i .. i + 8 of a cache buffer as fp32 (value_acc's AVX2 path). */
+static inline __m256 ld8(const void *p, long i, int half) {
+#if defined(__F16C__)
+    if (half) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+#endif
+    if (half) {
+        float t[8];
+        for (int l = 0; l < 8; l++) t[l] = ld1(p, i + l, 1);
+        return _mm256_loadu_ps(t);
+    }
+    return _mm256_loadu_ps((const float *)p + i);
+}
+#endif
+
+/* Numbers i .. i + LANES of a cache buffer as fp32: where they are (fp32), else widened into buf. */
+static inline const float *lanes(const void *p, long i, int half, float *buf) {
+    if (!half) return (const float *)p + i;
+#if defined(__AVX512F__) && LANES == 16
+    _mm512_storeu_ps(buf, ld16(p, i, 1));
+#else
+    for (long l = 0; l < LANES; l++) buf[l] = ld1(p, i + l, 1);
+#endif
+    return buf;
+}
+
+/* Row ``slot`` of kv head g of one of the own buffers (k, v or kt: (KV, cap, D) numbers). */
+static inline void *own_row(void *own, const dartspec_kv *kv, long g, long slot, long D) {
+    return (char *)own + (g * kv->cap + slot) * D * (kv->half ? 2 : 4);
+}
+
 /* Key or value row of position j of kv head g: a shared page below npre, else the sequence's own buffer. (Pages
  * hold a power of two of positions: a shift and a mask, not a division per row.) */
-static inline const float *kv_row(const float *own, const float *const *pages, const dartspec_kv *kv, long g, long j,
-                                  long D) {
+static inline const void *kv_row(const void *own, const void *const *pages, const dartspec_kv *kv, long g, long j,
+                                 long D) {
     if (j < kv->npre) {
         long shift = __builtin_ctzl((unsigned long)kv->page);
-        return pages[j >> shift] + ((g << shift) + (j & (kv->page - 1))) * D;
+        return (const char *)pages[j >> shift] + ((g << shift) + (j & (kv->page - 1))) * D * (kv->half ? 2 : 4);
     }
-    return own + (g * kv->cap + j - kv->npre) * D;
+    return own_row((void *)own, kv, g, j - kv->npre, D);
 }
 
 static void rms_norm_head(float *x, const float *w, long D, float eps) {
@@ -55,11 +138,11 @@ static void rotate(float *x, const float *rot, long D) {
 
 /* acc[u][j] = sum over d, in order, of x[u][d] * kt[d][j] for QUERIES queries and a block of KEYS transposed keys:
  * QUERIES independent FMA chains sharing each load of a key row. */
-static void score_block(const float *const *x, const float *kt, long D, float acc[QUERIES][KEYS]) {
+static void score_block(const float *const *x, const void *kt, int half, long D, float acc[QUERIES][KEYS]) {
 #if defined(__AVX512F__) && KEYS == 16 && QUERIES == 4
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (long d = 0; d < D; d++) {
-        __m512 k = _mm512_loadu_ps(kt + d * KEYS);
+        __m512 k = ld16(kt, d * KEYS, half);
         a0 = _mm512_fmadd_ps(_mm512_set1_ps(x[0][d]), k, a0);
         a1 = _mm512_fmadd_ps(_mm512_set1_ps(x[1][d]), k, a1);
         a2 = _mm512_fmadd_ps(_mm512_set1_ps(x[2][d]), k, a2);
@@ -76,7 +159,7 @@ static void score_block(const float *const *x, const float *kt, long D, float ac
         for (long u = 0; u < QUERIES; u++) {
             float xd = x[u][d];
 #pragma omp simd
-            for (long jj = 0; jj < KEYS; jj++) acc[u][jj] += xd * kt[d * KEYS + jj];
+            for (long jj = 0; jj < KEYS; jj++) acc[u][jj] += xd * ld1(kt, d * KEYS + jj, half);
         }
 #endif
 }
@@ -87,6 +170,7 @@ static void score_block(const float *const *x, const float *kt, long D, float ac
  * can be summed for all of them at once (each value row read once) and each sequence's own part after it. */
 static void value_acc(const dartspec_kv *kv, long g, const long *pos, const float *w, long k0, long k1, long D,
                       float *acc) {
+    int half = (int)kv->half;
 #if defined(__AVX512F__)
     if (D == 64) { /* each position's whole row at once (4 vectors); even and odd positions in 8 FMA chains */
         __m512 e0 = _mm512_loadu_ps(acc), e1 = _mm512_loadu_ps(acc + 16), e2 = _mm512_loadu_ps(acc + 32),
@@ -94,25 +178,25 @@ static void value_acc(const dartspec_kv *kv, long g, const long *pos, const floa
                o2 = _mm512_loadu_ps(acc + 96), o3 = _mm512_loadu_ps(acc + 112);
         long k = k0;
         for (; k + 2 <= k1; k += 2) {
-            const float *a = kv_row(kv->v, kv->vpages, kv, g, pos[k], D);
-            const float *b = kv_row(kv->v, kv->vpages, kv, g, pos[k + 1], D);
+            const void *a = kv_row(kv->v, kv->vpages, kv, g, pos[k], D);
+            const void *b = kv_row(kv->v, kv->vpages, kv, g, pos[k + 1], D);
             __m512 wa = _mm512_set1_ps(w[k]), wb = _mm512_set1_ps(w[k + 1]);
-            e0 = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a), e0);
-            e1 = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a + 16), e1);
-            e2 = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a + 32), e2);
-            e3 = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a + 48), e3);
-            o0 = _mm512_fmadd_ps(wb, _mm512_loadu_ps(b), o0);
-            o1 = _mm512_fmadd_ps(wb, _mm512_loadu_ps(b + 16), o1);
-            o2 = _mm512_fmadd_ps(wb, _mm512_loadu_ps(b + 32), o2);
-            o3 = _mm512_fmadd_ps(wb, _mm512_loadu_ps(b + 48), o3);
+            e0 = _mm512_fmadd_ps(wa, ld16(a, 0, half), e0);
+            e1 = _mm512_fmadd_ps(wa, ld16(a, 16, half), e1);
+            e2 = _mm512_fmadd_ps(wa, ld16(a, 32, half), e2);
+            e3 = _mm512_fmadd_ps(wa, ld16(a, 48, half), e3);
+            o0 = _mm512_fmadd_ps(wb, ld16(b, 0, half), o0);
+            o1 = _mm512_fmadd_ps(wb, ld16(b, 16, half), o1);
+            o2 = _mm512_fmadd_ps(wb, ld16(b, 32, half), o2);
+            o3 = _mm512_fmadd_ps(wb, ld16(b, 48, half), o3);
         }
         if (k < k1) {
-            const float *a = kv_row(kv->v, kv->vpages, kv, g, pos[k], D);
+            const void *a = kv_row(kv->v, kv->vpages, kv, g, pos[k], D);
             __m512 wa = _mm512_set1_ps(w[k]);
-            e0 = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a), e0);
-            e1 = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a + 16), e1);
-            e2 = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a + 32), e2);
-            e3 = _mm512_fmadd_ps(wa, _mm512_loadu_ps(a + 48), e3);
+            e0 = _mm512_fmadd_ps(wa, ld16(a, 0, half), e0);
+            e1 = _mm512_fmadd_ps(wa, ld16(a, 16, half), e1);
+            e2 = _mm512_fmadd_ps(wa, ld16(a, 32, half), e2);
+            e3 = _mm512_fmadd_ps(wa, ld16(a, 48, half), e3);
         }
         _mm512_storeu_ps(acc, e0);
         _mm512_storeu_ps(acc + 16, e1);
@@ -136,39 +220,40 @@ static void value_acc(const dartspec_kv *kv, long g, const long *pos, const floa
         long kk = k0;
         for (; kk + 4 <= k1; kk += 4)
             for (int u = 0; u < 4; u++) {
-                const float *v = kv_row(kv->v, kv->vpages, kv, g, pos[kk + u], D) + d0;
+                const void *v = kv_row(kv->v, kv->vpages, kv, g, pos[kk + u], D);
                 __m256 wk = _mm256_set1_ps(w[kk + u]);
-                s[u][0] = _mm256_fmadd_ps(wk, _mm256_loadu_ps(v), s[u][0]);
-                s[u][1] = _mm256_fmadd_ps(wk, _mm256_loadu_ps(v + 8), s[u][1]);
+                s[u][0] = _mm256_fmadd_ps(wk, ld8(v, d0, half), s[u][0]);
+                s[u][1] = _mm256_fmadd_ps(wk, ld8(v, d0 + 8, half), s[u][1]);
             }
         for (; kk < k1; kk++) {
-            const float *v = kv_row(kv->v, kv->vpages, kv, g, pos[kk], D) + d0;
+            const void *v = kv_row(kv->v, kv->vpages, kv, g, pos[kk], D);
             __m256 wk = _mm256_set1_ps(w[kk]);
-            s[0][0] = _mm256_fmadd_ps(wk, _mm256_loadu_ps(v), s[0][0]);
-            s[0][1] = _mm256_fmadd_ps(wk, _mm256_loadu_ps(v + 8), s[0][1]);
+            s[0][0] = _mm256_fmadd_ps(wk, ld8(v, d0, half), s[0][0]);
+            s[0][1] = _mm256_fmadd_ps(wk, ld8(v, d0 + 8, half), s[0][1]);
         }
         for (int u = 0; u < 4; u++)
             for (int h = 0; h < 2; h++) _mm256_storeu_ps(acc + u * D + d0 + 8 * h, s[u][h]);
     }
 #endif
+    float buf[LANES];
     for (; d0 + LANES <= D; d0 += LANES) {
         long kk = k0;
         for (; kk + 4 <= k1; kk += 4)
             for (int u = 0; u < 4; u++) {
-                const float *v = kv_row(kv->v, kv->vpages, kv, g, pos[kk + u], D) + d0;
+                const float *v = lanes(kv_row(kv->v, kv->vpages, kv, g, pos[kk + u], D), d0, half, buf);
                 float wk = w[kk + u], *a = acc + u * D + d0;
 #pragma omp simd
                 for (long l = 0; l < LANES; l++) a[l] += wk * v[l];
             }
         for (; kk < k1; kk++) {
-            const float *v = kv_row(kv->v, kv->vpages, kv, g, pos[kk], D) + d0;
+            const float *v = lanes(kv_row(kv->v, kv->vpages, kv, g, pos[kk], D), d0, half, buf);
             float wk = w[kk], *a = acc + d0;
 #pragma omp simd
             for (long l = 0; l < LANES; l++) a[l] += wk * v[l];
         }
     }
     for (long d = d0; d < D; d++) /* a head size that is no multiple of LANES: the rest in order */
-        for (long kk = k0; kk < k1; kk++) acc[d] += w[kk] * kv_row(kv->v, kv->vpages, kv, g, pos[kk], D)[d];
+        for (long kk = k0; kk < k1; kk++) acc[d] += w[kk] * ld1(kv_row(kv->v, kv->vpages, kv, g, pos[kk], D), d, half);
 }
 
 static void value_out(const float *acc, long D, float *o) {
@@ -222,11 +307,18 @@ static void att_prepare(attention *a, const float *qkv, long q, long H, long KV,
             rotate(x, r, D);
         }
         for (long h = 0; h < KV; h++) {
-            float *k = kv->k + (h * kv->cap + slot0 + i) * D;
+            float k[D];
             memcpy(k, row + (H + h) * D, sizeof(float) * D);
             if (k_norm) rms_norm_head(k, k_norm, D, eps);
             rotate(k, r, D);
-            memcpy(kv->v + (h * kv->cap + slot0 + i) * D, row + (H + KV + h) * D, sizeof(float) * D);
+            void *kr = own_row(kv->k, kv, h, slot0 + i, D), *vr = own_row(kv->v, kv, h, slot0 + i, D);
+            const float *v = row + (H + KV + h) * D;
+            if (kv->half) {
+                for (long d = 0; d < D; d++) st1(kr, d, k[d], 1), st1(vr, d, v[d], 1);
+            } else {
+                memcpy(kr, k, sizeof(float) * D);
+                memcpy(vr, v, sizeof(float) * D);
+            }
         }
     }
     for (long i = 0; i < q; i++) { /* row i's visible positions, in order */
@@ -280,36 +372,37 @@ static inline void transpose16(__m512 r[16]) {
 
 /* kt (D, KEYS) = keys j0 .. j0 + n of kv head g, transposed (zeros past n). Only data moves: the scores computed from
  * it are the same whichever way it is built. */
-static void transpose_keys(const dartspec_kv *kv, long g, long j0, long n, long D, float *kt) {
+static void transpose_keys(const dartspec_kv *kv, long g, long j0, long n, long D, void *kt) {
+    int half = (int)kv->half; /* kt holds the cache's kind of numbers */
 #if defined(__AVX512F__) && KEYS == 16
     if (D % 16 == 0) { /* 16 x 16 blocks in registers: a quarter of the scalar moves' time on a 64-wide head */
-        const float *rows[16];
+        const void *rows[16];
         for (long jj = 0; jj < 16; jj++) rows[jj] = jj < n ? kv_row(kv->k, kv->kpages, kv, g, j0 + jj, D) : NULL;
         for (long d0 = 0; d0 < D; d0 += 16) {
             __m512 r[16];
-            for (long jj = 0; jj < 16; jj++) r[jj] = rows[jj] ? _mm512_loadu_ps(rows[jj] + d0) : _mm512_setzero_ps();
+            for (long jj = 0; jj < 16; jj++) r[jj] = rows[jj] ? ld16(rows[jj], d0, half) : _mm512_setzero_ps();
             transpose16(r);
-            for (long d = 0; d < 16; d++) _mm512_storeu_ps(kt + (d0 + d) * KEYS, r[d]);
+            for (long d = 0; d < 16; d++) st16(kt, (d0 + d) * KEYS, r[d], half);
         }
         return;
     }
 #endif
     for (long jj = 0; jj < KEYS; jj++) {
-        const float *key = jj < n ? kv_row(kv->k, kv->kpages, kv, g, j0 + jj, D) : NULL;
-        for (long d = 0; d < D; d++) kt[d * KEYS + jj] = key ? key[d] : 0.0f;
+        const void *key = jj < n ? kv_row(kv->k, kv->kpages, kv, g, j0 + jj, D) : NULL;
+        for (long d = 0; d < D; d++) st1(kt, d * KEYS + jj, key ? ld1(key, d, half) : 0.0f, half);
     }
 }
 
 /* Scores of nq queries (x[u], each D floats) against one transposed block of n keys, into srow[u][0 .. n):
  * QUERIES at a time, one load of each key row serving all of them. Each score is its own sum over d in order,
  * whatever the grouping, so a query's scores do not depend on which other queries share the block. */
-static void score_queries(const float *const *x, float *const *srow, long nq, const float *kt, long n, long D,
-                          float scale) {
+static void score_queries(const float *const *x, float *const *srow, long nq, const void *kt, int half, long n,
+                          long D, float scale) {
     for (long u0 = 0; u0 < nq; u0 += QUERIES) {
         const float *xs[QUERIES];
         for (long u = 0; u < QUERIES; u++) xs[u] = x[u0 + u < nq ? u0 + u : nq - 1]; /* past the end: repeat */
         float acc[QUERIES][KEYS];
-        score_block(xs, kt, D, acc);
+        score_block(xs, kt, half, D, acc);
         for (long u = 0; u < QUERIES && u0 + u < nq; u++)
             for (long jj = 0; jj < n; jj++) srow[u0 + u][jj] = acc[u][jj] * scale;
     }
@@ -333,7 +426,7 @@ static long group_queries(attention *const *a, long m, long g, long j0, const fl
 
 /* Scores of key block b of kv head g for the queries of sequences a[0 .. m), which all see the same keys there
  * (one sequence, or sequences sharing the pages of a prefix): the block is read and transposed once for all. */
-static void score_key_block(attention *const *a, long m, long g, long b, float *kt, const float **x, float **srow) {
+static void score_key_block(attention *const *a, long m, long g, long b, void *kt, const float **x, float **srow) {
     const attention *first = a[0];
     const dartspec_kv *kv = first->kv;
     long j0 = b * KEYS, n = first->total - j0 < KEYS ? first->total - j0 : KEYS, slot = j0 - kv->npre;
@@ -342,19 +435,19 @@ static void score_key_block(attention *const *a, long m, long g, long b, float *
          * once into the cache's transposed copy and read from there at every later step (transposing them at every
          * step made a verify forward of 1-2 rows ~4% slower, after 256 positions and after 1,500). Only data moves:
          * the same scores. */
-        float *block = kv->kt + (g * kv->cap + slot) * first->D;
+        void *block = own_row(kv->kt, kv, g, slot, first->D);
         /* The next block's (most often this thread's next task): past a few hundred positions the copy comes from
          * DRAM, and a verify forward of 1-4 rows after 800-1,500 positions took 0.93-0.97x the time with this. */
         if (j0 + 2 * KEYS <= first->total - first->q)
-            for (long c = 0; c < KEYS * first->D * (long)sizeof(float); c += 64)
-                __builtin_prefetch((const char *)(block + KEYS * first->D) + c);
+            for (long c = 0, bytes = KEYS * first->D * (kv->half ? 2 : 4); c < bytes; c += 64)
+                __builtin_prefetch((const char *)block + bytes + c);
         if (slot + KEYS > kv->kt_valid) transpose_keys(kv, g, j0, KEYS, first->D, block);
         kt = block;
     } else {
         transpose_keys(kv, g, j0, n, first->D, kt);
     }
     long nq = group_queries(a, m, g, j0, x, srow);
-    score_queries(x, srow, nq, kt, n, first->D, first->scale);
+    score_queries(x, srow, nq, kt, (int)kv->half, n, first->D, first->scale);
 }
 
 /* Softmax weights of query t (row t / H, head t % H) over its row's visible positions, into its score row by list
@@ -414,11 +507,11 @@ static void shared_values(attention *const *a, long m, long g, long common) {
 }
 
 /* qkv (q, (H + 2 KV) D); rot (q, D/2, 2) cos/sin of each row's position; kc, vc (KV, cap, D) cache buffers
- * holding base positions; mask (q, base + q) or NULL; q_norm / k_norm (D) or NULL; out (q, H D). */
-void dartspec_attend(const float *qkv, long q, long H, long KV, long D, const float *rot, float *kc, float *vc,
-                     long cap, long base, const uint8_t *mask, const float *q_norm, const float *k_norm, float eps,
-                     float scale, float *out) {
-    dartspec_kv kv = {kc, vc, cap, NULL, NULL, 0, 1, NULL, 0};
+ * holding base positions (fp16 numbers where half, else fp32); mask (q, base + q) or NULL; q_norm / k_norm (D) or NULL; out (q, H D). */
+void dartspec_attend(const float *qkv, long q, long H, long KV, long D, const float *rot, void *kc, void *vc,
+                     long cap, long half, long base, const uint8_t *mask, const float *q_norm, const float *k_norm,
+                     float eps, float scale, float *out) {
+    dartspec_kv kv = {kc, vc, cap, NULL, NULL, 0, 1, NULL, 0, half};
     long starts[2] = {0, q};
     dartspec_attend_seqs(qkv, H, KV, D, rot, 1, starts, &kv, &base, &mask, q_norm, k_norm, eps, scale, out, 0);
 }

@@ -57,7 +57,7 @@ def _prefill(
     step = max(1, slots // width)
     hidden, caches = [], []
     for r in range(0, rows, step):
-        cache = TreeKVCache(target.num_layers, capacity)
+        cache = target.new_cache(capacity)
         part = key_positions[r : r + step]
         hidden.append(target.forward_batch(ids[r : r + step], part, part, cache)[:, -1])
         caches.append(cache)

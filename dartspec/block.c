@@ -97,12 +97,12 @@ void dartspec_block_many(const dartspec_block_weights *b, float *x, const float 
 
 /* One sequence: x (q, hidden) fp32; attn_in (q, qkv.K) or NULL (rms_norm(x, ln1)); rot (q, D/2, 2); the cache:
  * npre positions in shared pages of ``page`` positions (kpages, vpages; npre 0: none), then kc, vc (KV, cap, D);
- * base positions filled in all; mask (q, base + q) or NULL (causal). */
+ * base positions filled in all, fp16 numbers where half (else fp32); mask (q, base + q) or NULL (causal). */
 void dartspec_block(const dartspec_block_weights *b, float *x, const float *attn_in, long q, const float *rot,
-                    float *kc, float *vc, long cap, const float *const *kpages, const float *const *vpages, long npre,
-                    long page, long base, const uint8_t *mask) {
+                    void *kc, void *vc, long cap, long half, const void *const *kpages, const void *const *vpages,
+                    long npre, long page, long base, const uint8_t *mask) {
     long starts[2] = {0, q};
-    dartspec_kv kv = {kc, vc, cap, kpages, vpages, npre, page > 0 ? page : 1, NULL, 0};
+    dartspec_kv kv = {kc, vc, cap, kpages, vpages, npre, page > 0 ? page : 1, NULL, 0, half};
     dartspec_block_many(b, x, attn_in, q, rot, 1, starts, &kv, &base, &mask, 0);
 }
 

@@ -476,6 +476,14 @@ def linear_a16(x: torch.Tensor, packed: ExactWeight, bias: torch.Tensor | None =
     return _gemm(_library().dartspec_qdot, (packed.kind, _half(packed)), x, packed, bias)
 
 
+def kv_half(keys: torch.Tensor, values: torch.Tensor) -> int:
+    """1 where a cache's buffers hold fp16 numbers, 0 where fp32 (what the C attention reads); anything else is
+    refused (the kernels would read its bytes as one of these)."""
+    if keys.dtype != values.dtype or keys.dtype not in (torch.float32, torch.float16):
+        raise ValueError(f"the C attention reads fp32 or fp16 caches, not {keys.dtype} keys and {values.dtype} values")
+    return int(keys.dtype == torch.float16)
+
+
 def attend(
     qkv: torch.Tensor,
     heads: int,
@@ -492,9 +500,10 @@ def attend(
 ) -> torch.Tensor:
     """The lean runtime's attention block for a few new rows in one C call (``attend.c``): per-head norms,
     rotary, the cache write at ``base`` and attention. ``qkv`` (q, (H + 2 KV) D) fp32; ``rot`` (q, D/2, 2)
-    cos/sin; ``keys`` / ``values`` the layer's (1, KV, capacity, D) buffers; ``mask`` (q, base + q) bool or
-    None (causal). Returns (q, H D)."""
+    cos/sin; ``keys`` / ``values`` the layer's (1, KV, capacity, D) buffers, fp32 or fp16 (:func:`kv_half`); ``mask``
+    (q, base + q) bool or None (causal). Returns (q, H D)."""
     q, dim = qkv.shape[0], keys.shape[-1]
+    half = kv_half(keys, values)
     out = torch.empty((q, heads * dim), dtype=torch.float32)
     qkv, rot = qkv.contiguous(), rot.contiguous()
     _library().dartspec_attend(
@@ -507,6 +516,7 @@ def attend(
         keys.data_ptr(),
         values.data_ptr(),
         keys.shape[2],
+        half,
         base,
         mask.data_ptr() if mask is not None else None,
         q_norm.data_ptr() if q_norm is not None else None,
@@ -724,6 +734,7 @@ class Block:
             keys.data_ptr(),
             values.data_ptr(),
             keys.shape[2],
+            kv_half(keys, values),
             None if pages is None else pages.keys.ctypes.data,
             None if pages is None else pages.values.ctypes.data,
             0 if pages is None else pages.length,
@@ -806,16 +817,18 @@ class BlockStack:
 
 #: ``dartspec_kv`` of ``qdot.h``, one layer of one sequence's cache: its own key and value buffers and their
 #: capacity, then the shared pages before them (page pointer arrays, positions in pages, positions per page), then
-#: the own keys' transposed copy (0: none) and how many of its slots are valid.
+#: the own keys' transposed copy (0: none) and how many of its slots are valid, and whether all of these hold fp16
+#: numbers (1) or fp32 (0).
 KV_SLOT = np.dtype(
-    [(name, np.int64) for name in ("k", "v", "cap", "kpages", "vpages", "npre", "page", "kt", "kt_valid")]
+    [(name, np.int64) for name in ("k", "v", "cap", "kpages", "vpages", "npre", "page", "kt", "kt_valid", "half")]
 )
 
 
 @dataclass
 class SharedPages:
     """The first ``length`` positions of one layer of a sequence's cache, in shared pages of ``page`` positions
-    (the prefix cache): ``keys[i]`` / ``values[i]`` point at page i's ``(KV, page, D)`` fp32 keys / values."""
+    (the prefix cache): ``keys[i]`` / ``values[i]`` point at page i's ``(KV, page, D)`` keys / values (the numbers of
+    the caches that share them: fp32 or fp16)."""
 
     keys: np.ndarray
     values: np.ndarray
@@ -947,10 +960,12 @@ def _library() -> ctypes.CDLL:
     lib.dartspec_qdot_panel.argtypes = []
     lib.dartspec_attend.restype = None
     c_long, ptr = ctypes.c_long, ctypes.c_void_p
-    lib.dartspec_attend.argtypes = [ptr, c_long, c_long, c_long, c_long, ptr, ptr, ptr, c_long, c_long, ptr, ptr, ptr]
+    lib.dartspec_attend.argtypes = [ptr, c_long, c_long, c_long, c_long, ptr, ptr, ptr, c_long, c_long, c_long, ptr]
+    lib.dartspec_attend.argtypes += [ptr, ptr]
     lib.dartspec_attend.argtypes += [ctypes.c_float, ctypes.c_float, ptr]
     lib.dartspec_block.restype = None
-    lib.dartspec_block.argtypes = [ptr, ptr, ptr, c_long, ptr, ptr, ptr, c_long, ptr, ptr, c_long, c_long, c_long, ptr]
+    lib.dartspec_block.argtypes = [ptr, ptr, ptr, c_long, ptr, ptr, ptr, c_long, c_long, ptr, ptr, c_long, c_long]
+    lib.dartspec_block.argtypes += [c_long, ptr]
     lib.dartspec_block_many.restype = None
     lib.dartspec_block_many.argtypes = [ptr, ptr, ptr, c_long, ptr, c_long, ptr, ptr, ptr, ptr, ctypes.c_int]
     lib.dartspec_blocks.restype = None

@@ -11,6 +11,9 @@ from dartspec.errors import DartspecError
 RUNTIMES = ("auto", "lean", "hf")
 QUANT_FORMATS = ("none", "fp16", "int8", "exact", "exact-a16")
 QUANT_CHOICES = ("auto", *QUANT_FORMATS)
+#: The lean runtime's KV cache on a CPU: fp32, or each key and value rounded to fp16 (half the bytes a step reads).
+KV_CACHES = ("fp32", "fp16")
+KV_CACHE_CHOICES = ("auto", *KV_CACHES)
 
 
 @dataclass(frozen=True)
@@ -77,15 +80,19 @@ def check_drafter_name(name: str) -> DrafterKind | None:
     return kind
 
 
-def parse_format(spec: str) -> tuple[str, str]:
-    """``RUNTIME[:QUANT]`` (``lean:fp16``, ``hf``) -> ``(runtime, quant)``, quant ``none`` when left out;
-    DartspecError if either part is unknown."""
-    runtime, _, quant = spec.partition(":")
+def parse_format(spec: str) -> tuple[str, str, str]:
+    """``RUNTIME[:QUANT][:kv=KV]`` (``lean:fp16``, ``hf``, ``lean:auto:kv=fp16``) -> ``(runtime, quant, kv)``, quant
+    ``none`` and kv ``auto`` when left out; DartspecError if a part is unknown."""
+    runtime, *rest = spec.split(":")
+    kv = rest.pop()[3:] if rest and rest[-1].startswith("kv=") else "auto"
+    usage = "RUNTIME[:QUANT][:kv=KV]"
     if runtime not in RUNTIMES:
-        raise DartspecError(f"{spec!r}: expected RUNTIME[:QUANT], RUNTIME one of {'|'.join(RUNTIMES)}")
-    if quant and quant not in QUANT_CHOICES:
-        raise DartspecError(f"{spec!r}: unknown QUANT {quant!r} in RUNTIME[:QUANT], one of {'|'.join(QUANT_CHOICES)}")
-    return runtime, quant or "none"
+        raise DartspecError(f"{spec!r}: expected {usage}, RUNTIME one of {'|'.join(RUNTIMES)}")
+    if len(rest) > 1 or (rest and rest[0] not in QUANT_CHOICES):
+        raise DartspecError(f"{spec!r}: unknown QUANT {':'.join(rest)!r} in {usage}, one of {'|'.join(QUANT_CHOICES)}")
+    if kv not in KV_CACHE_CHOICES:
+        raise DartspecError(f"{spec!r}: unknown KV {kv!r} in {usage}, one of {'|'.join(KV_CACHE_CHOICES)}")
+    return runtime, (rest[0] if rest else "none"), kv
 
 
 #: Tree builders for a parallel drafter's rows (:func:`dartspec.search.make_tree_builder`).

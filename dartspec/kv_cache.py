@@ -29,7 +29,15 @@ class TreeKVLayer:
     subset of the newest entries (the accepted path of a draft tree) in place.
     """
 
-    def __init__(self, capacity: int = 256, epoch: list[int] | None = None, kt_valid: list[int] | None = None) -> None:
+    def __init__(
+        self,
+        capacity: int = 256,
+        epoch: list[int] | None = None,
+        kt_valid: list[int] | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        #: The buffers' dtype (None: that of the first keys written; see TreeKVCache).
+        self.kv_dtype = dtype
         # Counts every replacement of the buffers (shared by a cache's layers, see TreeKVCache.extend_all).
         self._epoch = [0] if epoch is None else epoch
         #: The own keys again, transposed in blocks of KT_BLOCK slots, for the C attention (``dartspec_kv.kt`` of
@@ -87,9 +95,9 @@ class TreeKVLayer:
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         b, h, _, dk = key_states.shape
         dv = value_states.shape[-1]
-        self.dtype, self.device = key_states.dtype, key_states.device
-        self.keys = key_states.new_empty((b, h, self._capacity, dk))
-        self.values = value_states.new_empty((b, h, self._capacity, dv))
+        self.dtype, self.device = self.kv_dtype or key_states.dtype, key_states.device
+        self.keys = key_states.new_empty((b, h, self._capacity, dk), dtype=self.dtype)
+        self.values = value_states.new_empty((b, h, self._capacity, dv), dtype=self.dtype)
         self.is_initialized = True
 
     def _reserve(self, needed: int) -> None:
@@ -194,14 +202,19 @@ class _Buffers(NamedTuple):
 class TreeKVCache:
     """A model's KV cache: one :class:`TreeKVLayer` per decoder layer."""
 
-    def __init__(self, num_layers: int, capacity: int = 256, *, transposed_keys: bool = True) -> None:
-        """``transposed_keys``: keep the C attention's transposed copy of the keys where it reads the cache (fp32 CPU
-        buffers of one batch row; the keys are then held twice, 1.5x the memory); False leaves it to transpose them at
-        every step (the same results, ~4% slower)."""
+    def __init__(
+        self, num_layers: int, capacity: int = 256, *, transposed_keys: bool = True, dtype: torch.dtype | None = None
+    ) -> None:
+        """``transposed_keys``: keep the C attention's transposed copy of the keys where it reads the cache (fp32 or
+        fp16 CPU buffers of one batch row; the keys are then held twice, 1.5x the memory); False leaves it to
+        transpose them at every step (the same results, ~4% slower). ``dtype``: the buffers' (None: that of the first
+        keys written); the lean runtime's fp16 cache (``--kv-cache fp16``) stores what its fp32 forward computes
+        rounded to fp16, and reads it back as fp32."""
+        self.dtype = dtype
         self._epoch = [0]  # bumped whenever any layer's buffers are replaced
         self._transposed_keys = transposed_keys
         self._kt_valid = [0]  # slots of the layers' transposed keys that hold their keys (TreeKVLayer.kt)
-        self.layers = [TreeKVLayer(capacity, self._epoch, self._kt_valid) for _ in range(num_layers)]
+        self.layers = [TreeKVLayer(capacity, self._epoch, self._kt_valid, dtype) for _ in range(num_layers)]
         self._table: _Buffers | None = None  # see _buffers
         self._release: Callable[[], None] | None = None
         #: The shared pages as the batched attention kernel reads them, one ``exact.KV_SLOT`` row per layer (the
@@ -250,9 +263,9 @@ class TreeKVCache:
             # What the C keep reads: CPU buffers (contiguous: this class makes them) of one batch row, in every layer
             # the same heads and row widths.
             alike = all(len({(t.shape[0], t.shape[1], t.shape[3], t.dtype) for t in ts}) == 1 for ts in (keys, values))
-            # The C attention's transposed copy of the keys: fp32 CPU buffers of one batch row (its kernel's input).
+            # The C attention's transposed copy of the keys: CPU buffers of one batch row of the kinds it reads.
             kt = self._transposed_keys and first.device.type == "cpu" and first.shape[0] == 1
-            kt = kt and first.dtype == torch.float32
+            kt = kt and first.dtype in (torch.float32, torch.float16)
             for layer in self.layers if kt else ():
                 if layer.kt is None or layer.kt.shape != layer.keys.shape:
                     layer.kt = torch.empty_like(layer.keys)
@@ -286,6 +299,12 @@ class TreeKVCache:
                 layer.extend(q, like_keys, like_values)
             table = self._buffers()  # after any growth
         return table.keys, table.values, table.caps, table.kts
+
+    @property
+    def half(self) -> int:
+        """1 where the buffers hold fp16 numbers (the C attention's ``dartspec_kv.half``), else 0."""
+        keys = self.layers[0].keys
+        return int(keys is not None and keys.dtype == torch.float16)
 
     @property
     def kt_valid(self) -> int:
@@ -351,7 +370,7 @@ class TreeKVCache:
         length = caches[0].length
         if any(c.length != length or c.layers[0].npre for c in caches):
             raise ValueError("stacked caches need one length and no shared pages")
-        out = cls(len(caches[0].layers), max(capacity, length))
+        out = cls(len(caches[0].layers), max(capacity, length), dtype=caches[0].dtype)
         for i, layer in enumerate(out.layers):
             parts = [c.layers[i] for c in caches]
             layer.update(

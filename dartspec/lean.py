@@ -39,6 +39,7 @@ from torch import nn
 
 from dartspec import exact, kquants
 from dartspec.errors import ContextLengthError, DartspecError
+from dartspec.formats import KV_CACHES
 from dartspec.kv_cache import TreeKVCache, TreeKVLayer
 from dartspec.lean_weights import LeanWeights, Rotary, load_model, panel_key
 from dartspec.prefix_cache import PrefixCache
@@ -162,6 +163,7 @@ class LeanTarget(CausalRuntime):
         name: str = "",
         cuda_graphs: bool = False,
         fallback: str | None = None,
+        kv_cache: str = "fp32",
     ) -> None:
         """Build the lean weights from a loaded transformers ``*ForCausalLM`` (kept for reference uses such as
         the ``hf-ar`` benchmark row; its decoder layers are not run), or from :class:`LeanWeights` read from a snapshot
@@ -170,7 +172,8 @@ class LeanTarget(CausalRuntime):
         ``fp16`` with ``quant="exact-a16"``: the weights that are no integer groups it keeps (a model not from a GGUF
         file, other block types) are fp16 panels in the same fused blocks; None: such a weight is an error. A GGUF's
         K-quant tensors (Q4_K, Q5_K, Q6_K) are integer groups read from the file (:mod:`dartspec.kquants`) when it
-        is there."""
+        is there. ``kv_cache``: ``fp32``, or ``fp16`` (the C attention's cache holds each key and value rounded to
+        fp16: half the bytes a step reads from it; fp32 on a CPU only)."""
         if fallback not in (None, "fp16") or (fallback is not None and quant != "exact-a16"):
             raise ValueError(f"fallback {fallback!r} is for fp16 weights beside exact-a16 ones (quant {quant!r})")
         weights = model if isinstance(model, LeanWeights) else LeanWeights.from_model(model)
@@ -197,6 +200,14 @@ class LeanTarget(CausalRuntime):
         self.fallback = fallback
         embed = weights.tensors["embed"]
         check_format(quant, embed.device)
+        fused_attention = embed.device.type == "cpu" and embed.dtype == torch.float32 and exact.available()
+        if kv_cache not in KV_CACHES:
+            raise DartspecError(f"unknown KV cache {kv_cache!r}: one of {', '.join(KV_CACHES)}")
+        if kv_cache == "fp16" and not fused_attention:
+            raise DartspecError("an fp16 KV cache needs the lean runtime's C attention (fp32 weights on a CPU)")
+        #: ``fp32`` or ``fp16``: the numbers its KV caches hold (:attr:`kv_dtype`).
+        self.kv_cache = kv_cache
+        self.kv_dtype = torch.float16 if kv_cache == "fp16" else None
         self.fast_linear = embed.device.type == "cpu"
         #: Score a batch of sequences in one padded forward (:meth:`score_batch`); off on a CPU, where it is slower.
         self.batch_scoring = not self.fast_linear
@@ -237,7 +248,7 @@ class LeanTarget(CausalRuntime):
         self._rot = self._rotation(rotary, "full_attention", embed)
         own_table = self.window is not None and "" not in rotary.inv_freq  # else shared (Qwen2's windows)
         self._rot_local = self._rotation(rotary, "sliding_attention", embed) if own_table else None
-        self._fused_attention = embed.device.type == "cpu" and embed.dtype == torch.float32 and exact.available()
+        self._fused_attention = fused_attention
         # Shapes and dtype for a cache layer's first write (TreeKVLayer.extend): no keys, no values.
         self._no_kv = embed.new_empty((1, self.kv_heads, 0, self.head_dim))
         # exact-a16 and fp16 weights alike are panels of the C kernels (integer groups, fp16 weights)
@@ -696,7 +707,7 @@ class LeanTarget(CausalRuntime):
         for s, (cache, q) in enumerate(zip(caches, sizes, strict=True)):
             kv = slots.kv[:, s]
             kv["k"], kv["v"], kv["cap"], kv["kt"] = cache.extend_all(q, self._no_kv, self._no_kv)
-            kv["kt_valid"] = cache.kt_valid
+            kv["kt_valid"], kv["half"] = cache.kt_valid, cache.half
 
     def _attention(
         self,
@@ -721,6 +732,7 @@ class LeanTarget(CausalRuntime):
         v = qkv[..., (H + K) * D :].view(b, q, K, D)
         keys, values = cache.update(qk[:, :, H:].transpose(1, 2), v.transpose(1, 2))
         queries = qk[:, :, :H].transpose(1, 2)
+        keys, values = keys.to(queries.dtype), values.to(queries.dtype)  # an fp16 cache (--kv-cache fp16)
         if mask is None or H == K:
             attn = F.scaled_dot_product_attention(
                 queries,
@@ -768,7 +780,7 @@ class LeanTarget(CausalRuntime):
         if ids.shape[0] > self.max_context:
             raise ContextLengthError(f"a {ids.shape[0]}-token sequence exceeds {self.name}'s context window")
         positions = torch.arange(ids.shape[0], device=self.device)
-        hidden, feats = self._layers(self.embed(ids), positions, None, True, TreeKVCache(self.num_layers), True)
+        hidden, feats = self._layers(self.embed(ids), positions, None, True, self.new_cache(), True)
         return TargetOutput(self.logits(hidden), feats, hidden)
 
     @torch.inference_mode()
@@ -785,7 +797,7 @@ class LeanTarget(CausalRuntime):
         if width > self.max_context:
             raise ContextLengthError(f"a {width}-token sequence exceeds {self.name}'s context window")
         positions = torch.arange(width, device=self.device).expand(b, -1)
-        hidden, feats = self._layers(self.embed(ids), positions, None, True, TreeKVCache(self.num_layers), True)
+        hidden, feats = self._layers(self.embed(ids), positions, None, True, self.new_cache(), True)
         return TargetOutput(self.logits(hidden.flatten(0, 1)).view(b, width, -1), feats, hidden)
 
     @_own_arithmetic

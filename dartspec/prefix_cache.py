@@ -115,8 +115,10 @@ class PrefixCache:
         with self._lock:
             for b in chain:
                 b.refs += 1
+        if chain[0].kv.dtype != (cache.dtype or torch.float32):
+            raise ValueError(f"pages of {chain[0].kv.dtype} numbers for a cache of {cache.dtype}")
         base = np.array([b.kv.data_ptr() for b in chain], dtype=np.int64)
-        layer_stride = 2 * self.kv_heads * self.block * self.head_dim * 4
+        layer_stride = 2 * self.kv_heads * self.block * self.head_dim * chain[0].kv.element_size()
         half = layer_stride // 2
         npre = len(chain) * self.block
         shared, pages = [], []
@@ -166,8 +168,10 @@ class PrefixCache:
                     self._blocks.move_to_end(key)
                     parent = found
                     continue
-                kv = torch.empty(
-                    (self.layers, 2, self.kv_heads, self.block, self.head_dim), dtype=torch.float32, device=self.device
+                kv = torch.empty(  # the cache's numbers (fp16 with --kv-cache fp16)
+                    (self.layers, 2, self.kv_heads, self.block, self.head_dim),
+                    dtype=cache.layers[0].keys.dtype,
+                    device=self.device,
                 )
                 own = start - npre
                 for i, layer in enumerate(cache.layers):

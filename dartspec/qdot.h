@@ -40,20 +40,23 @@ int qdot_takes_float(const qdot_linear *L); /* whether some part is fp16 weights
  * the sequence's own buffers k, v (KV, cap, D), position npre at slot 0. npre 0: no shared pages. ``kt`` (or NULL):
  * the own keys again, transposed in blocks of 16 slots (kv head g's block i, (D, 16), at kt + (g cap + 16 i) D), valid
  * for the first ``kt_valid`` slots (a multiple of 16); attention fills in the blocks its committed positions complete,
- * and the caller then counts them valid (kv_cache.py). Every field is 8 bytes, in the order of exact.py's KV_SLOT. */
+ * and the caller then counts them valid (kv_cache.py). ``half``: every one of these holds fp16 numbers (IEEE binary16)
+ * instead of fp32 (half the bytes that attention reads a step); the arithmetic stays fp32. Every field is 8 bytes, in
+ * the order of exact.py's KV_SLOT. */
 typedef struct {
-    float *k, *v;
+    void *k, *v;
     long cap;
-    const float *const *kpages;
-    const float *const *vpages;
+    const void *const *kpages;
+    const void *const *vpages;
     long npre, page;
-    float *kt;
+    void *kt;
     long kt_valid;
+    long half;
 } dartspec_kv;
 
-void dartspec_attend(const float *qkv, long q, long H, long KV, long D, const float *rot, float *kc, float *vc,
-                     long cap, long base, const uint8_t *mask, const float *q_norm, const float *k_norm, float eps,
-                     float scale, float *out);
+void dartspec_attend(const float *qkv, long q, long H, long KV, long D, const float *rot, void *kc, void *vc,
+                     long cap, long half, long base, const uint8_t *mask, const float *q_norm, const float *k_norm,
+                     float eps, float scale, float *out);
 void dartspec_attend_seqs(const float *qkv, long H, long KV, long D, const float *rot, long nseq, const long *starts,
                           const dartspec_kv *kv, const long *base, const uint8_t *const *mask, const float *q_norm,
                           const float *k_norm, float eps, float scale, float *out, int share);

@@ -92,7 +92,7 @@ class TargetRuntime(Protocol):
 
     def enable_prefix_cache(self, max_bytes: int) -> PrefixCache: ...
 
-    def new_cache(self) -> TreeKVCache: ...
+    def new_cache(self, capacity: int = 256) -> TreeKVCache: ...
 
     def reset(self) -> None: ...
 
@@ -195,10 +195,12 @@ def pad_sequences(sequences: Sequence[Sequence[int] | torch.Tensor], device: tor
 
 
 def describe(target: Any) -> str:
-    """``lean/exact`` or ``hf/float32``: the runtime and weight format, for logs, caches and benchmark rows."""
+    """``lean/exact``, ``lean/exact-a16+kv16`` (an fp16 KV cache) or ``hf/float32``: the runtime and weight format,
+    for logs, caches and benchmark rows."""
     quant = getattr(target, "weight_format", None) or getattr(target, "quant", None)
     if quant is not None:
-        return f"lean/{quant}" + ("+graphs" if getattr(target, "step_graphs", None) is not None else "")
+        kv = "+kv16" if getattr(target, "kv_cache", "fp32") == "fp16" else ""
+        return f"lean/{quant}{kv}" + ("+graphs" if getattr(target, "step_graphs", None) is not None else "")
     return f"hf/{str(target.dtype).removeprefix('torch.')}"
 
 
@@ -238,6 +240,8 @@ class CausalRuntime(ABC):
 
     #: Captured decode / verify steps (:mod:`dartspec.cuda_graphs`, the lean runtime on a GPU), or None.
     step_graphs: StepGraphs | None = None
+    #: The KV caches' dtype (None: that of the keys the forward computes; the lean runtime's ``--kv-cache fp16``).
+    kv_dtype: torch.dtype | None = None
 
     def __init__(
         self,
@@ -256,7 +260,7 @@ class CausalRuntime(ABC):
         self.max_context = int(getattr(config, "max_position_embeddings", 2048))
         self.softcap = getattr(config, "final_logit_softcapping", None)
         self.eos_token_ids = self._find_eos_ids(generation_config)
-        self.cache = TreeKVCache(self.num_layers)
+        self.cache = self.new_cache()
         #: Rows per prefill forward (a runtime whose rows are computed independently may pick its fastest).
         self.prefill_chunk = PREFILL_CHUNK
         #: Shared prompt-prefix KV (:mod:`dartspec.prefix_cache`), on runtimes that support it once enabled.
@@ -327,9 +331,10 @@ class CausalRuntime(ABC):
         """Number of positions whose keys and values are in the runtime's own cache."""
         return self.cache.length
 
-    def new_cache(self) -> TreeKVCache:
-        """An empty KV cache for another sequence (pass it as ``cache`` to prefill / verify / commit)."""
-        return TreeKVCache(self.num_layers)
+    def new_cache(self, capacity: int = 256) -> TreeKVCache:
+        """An empty KV cache for another sequence (pass it as ``cache`` to prefill / verify / commit), of
+        :attr:`kv_dtype`."""
+        return TreeKVCache(self.num_layers, capacity, dtype=self.kv_dtype)
 
     def reset(self) -> None:
         """Forget the cached sequence (the buffers are kept for reuse), shared prefix pages included (a prefix

@@ -17,7 +17,7 @@ import torch
 
 from dartspec import exact
 from dartspec.errors import DartspecError
-from dartspec.formats import QUANT_CHOICES, RUNTIMES, parse_format
+from dartspec.formats import KV_CACHE_CHOICES, QUANT_CHOICES, RUNTIMES, parse_format
 from dartspec.quant import check_format
 from dartspec.runtime import describe
 
@@ -79,10 +79,11 @@ def wrap_model(
     name: str = "",
     feature_layers: Sequence[int] | None = None,
     cuda_graphs: bool | None = None,
+    kv_cache: str = "auto",
 ) -> Any:  # -> Target | LeanTarget
     """A runtime over an already loaded transformers model (several runtimes may share one model); ``cuda_graphs``:
     the lean runtime's one-sequence steps as CUDA graphs (:mod:`dartspec.cuda_graphs`; None: wherever they can run,
-    :func:`resolve_graphs`)."""
+    :func:`resolve_graphs`); ``kv_cache``: the lean runtime's KV cache (:func:`resolve_kv_cache`)."""
     from dartspec.lean import LeanTarget
     from dartspec.target import Target
 
@@ -92,10 +93,11 @@ def wrap_model(
     if runtime == "auto" and chosen_runtime == "lean" and not lean_copy_fits(model, device):
         chosen_runtime = "hf"
     graphs = resolve_graphs(cuda_graphs, chosen_runtime, device)
+    kv = resolve_kv_cache(kv_cache, chosen_runtime, device, model.dtype, model.config.get_text_config())
     if chosen_runtime == "hf":
         return Target(model, tokenizer, name=name, feature_layers=feature_layers)
     fallback = auto_fallback(chosen) if quant == "auto" else None
-    kw: dict[str, Any] = {"name": name, "feature_layers": feature_layers, "cuda_graphs": graphs}
+    kw: dict[str, Any] = {"name": name, "feature_layers": feature_layers, "cuda_graphs": graphs, "kv_cache": kv}
     return LeanTarget(model, tokenizer, quant=chosen, fallback=fallback, **kw)
 
 
@@ -116,9 +118,10 @@ def lean_copy_fits(model: Any, device: torch.device) -> bool:
 
 
 def wrap_format(target: Any, spec: str) -> Any:  # -> Target | LeanTarget
-    """``target``'s loaded model in another runtime / format, given as ``RUNTIME[:QUANT]`` (``lean:fp16``, ``hf``)."""
-    runtime, quant = parse_format(spec)
-    return wrap_model(target.model, target.tokenizer, runtime=runtime, quant=quant, name=target.name)
+    """``target``'s loaded model in another runtime / format, given as ``RUNTIME[:QUANT][:kv=KV]`` (``lean:fp16``,
+    ``hf``, ``lean:auto:kv=fp16``)."""
+    runtime, quant, kv = parse_format(spec)
+    return wrap_model(target.model, target.tokenizer, runtime=runtime, quant=quant, name=target.name, kv_cache=kv)
 
 
 def load_target(
@@ -131,6 +134,7 @@ def load_target(
     feature_layers: Sequence[int] | None = None,
     log: Callable[[str], None] | None = None,
     cuda_graphs: bool | None = None,
+    kv_cache: str = "auto",
 ) -> Any:  # -> Target | LeanTarget
     """Load a target by known name (e.g. ``smollm2-135m``), local folder or GGUF file into a runtime.
 
@@ -160,6 +164,7 @@ def load_target(
                 fallback=auto_fallback(snapshot_quant),
                 name=name_or_path,
                 feature_layers=feature_layers,
+                kv_cache=resolve_kv_cache(kv_cache, "lean", dev, dtype, weights.config),
             )
     from transformers import AutoConfig, AutoTokenizer
 
@@ -178,12 +183,42 @@ def load_target(
         name=name_or_path,
         feature_layers=feature_layers,
         cuda_graphs=cuda_graphs,
+        kv_cache=kv_cache,
     )
     if snapshot_quant is not None and isinstance(target, LeanTarget):
         from dartspec.lean_weights import LeanWeights, write_snapshot
 
         write_snapshot(target, LeanWeights.from_model(model), tokenizer, snapshot_quant)
     return target
+
+
+def resolve_kv_cache(kv_cache: str, runtime: str, device: torch.device, dtype: torch.dtype, config: Any) -> str:
+    """The lean runtime's KV cache for ``--kv-cache``: ``auto`` is fp16 where the C attention reads the cache (fp32
+    on a CPU) and the model is one whose answers the fidelity gate found unchanged by it (:data:`FP16_KV_MODELS`),
+    else fp32; ``fp16`` where no C attention runs, or with ``--runtime hf``, is a one-line error."""
+    if kv_cache not in KV_CACHE_CHOICES:
+        raise DartspecError(f"unknown --kv-cache {kv_cache!r}: one of {', '.join(KV_CACHE_CHOICES)}")
+    possible = runtime != "hf" and device.type == "cpu" and dtype == torch.float32 and exact.available()
+    if kv_cache == "fp16" and not possible:
+        raise DartspecError(f"--kv-cache fp16 needs the lean runtime's C attention (fp32 on a CPU; here {runtime} "
+                            f"runtime, {str(dtype).removeprefix('torch.')} on {device})")  # fmt: skip
+    if kv_cache != "auto":
+        return kv_cache
+    return "fp16" if possible and _fingerprint(config) in FP16_KV_MODELS else "fp32"
+
+
+def _fingerprint(config: Any) -> tuple[str, int, int, int]:
+    """A model's architecture as :data:`FP16_KV_MODELS` names it: type, layers, hidden size, vocabulary."""
+    return (config.model_type, config.num_hidden_layers, config.hidden_size, config.vocab_size)
+
+
+#: Models whose answers an fp16 KV cache left unchanged in the fidelity gate (``dartspec bench fidelity --formats
+#: lean:auto:kv=fp16``): there ``--kv-cache auto`` takes it.
+FP16_KV_MODELS = frozenset(
+    {
+        ("llama", 30, 576, 49152),  # SmolLM2-135M(-Instruct): +0.00% perplexity, 10/10 answers (BENCHMARKS.md)
+    }
+)
 
 
 def auto_fallback(chosen: str) -> str | None:

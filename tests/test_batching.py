@@ -20,13 +20,14 @@ from dartspec.tree import Tree
 needs_kernels = pytest.mark.skipif(not exact.available(), reason="no C compiler for dartspec's kernels")
 
 
-def lean_target(arch: str = "llama", seed: int = 0) -> LeanTarget:
+def lean_target(arch: str = "llama", seed: int = 0, kv_cache: str = "fp32") -> LeanTarget:
     """A tiny exact-a16 target (its blocks run as C calls, so verify_many takes its batched path) with an untied
-    random head (a tied one makes greedy decoding repeat the last token)."""
+    random head (a tied one makes greedy decoding repeat the last token); ``kv_cache``: its KV caches' numbers."""
     model = tiny_model(arch, seed).float()
     torch.manual_seed(11)
     model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.lm_head.weight))
-    return LeanTarget(_gguf_like(model, seed), tiny_tokenizer(), quant="exact-a16", name=f"tiny-{arch}")
+    name = f"tiny-{arch}"
+    return LeanTarget(_gguf_like(model, seed), tiny_tokenizer(), quant="exact-a16", name=name, kv_cache=kv_cache)
 
 
 def random_tree(rng: np.random.Generator, root: int, size: int) -> Tree:

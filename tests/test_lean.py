@@ -101,17 +101,20 @@ def _step_by_step(t: LeanTarget, prompt: list[int], seq: list[int]) -> torch.Ten
 @pytest.mark.parametrize(
     ("arch", "quant"),
     [("llama", "none"), ("qwen3", "none"), ("llama", "fp16"), ("qwen2", "int8")]
-    + ([(a, q) for a in [*LEAN_ARCHS, "qwen3-d64"] for q in ("exact", "exact-a16")] if exact.available() else []),
+    + ([(a, q) for a in [*LEAN_ARCHS, "qwen3-d64"] for q in ("exact", "exact-a16")] if exact.available() else [])
+    + ([(a, "exact-a16+kv16") for a in ("llama", "gemma3", "qwen3-d64")] if exact.available() else []),
 )
 def test_tree_verification_equals_sequential_decoding(arch: str, quant: str) -> None:
     # "qwen3-d64": heads of 64 dimensions, the size the C attention has a dedicated value sum for (SmolLM2's).
+    # "+kv16": an fp16 KV cache (--kv-cache fp16), which a tree must read as decoding does.
     arch, head_dim = ("qwen3", 64) if arch == "qwen3-d64" else (arch, 8)
+    quant, _, kv = quant.partition("+")
     model = _with_biases(tiny_model(arch, seed=5, head_dim=head_dim), 5)
     if quant != "none":
         model = model.float()  # the quantized kernels take float32 activations
     if quant.startswith("exact"):
         model = _with_biases(_gguf_like(model), 5)  # integer weight groups (biases stay float)
-    t = LeanTarget(model, tiny_tokenizer(), quant=quant)
+    t = LeanTarget(model, tiny_tokenizer(), quant=quant, kv_cache="fp16" if kv else "fp32")
     # The exact formats and fp16 on dartspec's C kernels compute every row alone (integer or row-wise GEMMs, fused
     # attention summing in position order), so a tree row equals the same token decoded alone bit for bit: a
     # summation order that depended on cache slots or row counts (a real bug once, 1 mismatch in 10 benchmark
@@ -144,14 +147,17 @@ def test_tree_verification_equals_sequential_decoding(arch: str, quant: str) -> 
 
 
 @pytest.mark.skipif(not exact.available(), reason="dartspec's C kernels do not build here")
-def test_transposed_keys_follow_every_change_to_the_cache() -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_transposed_keys_follow_every_change_to_the_cache(dtype: torch.dtype) -> None:
     """The C attention keeps the committed keys transposed in the cache and transposes only blocks past the count it
     is told is valid: every change to the keys (a kept path, a truncation, growth, new buffers) must lower that count,
     or it reads keys that are no longer there. Two caches in lockstep, one without the copy, give the same logits bit
-    for bit through ~150 positions of random trees, commits and truncations across block boundaries."""
+    for bit through ~150 positions of random trees, commits and truncations across block boundaries (fp32 and fp16
+    caches: the copy holds the cache's numbers)."""
     model = _gguf_like(tiny_model("qwen3", seed=3, head_dim=64).float())
     t = LeanTarget(model, tiny_tokenizer(), quant="exact-a16")
-    kept, plain = TreeKVCache(t.num_layers, capacity=16), TreeKVCache(t.num_layers, capacity=16, transposed_keys=False)
+    kept = TreeKVCache(t.num_layers, capacity=16, dtype=dtype)
+    plain = TreeKVCache(t.num_layers, capacity=16, transposed_keys=False, dtype=dtype)
     rng = np.random.default_rng(1)
     prompt = rng.integers(0, VOCAB, size=12).tolist()
     for cache in (kept, plain):
@@ -176,6 +182,7 @@ def test_transposed_keys_follow_every_change_to_the_cache() -> None:
                 cache.select_rows(torch.tensor([0]))
         most = max(most, kept.kt_valid)
     assert most >= 64 and plain.layers[0].kt is None  # the copy was used, the other cache had none
+    assert kept.layers[0].kt.dtype == kept.layers[0].keys.dtype == dtype
 
 
 @pytest.mark.parametrize("quant", ["none", "fp16", "int8"])
@@ -187,6 +194,65 @@ def test_speculative_greedy_equals_plain_decoding_on_each_format(quant: str) -> 
     out = spec.generate(list(range(5, 15)), max_new_tokens=40)
     assert out.token_ids == plain.token_ids
     assert out.stats.draft_tokens_accepted > 0
+
+
+@pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
+def test_an_fp16_kv_cache_holds_the_fp32_caches_numbers_rounded_on_every_path() -> None:
+    """``--kv-cache fp16``: a 100-token prompt goes through torch's attention (one forward past the C attention's 64
+    rows), a chain after it through the C attention; the first layer's keys and values (which no rounding upstream
+    changes) are the fp32 cache's rounded to fp16 on both paths, and speculative decoding over such a cache still
+    gives plain decoding's tokens."""
+    model = tiny_model("qwen3", seed=4, head_dim=64).float()
+    t32 = LeanTarget(model, tiny_tokenizer(), quant="none")
+    t16 = LeanTarget(model, tiny_tokenizer(), quant="none", kv_cache="fp16")
+    prompt = np.random.default_rng(4).integers(2, VOCAB, size=100).tolist()
+    for t in (t32, t16):
+        t.prefill(prompt)
+        t.verify(Tree.chain(5, [6, 7]))
+    assert t16.cache.layers[0].keys.dtype == torch.float16 and t32.cache.layers[0].keys.dtype == torch.float32
+    for name in ("keys", "values"):
+        got, ref = (getattr(t.cache.layers[0], name)[:, :, :103] for t in (t16, t32))
+        assert torch.equal(got, ref.half()), name
+    plain = Generator(t16).generate(prompt, max_new_tokens=30)
+    spec = Generator(t16, RandomDrafter(seed=1, reference=plain.token_ids), tree_size=12, max_depth=5)
+    out = spec.generate(prompt, max_new_tokens=30)
+    assert out.token_ids == plain.token_ids and out.stats.draft_tokens_accepted > 0
+
+
+def test_kv_cache_choices_and_their_errors() -> None:
+    """``--kv-cache auto`` is fp16 only where the C attention reads the cache and the model passed the fidelity gate
+    with it; fp16 elsewhere is a one-line error; a format string names it as ``:kv=``."""
+    from types import SimpleNamespace
+
+    from dartspec.formats import parse_format
+    from dartspec.targets import resolve_kv_cache
+
+    smol = SimpleNamespace(model_type="llama", num_hidden_layers=30, hidden_size=576, vocab_size=49152)
+    other = SimpleNamespace(model_type="llama", num_hidden_layers=2, hidden_size=576, vocab_size=49152)
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    expected_auto = "fp16" if exact.available() else "fp32"
+    assert resolve_kv_cache("auto", "lean", cpu, torch.float32, smol) == expected_auto
+    assert resolve_kv_cache("auto", "lean", cpu, torch.float32, other) == "fp32"
+    assert resolve_kv_cache("auto", "hf", cpu, torch.float32, smol) == "fp32"
+    assert resolve_kv_cache("auto", "lean", gpu, torch.float32, smol) == "fp32"
+    assert resolve_kv_cache("auto", "lean", cpu, torch.bfloat16, smol) == "fp32"
+    assert resolve_kv_cache("fp32", "lean", cpu, torch.float32, smol) == "fp32"
+    for bad in (("fp16", "hf", cpu, torch.float32), ("fp16", "lean", gpu, torch.float32)):
+        with pytest.raises(DartspecError, match="--kv-cache fp16 needs the lean runtime's C attention"):
+            resolve_kv_cache(*bad, smol)
+    with pytest.raises(DartspecError, match="unknown --kv-cache 'int8'"):
+        resolve_kv_cache("int8", "lean", cpu, torch.float32, smol)
+    assert parse_format("lean:auto:kv=fp16") == ("lean", "auto", "fp16")
+    assert parse_format("lean:kv=fp32") == ("lean", "none", "fp32")
+    assert parse_format("hf") == ("hf", "none", "auto")
+    for bad_spec in ("lean:auto:kv=fp8", "lean:auto:fp16", "lean:auto:kv=fp16:x"):
+        with pytest.raises(DartspecError, match="RUNTIME\\[:QUANT\\]\\[:kv=KV\\]"):
+            parse_format(bad_spec)
+    with pytest.raises(DartspecError, match="fp16 KV cache needs"):
+        LeanTarget(tiny_model("llama", seed=0).double(), tiny_tokenizer(), kv_cache="fp16")
+    if exact.available():
+        t = LeanTarget(tiny_model("llama", seed=0).float(), tiny_tokenizer(), quant="none", kv_cache="fp16")
+        assert describe(t) == "lean/none+kv16" and t.new_cache().dtype == torch.float16
 
 
 def test_runtimes_satisfy_the_protocols() -> None:
@@ -451,9 +517,11 @@ def test_a_chain_of_parts_of_different_kinds_computes_what_each_part_does() -> N
     assert packed.nbytes == sum(p.nbytes for p in exact.parts(packed))
 
 
-def _attention_reference(qkv, heads, kv_heads, rot, keys, values, base, allowed, scale):
+def _attention_reference(qkv, heads, kv_heads, rot, keys, values, base, allowed, scale, stored=None):
     """Float64 attention of the C kernel's inputs: rotary on the new rows' queries and keys (adjacent pairs), the new
-    keys and values after ``base`` cached ones, softmax over ``allowed`` ``(q, base + q)`` positions, GQA groups."""
+    keys and values after ``base`` cached ones, softmax over ``allowed`` ``(q, base + q)`` positions, GQA groups.
+    ``stored``: the new rows' keys and values as the cache holds them ((q, KV, D) each; an fp16 cache's roundings),
+    attended to instead of the exact ones."""
     q, dim = qkv.shape[0], keys.shape[-1]
     x = qkv.double()
     qs = x[:, : heads * dim].view(q, heads, dim)
@@ -468,8 +536,9 @@ def _attention_reference(qkv, heads, kv_heads, rot, keys, values, base, allowed,
         return out
 
     qs, ks = rotate(qs), rotate(ks)
-    all_k = torch.cat([keys[0, :, :base].double().permute(1, 0, 2), ks])  # (base + q, KV, D)
-    all_v = torch.cat([values[0, :, :base].double().permute(1, 0, 2), vs])
+    new_k, new_v = (ks, vs) if stored is None else (t.double() for t in stored)
+    all_k = torch.cat([keys[0, :, :base].double().permute(1, 0, 2), new_k])  # (base + q, KV, D)
+    all_v = torch.cat([values[0, :, :base].double().permute(1, 0, 2), new_v])
     group = heads // kv_heads
     out = torch.empty(q, heads, dim, dtype=torch.float64)
     for i in range(q):
@@ -482,18 +551,20 @@ def _attention_reference(qkv, heads, kv_heads, rot, keys, values, base, allowed,
 
 @pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
 @pytest.mark.parametrize("dim", [64, 8])
-def test_c_attention_equals_a_float64_reference_with_and_without_a_cached_prefix(dim: int) -> None:
+@pytest.mark.parametrize("kv", [torch.float32, torch.float16])
+def test_c_attention_equals_a_float64_reference_with_and_without_a_cached_prefix(dim: int, kv: torch.dtype) -> None:
     """The fused C attention (exact.attend: rotary, the cache write, GQA attention) against float64 torch, causal and
     with a tree's mask, past an empty cache and past 5, 40 and 100 cached positions (64-wide heads: the AVX-512 paths;
     8-wide: the generic ones); each tree row's output equals that row's alone after its ancestors (a tree computes what
-    decoding does)."""
+    decoding does). An fp16 cache (``--kv-cache fp16``): the new rows' keys and values are stored rounded to fp16
+    (torch's rounding), and attention is that over the fp16 numbers the cache holds."""
     heads, kv_heads, scale = 6, 2, dim**-0.5
     gen = torch.Generator().manual_seed(dim)
     for base in (0, 5, 40, 100):
         cap = base + 8
         keys, values = (
-            torch.randn(1, kv_heads, cap, dim, generator=gen),
-            torch.randn(1, kv_heads, cap, dim, generator=gen),
+            torch.randn(1, kv_heads, cap, dim, generator=gen).to(kv),
+            torch.randn(1, kv_heads, cap, dim, generator=gen).to(kv),
         )
         tree = _random_tree(np.random.default_rng(base), 3, 5)
         for q, mask in ((1, None), (4, None), (5, "tree")):
@@ -518,10 +589,14 @@ def test_c_attention_equals_a_float64_reference_with_and_without_a_cached_prefix
                 1e-6,
                 scale,
             )
-            ref, ks, vs = _attention_reference(qkv, heads, kv_heads, rot, keys, values, base, allowed, scale)
+            new_rows = tuple(c[0, :, base : base + q].permute(1, 0, 2) for c in (k_cache, v_cache))
+            stored = None if kv == torch.float32 else new_rows
+            ref, ks, vs = _attention_reference(qkv, heads, kv_heads, rot, keys, values, base, allowed, scale, stored)
             torch.testing.assert_close(got.double(), ref, rtol=0, atol=2e-5)
-            torch.testing.assert_close(k_cache[0, :, base : base + q].double(), ks.permute(1, 0, 2), rtol=0, atol=1e-5)
-            assert torch.equal(v_cache[0, :, base : base + q], vs.permute(1, 0, 2).float())
+            # fp16: the rounding of a key the kernel rotated in fp32 (at most an fp16 step from the exact one's)
+            rtol = 0 if kv == torch.float32 else 2**-10
+            torch.testing.assert_close(new_rows[0].double(), ks, rtol=rtol, atol=1e-5)
+            assert torch.equal(new_rows[1], vs.to(kv))
             if mask == "tree":  # each row alone: the prefix and its ancestors as a chain, the row last
                 for row in (1, 4):
                     path = [int(j) for j in torch.nonzero(allowed[row, base:]).flatten()]
@@ -1054,6 +1129,7 @@ def test_the_avx2_kernels_pass_the_kernel_tests_on_any_machine() -> None:
     from pathlib import Path
 
     tests = "integer_dot or exact_runtimes or tree_verification_equals_sequential or fused_block or fused_attention"
+    tests += " or c_attention_equals"
     env = {**os.environ, "DARTSPEC_MARCH": "x86-64-v3"}
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__)), "-k", tests],

@@ -27,9 +27,12 @@ def _prompts(rng: np.random.Generator, shared: int, tails: list[int]) -> list[li
     return [head + rng.integers(2, VOCAB, size=n).tolist() for n in tails]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3", "qwen3+kv16"])
 def test_shared_prefix_gives_the_same_logits_features_and_trees_bit_for_bit(arch: str) -> None:
-    plain, cached = lean_target(arch), lean_target(arch)
+    """(``+kv16``: fp16 caches, whose pages hold fp16 numbers too.)"""
+    arch, _, kv = arch.partition("+")
+    kv_cache = "fp16" if kv else "fp32"
+    plain, cached = lean_target(arch, kv_cache=kv_cache), lean_target(arch, kv_cache=kv_cache)
     pc = cached.enable_prefix_cache(1 << 30)
     rng = np.random.default_rng(1)
     prompts = _prompts(rng, 70, [9, 1, 30, 0])  # 70 shared tokens: 4 blocks of 16 shared, then each its own
@@ -51,13 +54,17 @@ def test_shared_prefix_gives_the_same_logits_features_and_trees_bit_for_bit(arch
             tree = random_tree(rng, 5, 4)
             assert torch.equal(plain.verify(tree, cache=a).logits, cached.verify(tree, cache=b).logits)
     assert pc.stats.hit_tokens > 0
+    want = torch.float16 if kv else torch.float32  # the pages hold the caches' numbers
+    assert len(pc._blocks) and all(block.kv.dtype == want for block in pc._blocks.values())
 
 
-@pytest.mark.parametrize("name", ["none", "random", "dart"])
+@pytest.mark.parametrize("name", ["none", "random", "dart", "random+kv16"])
 def test_batched_generation_with_shared_prefixes_equals_lone_runs(name: str) -> None:
     """Requests joining one after another find the earlier ones' prefix (a feature drafter's feature rows
-    included); every request's tokens equal those of a runtime without the cache."""
-    plain, cached = lean_target(), lean_target()
+    included); every request's tokens equal those of a runtime without the cache (``+kv16``: fp16 caches)."""
+    name, _, kv = name.partition("+")
+    kv_cache = "fp16" if kv else "fp32"
+    plain, cached = lean_target(kv_cache=kv_cache), lean_target(kv_cache=kv_cache)
     cached.enable_prefix_cache(1 << 30)
     rng = np.random.default_rng(2)
     prompts = _prompts(rng, 48, [3, 12, 20, 7])

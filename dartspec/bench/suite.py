@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from dartspec import atomic
 from dartspec.errors import DartspecError
-from dartspec.formats import DRAFTER_NAMES, DRAFTERS, QUANT_CHOICES, RUNTIMES, TREE_BUILDERS
+from dartspec.formats import DRAFTER_NAMES, DRAFTERS, KV_CACHES, QUANT_CHOICES, RUNTIMES, TREE_BUILDERS
 
 if TYPE_CHECKING:
     from dartspec.methods import GeneratorSpec
@@ -35,7 +35,7 @@ _PEERS = ("hf-ar", "hf-pld", "llamacpp-ar", "llamacpp-pld")
 #: (``dart:tree=ddtree,size=8``).
 METHODS = ("ar", "auto", *(d for d in DRAFTER_NAMES if d != "none"), *_PEERS)
 #: Every method of dartspec's own engine may run on another runtime / weight format than the main target.
-_RUNTIME_OPTIONS = {"runtime", "quant", "graphs"}
+_RUNTIME_OPTIONS = {"runtime", "quant", "graphs", "kv"}
 #: Options each method takes after its colon (a drafter's come from its registry line).
 _OPTIONS = {
     "auto": {*_RUNTIME_OPTIONS, "sampled"},  # sampled=1: refused where the device's default drafter cannot sample
@@ -72,6 +72,7 @@ class MethodSpec:
     runtime: str | None = None  # None: the main target's; else lean / hf (see dartspec.targets)
     quant: str | None = None  # None: the main target's; else none / fp16 / int8
     graphs: bool | None = None  # None: the main target's; else CUDA graphs on / off (the lean runtime on a GPU)
+    kv: str | None = None  # None: the main target's; else the lean runtime's KV cache, fp32 / fp16 (--kv-cache)
     sampled: bool = False  # sampled requests: drafts drawn from the drafter and tested by rejection
     gguf: str | None = None  # llamacpp-*: None = the model's own file, else a type of LLAMACPP_TYPES
 
@@ -96,7 +97,7 @@ class MethodSpec:
     @property
     def own_target(self) -> bool:
         """Whether this row runs on another runtime or weight format than the main target."""
-        return self.runtime is not None or self.quant is not None or self.graphs is not None
+        return self.runtime is not None or self.quant is not None or self.graphs is not None or self.kv is not None
 
 
 def parse_methods(text: str, *, tree_size: int | str | None = None) -> list[MethodSpec]:
@@ -159,6 +160,8 @@ def _spec(group: list[str], tree_size: int | str | None) -> MethodSpec:
             raise DartspecError(f"{label}: runtime must be one of {', '.join(RUNTIMES)}")
         elif key == "quant" and value not in QUANT_CHOICES:
             raise DartspecError(f"{label}: quant must be one of {', '.join(QUANT_CHOICES)}")
+        elif key == "kv" and value not in KV_CACHES:
+            raise DartspecError(f"{label}: kv must be one of {', '.join(KV_CACHES)}")
         elif key == "gguf":
             if value.lower() not in LLAMACPP_TYPES:
                 raise DartspecError(f"{label}: gguf must be one of {', '.join(LLAMACPP_TYPES)}")
@@ -463,7 +466,7 @@ def _llamacpp_requantized(llama_cpp: Any, source: Path, kind: str) -> Path:
     return dest
 
 
-def _target_for(spec: MethodSpec, target: Any, others: dict[tuple[str, str, bool], Any]) -> Any:
+def _target_for(spec: MethodSpec, target: Any, others: dict[tuple[str, str, bool, str], Any]) -> Any:
     """The main target, or (made once, sharing its loaded model) the runtime / format the row asks for."""
     if not spec.own_target:
         return target
@@ -471,12 +474,20 @@ def _target_for(spec: MethodSpec, target: Any, others: dict[tuple[str, str, bool
 
     main_graphs = getattr(target, "step_graphs", None) is not None
     graphs = main_graphs if spec.graphs is None else spec.graphs
-    if spec.runtime is None and spec.quant is None and graphs == main_graphs:
-        return target  # graphs=... the main target already has
-    key = (spec.runtime or "auto", spec.quant or "auto", graphs)
+    main_kv = getattr(target, "kv_cache", "fp32")
+    kv = spec.kv or main_kv
+    if spec.runtime is None and spec.quant is None and graphs == main_graphs and kv == main_kv:
+        return target  # graphs=... or kv=... the main target already has
+    key = (spec.runtime or "auto", spec.quant or "auto", graphs, kv if spec.kv else "auto")
     if key not in others:
         others[key] = wrap_model(
-            target.model, target.tokenizer, runtime=key[0], quant=key[1], name=target.name, cuda_graphs=graphs
+            target.model,
+            target.tokenizer,
+            runtime=key[0],
+            quant=key[1],
+            name=target.name,
+            cuda_graphs=graphs,
+            kv_cache=key[3],
         )
     return others[key]
 
@@ -507,7 +518,7 @@ def run_suite(
     if not any(s.kind == "ar" and not s.own_target for s in specs):
         specs.insert(0, MethodSpec("ar", "ar"))
     runners = dict(runners or {})
-    others: dict[tuple[str, str, bool], Any] = {}
+    others: dict[tuple[str, str, bool, str], Any] = {}
     targets = {s.label: _target_for(s, target, others) for s in specs}
     plain = {describe(targets[s.label]) for s in specs if s.kind == "ar"}
     for s in list(specs):
@@ -516,8 +527,9 @@ def run_suite(
             quant = getattr(targets[s.label], "quant", "none")
             runtime = own.partition("/")[0]
             graphs = getattr(targets[s.label], "step_graphs", None) is not None
-            label = f"ar:runtime={runtime},quant={quant}" + (",graphs=1" if graphs else "")
-            ref = MethodSpec(label, "ar", runtime=runtime, quant=quant, graphs=graphs)
+            kv = "fp16" if getattr(targets[s.label], "kv_cache", "fp32") == "fp16" else None
+            label = f"ar:runtime={runtime},quant={quant}" + (",graphs=1" if graphs else "") + (",kv=fp16" if kv else "")
+            ref = MethodSpec(label, "ar", runtime=runtime, quant=quant, graphs=graphs, kv=kv)
             specs.insert(1, ref)
             targets[ref.label] = targets[s.label]
             plain.add(own)
