@@ -171,8 +171,10 @@ def load_target(
     from dartspec.lean_weights import load_model
 
     # Check the combination before loading hundreds of MB.
-    chosen, _ = resolve_runtime(runtime, quant, AutoConfig.from_pretrained(folder).get_text_config().model_type, dev)
+    config = AutoConfig.from_pretrained(folder).get_text_config()
+    chosen, _ = resolve_runtime(runtime, quant, config.model_type, dev)
     resolve_graphs(cuda_graphs, chosen, dev)
+    resolve_kv_cache(kv_cache, chosen, dev, dtype, config)
     model = load_model(folder, dtype=dtype, device=dev)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     target = wrap_model(
