@@ -162,7 +162,7 @@ def add_target_args(p: argparse.ArgumentParser, runtime: str = "auto", gpu_dtype
         choices=KV_CACHE_CHOICES,
         help="the lean runtime's KV cache on a CPU: fp16 (each key and value rounded to fp16, half the bytes a step "
         "reads: faster on long contexts), fp32, auto (default: fp16 for the models whose answers the fidelity gate "
-        "found unchanged by it, SmolLM2-135M; fp32 otherwise)",
+        "found unchanged by it, SmolLM2-135M, Qwen2.5-Coder-0.5B and Gemma 3 270M; fp32 otherwise)",
     )
     p.add_argument(
         "--cuda-graphs",

@@ -219,6 +219,8 @@ def _fingerprint(config: Any) -> tuple[str, int, int, int]:
 FP16_KV_MODELS = frozenset(
     {
         ("llama", 30, 576, 49152),  # SmolLM2-135M(-Instruct): +0.00% perplexity, 10/10 answers (BENCHMARKS.md)
+        ("qwen2", 24, 896, 151936),  # Qwen2.5-Coder-0.5B (and models of its shape): -0.02%, 10/10
+        ("gemma3_text", 18, 640, 262144),  # Gemma 3 270M: -0.00%, 10/10
     }
 )
 
