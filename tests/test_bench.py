@@ -250,3 +250,25 @@ def test_train_bench_settings_are_checked(capsys: pytest.CaptureFixture[str]) ->
     with pytest.raises(SystemExit):
         main(["bench", "train", "--settings", "target=lean:q3"])
     assert "target=lean|hf[:QUANT]" in capsys.readouterr().err
+
+
+def test_long_prompts_get_the_speedup_after_the_prefill_too() -> None:
+    """Where the prefill is a large share of the rows' time (long prompts), the table adds each row's speedup after
+    the prefill (per prompt, medians): what the method changes, which the shared prefill otherwise hides; rows
+    without a prefill time (peers) get none, and short prompts keep the plain column."""
+    from dartspec.bench.suite import Run
+
+    def run(prompt: str, method: str, seconds: float, prefill: float | None) -> Run:
+        times = {} if prefill is None else {"prefill": prefill, "verify": seconds - prefill}
+        return Run(prompt, method, 10, seconds, 1.0, [], times, token_ids=[1] * 10)
+
+    long = [run(p, "ar", 10.0, 8.0) for p in ("a", "b")] + [run(p, "fast", 9.0, 8.0) for p in ("a", "b")]
+    long += [run(p, "peer", 9.0, None) for p in ("a", "b")]
+    rows = {r["method"]: r for r in summarize(long)}
+    assert rows["fast"]["speedup"] == pytest.approx(10 / 9) and rows["fast"]["decode_speedup"] == pytest.approx(2.0)
+    assert rows["ar"]["decode_speedup"] == pytest.approx(1.0) and rows["peer"]["decode_speedup"] is None
+    table = markdown(list(rows.values()), "long")
+    assert "| fast | 1.00 | 1.1 | 1.11x (1.11-1.11); after the prefill 2.00x |" in table
+    assert "| peer | 1.00 | 1.1 | 1.11x (1.11-1.11) |" in table
+    short = [run(p, "ar", 10.0, 0.5) for p in ("a", "b")] + [run(p, "fast", 5.0, 0.5) for p in ("a", "b")]
+    assert "after the prefill" not in markdown(summarize(short), "short")
