@@ -10,7 +10,8 @@ import statistics
 import sys
 from collections import defaultdict
 
-runs = json.load(open(sys.argv[1]))["runs"]
+with open(sys.argv[1]) as f:
+    runs = json.load(f)["runs"]
 per = defaultdict(dict)  # prompt -> method -> (decode seconds per token, prefill seconds)
 for r in runs:
     per[r["prompt"]][r["method"]] = ((r["seconds"] - r["times"]["prefill"]) / r["new_tokens"], r["times"]["prefill"])
