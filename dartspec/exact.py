@@ -872,6 +872,12 @@ def quantize_activations(x: torch.Tensor) -> torch.Tensor:
     return (q * (amax / 32767)).reshape(rows, k)
 
 
+def attends(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the lean runtime's C attention (and its fp16 KV cache) runs for a model of ``dtype`` on ``device``:
+    fp32 on a CPU where the kernels build."""
+    return device.type == "cpu" and dtype == torch.float32 and available()
+
+
 def available() -> bool:
     """Whether the kernel can be built or loaded here (an x86-64 CPU with AVX2 and FMA, and a C compiler). A bad
     DARTSPEC_PREFETCH_HINT is raised, not answered False: a typo must not fall back to slower weights in silence."""

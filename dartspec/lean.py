@@ -200,7 +200,7 @@ class LeanTarget(CausalRuntime):
         self.fallback = fallback
         embed = weights.tensors["embed"]
         check_format(quant, embed.device)
-        fused_attention = embed.device.type == "cpu" and embed.dtype == torch.float32 and exact.available()
+        fused_attention = exact.attends(embed.device, embed.dtype)
         if kv_cache not in KV_CACHES:
             raise DartspecError(f"unknown KV cache {kv_cache!r}: one of {', '.join(KV_CACHES)}")
         if kv_cache == "fp16" and not fused_attention:

@@ -200,7 +200,7 @@ def resolve_kv_cache(kv_cache: str, runtime: str, device: torch.device, dtype: t
     else fp32; ``fp16`` where no C attention runs, or with ``--runtime hf``, is a one-line error."""
     if kv_cache not in KV_CACHE_CHOICES:
         raise DartspecError(f"unknown --kv-cache {kv_cache!r}: one of {', '.join(KV_CACHE_CHOICES)}")
-    possible = runtime != "hf" and device.type == "cpu" and dtype == torch.float32 and exact.available()
+    possible = runtime != "hf" and exact.attends(device, dtype)
     if kv_cache == "fp16" and not possible:
         raise DartspecError(f"--kv-cache fp16 needs the lean runtime's C attention (fp32 on a CPU; here {runtime} "
                             f"runtime, {str(dtype).removeprefix('torch.')} on {device})")  # fmt: skip

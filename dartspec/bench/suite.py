@@ -527,8 +527,10 @@ def run_suite(
             quant = getattr(targets[s.label], "quant", "none")
             runtime = own.partition("/")[0]
             graphs = getattr(targets[s.label], "step_graphs", None) is not None
-            kv = "fp16" if getattr(targets[s.label], "kv_cache", "fp32") == "fp16" else None
-            label = f"ar:runtime={runtime},quant={quant}" + (",graphs=1" if graphs else "") + (",kv=fp16" if kv else "")
+            kv = getattr(targets[s.label], "kv_cache", None)  # named where it is not the main target's
+            kv = None if kv == getattr(target, "kv_cache", None) else kv
+            label = f"ar:runtime={runtime},quant={quant}" + (",graphs=1" if graphs else "")
+            label += f",kv={kv}" if kv else ""
             ref = MethodSpec(label, "ar", runtime=runtime, quant=quant, graphs=graphs, kv=kv)
             specs.insert(1, ref)
             targets[ref.label] = targets[s.label]
