@@ -720,6 +720,40 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from dartspec.bench.report import markdown
+    from dartspec.formats import check_drafter_name
+    from dartspec.targets import describe
+    from dartspec.tune import candidates, measure, save_tuned, tuned_file
+
+    for name in args.drafters.split(",") if args.drafters else []:
+        if check_drafter_name(name) is None:  # a mistyped name is an error before the model loads
+            raise DartspecError("--drafters lists what auto may choose among: name drafters, not auto")
+    target = load_target(args)
+    drafters = args.drafters.split(",") if args.drafters else list(candidates(target))
+    if drafters == ["none"]:
+        raise DartspecError(
+            f"on {target.device} --drafter auto is plain decoding and nothing else is measured: name drafters to "
+            "compare with --drafters (e.g. --drafters dart+pld,pld)"
+        )
+    tuned, rows = measure(
+        target,
+        drafters,
+        path=args.drafter_path,
+        prompts=args.prompts,
+        new_tokens=args.max_new_tokens,
+        progress=lambda items, n: tqdm(items, total=n, desc="tune", unit="prompt"),
+    )
+    title = f"dartspec tune: {target.name} ({describe(target)}), greedy, {args.max_new_tokens} new tokens"
+    print(markdown(rows, title))
+    file = tuned_file(target, args.drafter_path)
+    save_tuned(file, tuned)
+    print(f"--drafter auto is now {tuned.summary()} on this machine (saved in {file})")
+    return 0 if not any(tuned.mismatches.values()) else 1
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     import datetime
     import platform
@@ -771,6 +805,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "machine": platform.platform(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
+    if any(s.kind == "auto" and not s.own_target for s in specs):
+        from dartspec.tune import auto_drafter
+
+        meta["auto"] = auto_drafter(target)  # measured on this machine (dartspec.tune), cached by the row's run
+        _log(f"auto ran {meta['auto']} here (the choice `dartspec tune` measures for this machine)")
     named = "".join(f"-{k}" for k in changed_settings(settings))  # e.g. -repetition_penalty-response_format
     default_out = Path("bench-results") / f"{args.dataset.replace('/', '_')}-t{args.temperature:g}{named}"
     out = Path(args.out) if args.out else default_out
@@ -1129,6 +1168,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-new-tokens", type=_positive_int, default=128)
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser(
+        "tune", help="measure which drafter --drafter auto runs on this machine (otherwise done at its first use)"
+    )
+    add_target_args(p)
+    p.add_argument(
+        "--drafters",
+        default=None,
+        help="comma-separated candidates (default: dart+pld,pld where a DART drafter ships, else the static default)",
+    )
+    p.add_argument("--drafter-path", default=None, help="the DART checkpoint the candidates load (default: shipped)")
+    p.add_argument("--prompts", type=_positive_int, default=16, help="tuning prompts (16 ship; default 16)")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=48)
+    p.set_defaults(func=cmd_tune)
 
     data = sub.add_parser("data", help="training data").add_subparsers(dest="data_command", required=True)
     p = data.add_parser("regenerate", help="let the target write its own answers to ShareGPT or its own prompts")

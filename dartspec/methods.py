@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dartspec.drafters import default_drafter, default_max_draft_temperature, make_drafter
+from dartspec.drafters import default_max_draft_temperature, make_drafter
 from dartspec.engine import Generator, default_budget, default_draft_context
 from dartspec.errors import DartspecError
 from dartspec.formats import DRAFTERS, drafter_kind
@@ -41,7 +41,12 @@ class GeneratorSpec:
 
 
 def build_generator(target: Any, spec: GeneratorSpec) -> Generator:
-    name = default_drafter(target.device, target.name) if spec.drafter == "auto" else spec.drafter
+    if spec.drafter == "auto":
+        from dartspec.tune import auto_drafter
+
+        name = auto_drafter(target, spec.path)  # measured on this machine once (dartspec.tune)
+    else:
+        name = spec.drafter
     auto = spec.tree_size == "auto"
     kind = drafter_kind(name)
     feature, lookup = (kind.feature, kind.lookup) if kind is not None else (False, False)

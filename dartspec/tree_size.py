@@ -86,7 +86,9 @@ def verify_cost_curve(
     return {name: {q: statistics.median(v) for q, v in per_q.items()} for name, per_q in samples.items()}
 
 
-def _calibration_file(target: Any, cache: Path) -> Path:
+def calibration_file(target: Any, cache: Path, what: str = "") -> Path:
+    """Where a measurement of ``target`` on this machine is cached: the verify cost curve (``what`` empty) or another
+    one named by ``what``, keyed by model, device, runtime, weight format, threads, CPU and kernel build."""
     cpu = platform.processor() or platform.machine()
     fmt = describe(target)
     key = f"{target.name}-{target.device}-{fmt.replace('/', '-')}-t{torch.get_num_threads()}"
@@ -95,6 +97,7 @@ def _calibration_file(target: Any, cache: Path) -> Path:
         from dartspec import exact
 
         key += f"-k{exact.build_key()}"
+    key += f"-{what}" if what else ""
     safe = "".join(c if c.isalnum() or c in "-._" else "_" for c in key)
     return cache / "calibration" / f"{safe}.json"
 
@@ -103,7 +106,7 @@ def calibrate(target: Any, *, cache: Path | None = None, repeats: int = 9, ctx: 
     """The target's verify cost curve on this machine, measured once and cached."""
     from dartspec.assets import cache_dir
 
-    path = _calibration_file(target, cache or cache_dir())
+    path = calibration_file(target, cache or cache_dir())
     if path.is_file():
         try:
             data = json.loads(path.read_text())

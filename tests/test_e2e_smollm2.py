@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from dartspec.drafters import PromptLookupDrafter
@@ -258,8 +261,9 @@ def test_the_default_load_from_a_snapshot_is_the_runtime_built_from_transformers
 
 
 def test_logprobs_of_the_cpu_default_are_plain_decodings_and_near_transformers(smollm2: Target) -> None:
-    """SmolLM2 on the CPU default (lean exact-a16, DART with lookup spans): each token's log-probability equals plain
-    decoding's bit for bit whatever was accepted, and is within the format's rounding of transformers' fp32 forward."""
+    """SmolLM2 on the CPU default runtime (lean exact-a16) with DART and lookup spans: each token's log-probability
+    equals plain decoding's bit for bit whatever was accepted, and is within the format's rounding of transformers'
+    fp32 forward."""
     import torch
 
     from dartspec.methods import GeneratorSpec, build_generator
@@ -267,7 +271,7 @@ def test_logprobs_of_the_cpu_default_are_plain_decodings_and_near_transformers(s
 
     target = load_target("smollm2-135m")
     ids = target.encode_chat([{"role": "user", "content": "Write a Python function that reverses a string."}])
-    spec = build_generator(target, GeneratorSpec(drafter="auto")).generate(ids, max_new_tokens=48, logprobs=3)
+    spec = build_generator(target, GeneratorSpec(drafter="dart+pld")).generate(ids, max_new_tokens=48, logprobs=3)
     plain = Generator(target).generate(ids, max_new_tokens=48, logprobs=3)
     assert spec.token_ids == plain.token_ids and spec.stats.tau > 1.3
     assert spec.logprobs == plain.logprobs
@@ -280,8 +284,8 @@ def test_logprobs_of_the_cpu_default_are_plain_decodings_and_near_transformers(s
 
 def test_penalties_under_speculation_equal_transformers_generate_and_plain_decoding(smollm2: Target) -> None:
     """A repetition penalty and a logit bias on the real model: every drafter's greedy answer equals transformers'
-    ``generate`` with the same settings (fp32), and the CPU default (lean exact-a16, DART with lookup spans) equals
-    plain decoding on its own runtime with them, drafts still accepted."""
+    ``generate`` with the same settings (fp32), and DART with lookup spans on the CPU default runtime (lean
+    exact-a16) equals plain decoding on its own runtime with them, drafts still accepted."""
     import torch
 
     from dartspec.drafters import make_drafter
@@ -305,13 +309,13 @@ def test_penalties_under_speculation_equal_transformers_generate_and_plain_decod
         out = Generator(smollm2, make_drafter(name, smollm2), tree_size=4).generate(ids, max_new_tokens=48, **settings)
         assert out.token_ids == ref, name
     target = load_target("smollm2-135m")
-    spec = build_generator(target, GeneratorSpec(drafter="auto")).generate(ids, max_new_tokens=48, **settings)
+    spec = build_generator(target, GeneratorSpec(drafter="dart+pld")).generate(ids, max_new_tokens=48, **settings)
     plain = Generator(target).generate(ids, max_new_tokens=48, **settings)
     assert spec.token_ids == plain.token_ids and spec.stats.draft_tokens_accepted > 0
 
 
 def test_json_object_answers_of_the_cpu_default_parse_and_equal_plain_decodings() -> None:
-    """response_format json_object on the real model: the CPU default's answers (drafts accepted) are plain decoding's
+    """response_format json_object on the real model: dart+pld's answers (drafts accepted) are plain decoding's
     token for token, end with their object (finish "stop") and parse as JSON objects; sampled ones too (seeded)."""
     import json
 
@@ -319,7 +323,7 @@ def test_json_object_answers_of_the_cpu_default_parse_and_equal_plain_decodings(
     from dartspec.targets import load_target
 
     target = load_target("smollm2-135m")
-    spec, plain = build_generator(target, GeneratorSpec(drafter="auto")), Generator(target)
+    spec, plain = build_generator(target, GeneratorSpec(drafter="dart+pld")), Generator(target)
     accepted = 0
     for question in (
         "Return a JSON object with the keys name and age for a person called Ann who is 31.",
@@ -341,7 +345,7 @@ def test_json_object_answers_of_the_cpu_default_parse_and_equal_plain_decodings(
 
 def test_regex_and_choice_answers_of_the_cpu_default_match_and_equal_plain_decodings() -> None:
     """vLLM's guided_regex and guided_choice on the real model (``Grammar.regex`` / ``Grammar.choice``): the answer
-    matches all of the regex (Python's ``re``) or is one of the choices, and the CPU default's tokens are plain
+    matches all of the regex (Python's ``re``) or is one of the choices, and dart+pld's tokens are plain
     decoding's."""
     import re
 
@@ -350,7 +354,7 @@ def test_regex_and_choice_answers_of_the_cpu_default_match_and_equal_plain_decod
     from dartspec.targets import load_target
 
     target = load_target("smollm2-135m")
-    spec, plain = build_generator(target, GeneratorSpec(drafter="auto")), Generator(target)
+    spec, plain = build_generator(target, GeneratorSpec(drafter="dart+pld")), Generator(target)
     regex = r"[A-Z][a-z]+ was born in \d{4} in [A-Z][a-z]+\."
     cases = [
         ("Is the sun a star? Answer yes or no.", Grammar.choice(["yes", "no"]), lambda t: t in ("yes", "no")),
@@ -365,7 +369,7 @@ def test_regex_and_choice_answers_of_the_cpu_default_match_and_equal_plain_decod
 
 def test_patterned_strings_of_the_cpu_default_validate_and_equal_plain_decodings() -> None:
     """Strings a ``pattern`` checks (a name, a date, an e-mail address, a phone number) on the real model: the answer
-    validates (``jsonschema``, whose matcher is Python's ``re``) and the CPU default's tokens are plain decoding's."""
+    validates (``jsonschema``, whose matcher is Python's ``re``) and dart+pld's tokens are plain decoding's."""
     import json
 
     import jsonschema
@@ -385,7 +389,7 @@ def test_patterned_strings_of_the_cpu_default_validate_and_equal_plain_decodings
         "additionalProperties": False,
     }
     target = load_target("smollm2-135m")
-    spec, plain = build_generator(target, GeneratorSpec(drafter="auto")), Generator(target)
+    spec, plain = build_generator(target, GeneratorSpec(drafter="dart+pld")), Generator(target)
     messages = [{"role": "user", "content": "Make up a person's contact card as JSON."}]
     out = spec.generate(messages, max_new_tokens=96, response_format=schema)
     assert out.token_ids == plain.generate(messages, max_new_tokens=96, response_format=schema).token_ids
@@ -394,7 +398,7 @@ def test_patterned_strings_of_the_cpu_default_validate_and_equal_plain_decodings
 
 
 def test_json_schema_answers_of_the_cpu_default_validate_and_equal_plain_decodings() -> None:
-    """response_format a JSON Schema on the real model: the CPU default's answers are plain decoding's token for
+    """response_format a JSON Schema on the real model: dart+pld's answers are plain decoding's token for
     token, and validate against the schema (jsonschema, an independent validator), keys in the schema's order."""
     import json
 
@@ -416,7 +420,7 @@ def test_json_schema_answers_of_the_cpu_default_validate_and_equal_plain_decodin
         "additionalProperties": False,
     }
     target = load_target("smollm2-135m")
-    spec, plain = build_generator(target, GeneratorSpec(drafter="auto")), Generator(target)
+    spec, plain = build_generator(target, GeneratorSpec(drafter="dart+pld")), Generator(target)
     accepted = 0
     for question in ("Give me a famous book as JSON.", "Describe the novel Dune as a JSON object."):
         messages = [{"role": "user", "content": question}]
@@ -441,3 +445,26 @@ def test_json_schema_answers_of_the_cpu_default_validate_and_equal_plain_decodin
     value = json.loads(out.text)
     jsonschema.validate(value, counts)
     assert out.finish_reason == "stop" and len(value) == out.text.count(":") >= 2  # as many keys written as parsed
+
+
+def test_tune_measures_the_cpu_defaults_candidates_and_stores_the_choice(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`dartspec tune` on the real model: DART with lookup spans and prompt lookup against plain decoding on the
+    shipped tuning prompts, outputs identical to plain decoding's, the choice (the rule's for the measured speedups)
+    stored where `--drafter auto` reads it; a drafter list naming auto or a mistyped drafter is a one-line error."""
+    import dartspec.tune as tune
+    from dartspec.cli import main
+
+    file = tmp_path / "choice.json"
+    monkeypatch.setattr(tune, "tuned_file", lambda target, path=None, cache=None: file)
+    assert main(["tune", "--prompts", "2", "--max-new-tokens", "8"]) == 0
+    out = capsys.readouterr().out
+    stored = json.loads(file.read_text())
+    assert set(stored["speedups"]) == {"dart+pld", "pld"} and stored["mismatches"] == {"dart+pld": 0, "pld": 0}
+    assert stored["drafter"] == tune.choose(stored["speedups"], stored["mismatches"]) and stored["prompts"] == 2
+    assert "| dart+pld |" in out and f"--drafter auto is now {stored['drafter']}" in out
+    for drafters, needle in (("pld,auto", "not auto"), ("pld,magic", "unknown drafter 'magic'")):
+        assert main(["tune", "--drafters", drafters]) == 2
+        err = capsys.readouterr().err
+        assert needle in err and "Traceback" not in err

@@ -209,11 +209,11 @@ def test_calibration_is_remeasured_for_new_kernels(tmp_path: Path, monkeypatch: 
     import dartspec.tree_size as tree_size
 
     target = tiny_target()
-    plain = tree_size._calibration_file(target, tmp_path)
+    plain = tree_size.calibration_file(target, tmp_path)
     monkeypatch.setattr(tree_size, "describe", lambda t: "lean/exact-a16")
     monkeypatch.setattr(exact, "build_key", lambda: "build-one")
-    first = tree_size._calibration_file(target, tmp_path)
+    first = tree_size.calibration_file(target, tmp_path)
     monkeypatch.setattr(exact, "build_key", lambda: "build-two")
-    second = tree_size._calibration_file(target, tmp_path)
+    second = tree_size.calibration_file(target, tmp_path)
     assert "build-one" in first.name and first != second
     assert "build" not in plain.name

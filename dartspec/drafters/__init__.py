@@ -22,7 +22,9 @@ def drafter_names() -> list[str]:
 
 
 def default_drafter(device, model: str | None = None) -> str:
-    """What ``--drafter auto`` (the command line's default) means for the target ``model`` on ``device``.
+    """The static default for the target ``model`` on ``device``, before any measurement on this machine: where it is
+    ``dart+pld``, the first ``--drafter auto`` times it against prompt lookup alone and plain decoding and keeps the
+    fastest (:func:`dartspec.tune.auto_drafter`; on an Intel Xeon with AMX prompt lookup alone won).
 
     On a CPU, DART with prompt lookup's spans (``dart+pld``, with its default budget: 4 nodes, DART's tree at most 3,
     :func:`dartspec.engine.default_budget`) where a DART drafter ships for the model, else prompt lookup (no model,
@@ -65,12 +67,14 @@ def make_drafter(
     draft_nodes: int | None = None,
     draft_context: int | None = None,
 ) -> Drafter:
-    """A drafter for ``target`` by name (``auto`` is :func:`default_drafter` for the target's device), built by
+    """A drafter for ``target`` by name (``auto``: :func:`dartspec.tune.auto_drafter`, the fastest here), built by
     its registry line's ``build`` from these options (:class:`DrafterOptions`; each drafter's ``build`` documents
     the ones it reads: ``dart`` in :func:`dartspec.drafters.dart.build`, ``eagle3`` in
     :func:`dartspec.drafters.eagle3.build`, ``dart+pld`` in :func:`dartspec.drafters.hybrid.build`)."""
     if name == "auto":
-        name = default_drafter(target.device, target.name)
+        from dartspec.tune import auto_drafter
+
+        name = auto_drafter(target, checkpoint)
     kind = check_drafter_name(name)
     assert kind is not None  # "auto" was resolved above
     module, _, function = kind.builder.partition(":")
