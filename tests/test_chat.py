@@ -88,15 +88,15 @@ def test_ctrl_c_stops_an_answer_and_keeps_what_was_said(generator: Generator) ->
 def test_cli_chat_on_smollm2_equals_plain_decoding_without_the_prefix_cache(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The default chat (dart+pld, the prefix cache reusing earlier turns' prompt blocks on the runtime's own
-    cache) says what plain decoding without the cache says, turn for turn."""
+    """Chat with dart+pld (named: `auto` would first measure the machine) and the prefix cache reusing earlier turns'
+    prompt blocks on the runtime's own cache says what plain decoding without the cache says, turn for turn."""
     lines = "Name a colour.\nAnd another one?\n/reset\nName a colour.\nWhat rhymes with it?\n"
 
     def run(*flags: str) -> subprocess.CompletedProcess:
         monkeypatch.setattr("sys.stdin", io.StringIO(lines))
         return run_in_process(capsys, "chat", "--max-new-tokens", "24", *flags)
 
-    default = run()
+    default = run("--drafter", "dart+pld")
     plain = run("--drafter", "none", "--prefix-cache-mb", "0")
     assert default.returncode == 0 and plain.returncode == 0, default.stderr + plain.stderr
     assert default.stdout == plain.stdout and default.stdout.count("\n") == 4
