@@ -168,6 +168,21 @@ static void score_block(const float *const *x, const void *kt, int half, long D,
 #endif
 }
 
+#if defined(__AVX512F__) && KEYS == 16
+/* score_block for 8 queries: 8 independent FMA chains, enough to keep both FMA units busy through their 4-cycle
+ * latency (4 chains left half of them idle in a prefill chunk's 64 rows x 3 queries a kv head). Each score is the
+ * same sum over d in the same order as score_block's, so which block a query falls in changes no bit. */
+static void score_block8(const float *const *x, const void *kt, int half, long D, float acc[8][KEYS]) {
+    __m512 a[8];
+    for (int u = 0; u < 8; u++) a[u] = _mm512_setzero_ps();
+    for (long d = 0; d < D; d++) {
+        __m512 k = ld16(kt, d * KEYS, half);
+        for (int u = 0; u < 8; u++) a[u] = _mm512_fmadd_ps(_mm512_set1_ps(x[u][d]), k, a[u]);
+    }
+    for (int u = 0; u < 8; u++) _mm512_storeu_ps(acc[u], a[u]);
+}
+#endif
+
 /* Weighted sums of value rows, resumable: ``acc`` ((4, D) floats, zeroed first) takes list entries k0 .. k1 of a row's
  * list, in order, and value_out turns it into the output. A list may be taken in pieces whose every cut is a multiple
  * of 4: the arithmetic is that of one pass over the whole list, bit for bit, so the shared prefix of many sequences
@@ -258,6 +273,56 @@ static void value_acc(const dartspec_kv *kv, long g, const long *pos, const floa
     }
     for (long d = d0; d < D; d++) /* a head size that is no multiple of LANES: the rest in order */
         for (long kk = k0; kk < k1; kk++) acc[d] += w[kk] * ld1(kv_row(kv->v, kv->vpages, kv, g, pos[kk], D), d, half);
+}
+
+/* value_acc for nq (1-3) queries that share one list (the heads of a kv group in one row): each value row is read,
+ * widened and addressed once for all of them, and each query's sums are the same chains in the same order as
+ * value_acc's (even and odd entries apart), so the result is the same bit for bit. In a 2,048-token prefill the value
+ * sums were the largest part of attention (perf: 20% of the prefill), each row read once per head. */
+static inline __attribute__((always_inline)) void value_acc_heads(const dartspec_kv *kv, long g, const long *pos,
+                                                                  const float *const *w, int nq, long k0, long k1,
+                                                                  long D, float *const *acc) {
+#if defined(__AVX512F__)
+    if (D == 64) {
+        int half = (int)kv->half;
+        __m512 e[3][4], o[3][4];
+        for (int u = 0; u < nq; u++)
+            for (int c = 0; c < 4; c++) {
+                e[u][c] = _mm512_loadu_ps(acc[u] + 16 * c);
+                o[u][c] = _mm512_loadu_ps(acc[u] + 64 + 16 * c);
+            }
+        long k = k0;
+        for (; k + 2 <= k1; k += 2) {
+            const void *a = kv_row(kv->v, kv->vpages, kv, g, pos[k], D);
+            const void *b = kv_row(kv->v, kv->vpages, kv, g, pos[k + 1], D);
+            __m512 va[4], vb[4];
+            for (int c = 0; c < 4; c++) va[c] = ld16(a, 16 * c, half), vb[c] = ld16(b, 16 * c, half);
+            for (int u = 0; u < nq; u++) {
+                __m512 wa = _mm512_set1_ps(w[u][k]), wb = _mm512_set1_ps(w[u][k + 1]);
+                for (int c = 0; c < 4; c++) {
+                    e[u][c] = _mm512_fmadd_ps(wa, va[c], e[u][c]);
+                    o[u][c] = _mm512_fmadd_ps(wb, vb[c], o[u][c]);
+                }
+            }
+        }
+        if (k < k1) {
+            const void *a = kv_row(kv->v, kv->vpages, kv, g, pos[k], D);
+            __m512 va[4];
+            for (int c = 0; c < 4; c++) va[c] = ld16(a, 16 * c, half);
+            for (int u = 0; u < nq; u++) {
+                __m512 wa = _mm512_set1_ps(w[u][k]);
+                for (int c = 0; c < 4; c++) e[u][c] = _mm512_fmadd_ps(wa, va[c], e[u][c]);
+            }
+        }
+        for (int u = 0; u < nq; u++)
+            for (int c = 0; c < 4; c++) {
+                _mm512_storeu_ps(acc[u] + 16 * c, e[u][c]);
+                _mm512_storeu_ps(acc[u] + 64 + 16 * c, o[u][c]);
+            }
+        return;
+    }
+#endif
+    for (int u = 0; u < nq; u++) value_acc(kv, g, pos, w[u], k0, k1, D, acc[u]);
 }
 
 static void value_out(const float *acc, long D, float *o) {
@@ -419,7 +484,16 @@ static void score_queries(const float *const *x, float *const *srow, long nq, co
         kt = wide, half = 0;
     }
 #endif
-    for (long u0 = 0; u0 < nq; u0 += QUERIES) {
+    long u0 = 0;
+#if defined(__AVX512F__) && KEYS == 16
+    for (; u0 + 8 <= nq; u0 += 8) {
+        float acc[8][KEYS];
+        score_block8(x + u0, kt, half, D, acc);
+        for (long u = 0; u < 8; u++)
+            for (long jj = 0; jj < n; jj++) srow[u0 + u][jj] = acc[u][jj] * scale;
+    }
+#endif
+    for (; u0 < nq; u0 += QUERIES) {
         const float *xs[QUERIES];
         for (long u = 0; u < QUERIES; u++) xs[u] = x[u0 + u < nq ? u0 + u : nq - 1]; /* past the end: repeat */
         float acc[QUERIES][KEYS];
@@ -503,12 +577,32 @@ static void softmax_weights(attention *a, long t, float *e) {
     for (long k2 = 0; k2 < n; k2++) p[k2] = e[k2] * inv; /* the weights, once (not per dimension block) */
 }
 
-/* Query t's weighted value sum over its list entries k0 .. (the rest of its list), written to out. */
-static void finish_values(attention *a, long t, long k0, float *out) {
-    long i = t / a->H, h = t % a->H, g = h / (a->H / a->KV);
-    float *acc = a->acc + t * 4 * a->D;
-    value_acc(a->kv, g, a->seen + i * a->total, a->scores + t * a->total, k0, a->count[i], a->D, acc);
-    value_out(acc, a->D, out + (i * a->H + h) * a->D);
+/* Heads h0 .. h1 of row i (all in kv group g): their value sums over their list entries k0 .. (the rest of the list),
+ * written to out. Up to 3 heads share each read of a value row (value_acc_heads). */
+static void finish_heads(attention *a, long i, long g, long h0, long h1, long k0, float *out) {
+    long D = a->D;
+    const long *pos = a->seen + i * a->total;
+    int nq = (int)(h1 - h0);
+    const float *w[3];
+    float *acc[3];
+    for (int u = 0; u < nq; u++) {
+        long t = i * a->H + h0 + u;
+        w[u] = a->scores + t * a->total;
+        acc[u] = a->acc + t * 4 * D;
+    }
+    if (nq == 3)
+        value_acc_heads(a->kv, g, pos, w, 3, k0, a->count[i], D, acc);
+    else if (nq == 2)
+        value_acc_heads(a->kv, g, pos, w, 2, k0, a->count[i], D, acc);
+    else
+        value_acc_heads(a->kv, g, pos, w, 1, k0, a->count[i], D, acc);
+    for (int u = 0; u < nq; u++) value_out(acc[u], D, out + (i * a->H + h0 + u) * D);
+}
+
+/* Head c of a kv group of ``group`` heads cut into chunks of at most 3, as even as can be (4 heads: 2 and 2). */
+static long chunk_start(long group, long c) {
+    long chunks = (group + 2) / 3;
+    return c * (group / chunks) + (c < group % chunks ? c : group % chunks);
 }
 
 /* Value sums over the shared positions 0 .. common of the queries of kv head g of sequences a[0 .. m), in tiles of
@@ -598,6 +692,8 @@ void dartspec_attend_seqs(const float *qkv, long H, long KV, long D, const float
     long *joint_task = (long *)malloc(sizeof(long) * 3 * (ngroups * KV * blocks + 1));
     long *own_task = (long *)malloc(sizeof(long) * 3 * (nseq * KV * blocks + 1));
     long *query_task = (long *)malloc(sizeof(long) * 2 * (nseq * most_q * H + 1));
+    long group = H / KV, chunks = (group + 2) / 3, heads = 0;
+    long *head_task = (long *)malloc(sizeof(long) * 4 * (nseq * most_q * KV * chunks + 1)); /* (s, i, h0, h1) */
     for (long gi = 0; gi < ngroups; gi++)
         for (long g = 0; g < KV; g++)
             for (long b = 0; b < common[order[first[gi]]] / KEYS; b++, joint++)
@@ -609,6 +705,13 @@ void dartspec_attend_seqs(const float *qkv, long H, long KV, long D, const float
                 own_task[3 * own] = s, own_task[3 * own + 1] = g, own_task[3 * own + 2] = b;
         for (long t = 0; t < (starts[s + 1] - starts[s]) * H; t++, queries++)
             query_task[2 * queries] = s, query_task[2 * queries + 1] = t;
+        for (long i = 0; i < starts[s + 1] - starts[s]; i++)
+            for (long g = 0; g < KV; g++)
+                for (long c = 0; c < chunks; c++, heads++) {
+                    long *task = head_task + 4 * heads;
+                    task[0] = s, task[1] = i, task[2] = g * group + chunk_start(group, c);
+                    task[3] = g * group + chunk_start(group, c + 1);
+                }
     }
 
     /* One sequence: its preparation is short and serial, its work lists spread over the threads. (Loops left empty
@@ -647,16 +750,18 @@ void dartspec_attend_seqs(const float *qkv, long H, long KV, long D, const float
                 for (long g = 0; g < KV; g++)
                     shared_values(members + first[gi], first[gi + 1] - first[gi], g, common[order[first[gi]]]);
 #pragma omp for schedule(static)
-            for (long k = 0; k < queries; k++) {
-                long s = query_task[2 * k];
-                finish_values(&att[s], query_task[2 * k + 1], shared[s], out + starts[s] * H * D);
+            for (long k = 0; k < heads; k++) {
+                const long *task = head_task + 4 * k;
+                long s = task[0];
+                finish_heads(&att[s], task[1], task[2] / group, task[2], task[3], shared[s], out + starts[s] * H * D);
             }
         } else {
 #pragma omp for schedule(static)
-            for (long k = 0; k < queries; k++) {
-                long s = query_task[2 * k], t = query_task[2 * k + 1];
-                softmax_weights(&att[s], t, e);
-                finish_values(&att[s], t, 0, out + starts[s] * H * D);
+            for (long k = 0; k < heads; k++) {
+                const long *task = head_task + 4 * k;
+                long s = task[0];
+                for (long h = task[2]; h < task[3]; h++) softmax_weights(&att[s], task[1] * H + h, e);
+                finish_heads(&att[s], task[1], task[2] / group, task[2], task[3], 0, out + starts[s] * H * D);
             }
         }
         free(kt);
@@ -666,7 +771,7 @@ void dartspec_attend_seqs(const float *qkv, long H, long KV, long D, const float
     }
     for (long s = 0; s < nseq; s++) att_free(&att[s]);
     free(att), free(ptrs), free(leader), free(common), free(order), free(first), free(shared), free(members);
-    free(joint_task), free(own_task), free(query_task);
+    free(joint_task), free(own_task), free(query_task), free(head_task);
 }
 
 /* Rows own + nodes[i] of each head of one (1, heads, cap, row_bytes) buffer moved to own + i. nodes ascend and

@@ -953,7 +953,8 @@ def _library() -> ctypes.CDLL:
                 cmd += [f"-Wl,-rpath,{gomp.parent}", str(gomp)]
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode != 0:
-                first = (done.stderr.strip().splitlines() or ["no output"])[0]
+                lines = done.stderr.strip().splitlines() or ["no output"]
+                first = next((ln for ln in lines if "error" in ln), lines[0])  # not gcc's "In function ..." line
                 raise DartspecError(f"compiling the exact-format kernels failed ({first}): use --quant fp16")
     lib = ctypes.CDLL(str(lib_path))
     fn = lib.dartspec_qgemm

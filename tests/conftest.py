@@ -22,21 +22,24 @@ def tiny_tokenizer():
 
 
 def tiny_model(arch: str, seed: int = 0, layers: int = 6, max_positions: int = 512, head_dim: int = 8, **config):
-    """A tiny random float64 model of ``arch``; ``config``: more fields of its configuration."""
+    """A tiny random float64 model of ``arch``; ``config``: more fields of its configuration (or other values of
+    these, e.g. ``num_attention_heads``)."""
     import transformers as tf
 
     torch.manual_seed(seed)
-    common = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=max_positions,
-        eos_token_id=1,
-        tie_word_embeddings=True,
-        **config,
+    common = (
+        dict(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=max_positions,
+            eos_token_id=1,
+            tie_word_embeddings=True,
+        )
+        | config
     )
     if arch == "llama":
         model = tf.LlamaForCausalLM(tf.LlamaConfig(**common))

@@ -20,10 +20,11 @@ from dartspec.tree import Tree
 needs_kernels = pytest.mark.skipif(not exact.available(), reason="no C compiler for dartspec's kernels")
 
 
-def lean_target(arch: str = "llama", seed: int = 0, kv_cache: str = "fp32") -> LeanTarget:
+def lean_target(arch: str = "llama", seed: int = 0, kv_cache: str = "fp32", **config) -> LeanTarget:
     """A tiny exact-a16 target (its blocks run as C calls, so verify_many takes its batched path) with an untied
-    random head (a tied one makes greedy decoding repeat the last token); ``kv_cache``: its KV caches' numbers."""
-    model = tiny_model(arch, seed).float()
+    random head (a tied one makes greedy decoding repeat the last token); ``kv_cache``: its KV caches' numbers;
+    ``config``: the model's other settings (:func:`conftest.tiny_model`)."""
+    model = tiny_model(arch, seed, **config).float()
     torch.manual_seed(11)
     model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.lm_head.weight))
     name = f"tiny-{arch}"

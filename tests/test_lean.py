@@ -549,16 +549,34 @@ def _attention_reference(qkv, heads, kv_heads, rot, keys, values, base, allowed,
     return out.view(q, heads * dim), ks, vs
 
 
+def test_the_c_kernels_build_wherever_they_can() -> None:
+    """Where the CPU and a compiler allow them, the C kernels build: a compile error in dartspec's own C fails here,
+    instead of skipping every test that needs them (those skip where :func:`exact.available` is False)."""
+    import platform
+    import shutil
+
+    flags = exact._cpu_flags()
+    if platform.machine() not in ("x86_64", "AMD64") or not {"avx2", "fma", "f16c"} <= flags:
+        pytest.skip("not an x86-64 CPU with AVX2, FMA and F16C")
+    if shutil.which("gcc") is None and shutil.which("cc") is None:
+        pytest.skip("no C compiler")
+    exact._library()  # raises with the compiler's first error line
+
+
 @pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
 @pytest.mark.parametrize("dim", [64, 8])
 @pytest.mark.parametrize("kv", [torch.float32, torch.float16])
-def test_c_attention_equals_a_float64_reference_with_and_without_a_cached_prefix(dim: int, kv: torch.dtype) -> None:
+@pytest.mark.parametrize("heads_kv", [(6, 2), (7, 1), (8, 2), (4, 4)])
+def test_c_attention_equals_a_float64_reference_with_and_without_a_cached_prefix(
+    dim: int, kv: torch.dtype, heads_kv: tuple[int, int]
+) -> None:
     """The fused C attention (exact.attend: rotary, the cache write, GQA attention) against float64 torch, causal and
     with a tree's mask, past an empty cache and past 5, 40 and 100 cached positions (64-wide heads: the AVX-512 paths;
     8-wide: the generic ones); each tree row's output equals that row's alone after its ancestors (a tree computes what
     decoding does). An fp16 cache (``--kv-cache fp16``): the new rows' keys and values are stored rounded to fp16
-    (torch's rounding), and attention is that over the fp16 numbers the cache holds."""
-    heads, kv_heads, scale = 6, 2, dim**-0.5
+    (torch's rounding), and attention is that over the fp16 numbers the cache holds. Groups of 3, 7, 4 and 1 query
+    heads a kv head: the value sums of up to 3 heads share each value row's read (chunks 3; 3, 2, 2; 2, 2; 1)."""
+    (heads, kv_heads), scale = heads_kv, dim**-0.5
     gen = torch.Generator().manual_seed(dim)
     for base in (0, 5, 40, 100):
         cap = base + 8

@@ -27,12 +27,16 @@ def _prompts(rng: np.random.Generator, shared: int, tails: list[int]) -> list[li
     return [head + rng.integers(2, VOCAB, size=n).tolist() for n in tails]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3", "qwen3+kv16"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3", "qwen3+kv16", "qwen3-d64g3", "qwen3-d64g3+kv16"])
 def test_shared_prefix_gives_the_same_logits_features_and_trees_bit_for_bit(arch: str) -> None:
-    """(``+kv16``: fp16 caches, whose pages hold fp16 numbers too.)"""
+    """(``+kv16``: fp16 caches, whose pages hold fp16 numbers too. ``-d64g3``: heads of 64 dimensions, 3 a kv head,
+    as SmolLM2's: the C attention's value sums for 3 heads at once, which continue the shared pages' sums.)"""
     arch, _, kv = arch.partition("+")
     kv_cache = "fp16" if kv else "fp32"
-    plain, cached = lean_target(arch, kv_cache=kv_cache), lean_target(arch, kv_cache=kv_cache)
+    config = {}
+    if arch.endswith("-d64g3"):
+        arch, config = "qwen3", {"head_dim": 64, "num_attention_heads": 6, "num_key_value_heads": 2}
+    plain, cached = lean_target(arch, kv_cache=kv_cache, **config), lean_target(arch, kv_cache=kv_cache, **config)
     pc = cached.enable_prefix_cache(1 << 30)
     rng = np.random.default_rng(1)
     prompts = _prompts(rng, 70, [9, 1, 30, 0])  # 70 shared tokens: 4 blocks of 16 shared, then each its own
@@ -186,9 +190,12 @@ _TARGETS: list = []
 
 
 def _targets():
-    """(a runtime with a prefix cache, one without), built once for the hypothesis examples."""
+    """(a runtime with a prefix cache, one without), built once for the hypothesis examples: heads of 64 dimensions,
+    3 a kv head, as SmolLM2's (the C attention's own paths for them: the shared pages' value sums of each head, then
+    each sequence's own rows' for its 3 heads at once, must continue the same sums)."""
     if not _TARGETS:
-        cached = lean_target()
+        config = {"head_dim": 64, "num_attention_heads": 6, "num_key_value_heads": 2}
+        cached = lean_target("qwen3", **config)
         cached.enable_prefix_cache(1 << 30)
-        _TARGETS.extend([cached, lean_target()])
+        _TARGETS.extend([cached, lean_target("qwen3", **config)])
     return _TARGETS[0], _TARGETS[1]
