@@ -249,6 +249,18 @@ def test_fast_step_computes_the_network_with_8_bit_weights(target: Target, num_l
         fast.dart_step(feats[25:27], embeds[25:27], 25, 2)
 
 
+def test_a_16_bit_drafter_takes_a_float32_targets_features() -> None:
+    """`generate --dtype float16 --drafter dart` on a CPU: the drafter is loaded in 16 bits while the lean runtime's
+    kernels hand over fp32 features and embeddings (a dtype error in the drafter's first linear layer before)."""
+    t32 = tiny_target()
+    t32.model.float()
+    model = model_for(t32, depth=3).half()
+    plain = Generator(t32).generate(list(range(2, 12)), max_new_tokens=24)
+    drafter = DartDrafter(model, t32, fast_step=False)  # torch: the C step computes in fp32 anyway
+    spec = Generator(t32, drafter, tree_size=6, max_depth=3).generate(list(range(2, 12)), max_new_tokens=24)
+    assert spec.token_ids == plain.token_ids and spec.stats.depth_offered[0] > 0  # it drafted
+
+
 @pytest.mark.skipif(not exact.available(), reason="needs gcc and an AVX2 CPU")
 def test_dart_drafter_on_the_fast_step_is_lossless() -> None:
     t32 = tiny_target()
