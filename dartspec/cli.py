@@ -441,6 +441,16 @@ def _check_generation_args(args: argparse.Namespace) -> None:
     check_model_argument(args.model)
 
 
+def _utf8(text: str, what: str) -> str:
+    """``text`` if it is valid Unicode: bytes that are not UTF-8 reach Python's argv and stdin as lone surrogates,
+    which the tokenizer rejects with a TypeError."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise DartspecError(f"{what} is not valid UTF-8 text") from None
+    return text
+
+
 def _read_prompt(args: argparse.Namespace) -> Any:
     """The prompt ``generate`` decodes: ``--prompt`` text (``-``: standard input) or ``--prompt-file``; with
     ``--system``, the system and user messages (``--chat`` only). Read before the model loads, so a missing file or
@@ -457,11 +467,13 @@ def _read_prompt(args: argparse.Namespace) -> Any:
             raise DartspecError(f"standard input is not UTF-8 text ({err})") from None
     else:
         text = args.prompt
+    text = _utf8(text, "standard input" if args.prompt == "-" and args.prompt_file is None else "the prompt")
     if args.system is None:
         return text
     if not args.chat:
         raise DartspecError("--system needs --chat (a system message is part of the chat template)")
-    return [{"role": "system", "content": args.system}, {"role": "user", "content": text}]
+    system = _utf8(args.system, "--system")
+    return [{"role": "system", "content": system}, {"role": "user", "content": text}]
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -514,6 +526,7 @@ def _stats_line(result: Any) -> str:
 
 def cmd_chat(args: argparse.Namespace) -> int:
     _check_generation_args(args)
+    system = None if args.system is None else _utf8(args.system, "--system")
     from dartspec.chat import HELP, run_chat
 
     target = load_target(args)
@@ -522,10 +535,15 @@ def cmd_chat(args: argparse.Namespace) -> int:
     interactive = sys.stdin.isatty()
 
     def read() -> str | None:
-        try:
-            return input("> ") if interactive else (sys.stdin.readline() or None)
-        except (EOFError, KeyboardInterrupt):  # Ctrl-D or Ctrl-C at the prompt: the conversation ends
-            return None
+        while True:
+            try:
+                line = input("> ") if interactive else (sys.stdin.readline() or None)
+            except (EOFError, KeyboardInterrupt):  # Ctrl-D or Ctrl-C at the prompt: the conversation ends
+                return None
+            try:
+                return line if line is None else _utf8(line, "that line")
+            except DartspecError as err:  # the conversation goes on
+                _log(f"error: {err}; type it again")
 
     def write(text: str) -> None:
         sys.stdout.write(text)
@@ -537,7 +555,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         read,
         write,
         _log,
-        system=args.system,
+        system=system,
         seed=args.seed,
         report=_stats_line if args.stats else None,
         max_new_tokens=args.max_new_tokens,

@@ -123,8 +123,9 @@ class SamplingParams:
             raise DartspecError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
         if not (_number(self.min_p) and 0 <= self.min_p <= 1):
             raise DartspecError(f"min_p must be in [0, 1] (0 = off), got {self.min_p!r}")
-        if self.seed is not None and not (isinstance(self.seed, int) and self.seed >= 0):
-            raise DartspecError(f"seed must be a non-negative integer, got {self.seed!r}")
+        if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed < 2**64):
+            # torch's generators take 64 bits: a larger seed was an overflow traceback at the first draw
+            raise DartspecError(f"seed must be an integer from 0 to 2**64 - 1, got {self.seed!r}")
         if not isinstance(self.penalties, Penalties):
             raise DartspecError(f"penalties must be a dartspec.sampling.Penalties, got {self.penalties!r}")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -348,6 +349,19 @@ def test_generate_reads_the_prompt_from_stdin_or_a_file_and_takes_a_system_messa
     assert_one_line_error(run_cli(*common, "--prompt-file", str(tmp_path / "none.txt")), "cannot read --prompt-file")
     (tmp_path / "latin1.txt").write_bytes(b"caf\xe9")
     assert_one_line_error(run_cli(*common, "--prompt-file", str(tmp_path / "latin1.txt")), "cannot read --prompt-file")
+    # bytes that are not UTF-8 in an argument or on standard input reach Python as lone surrogates (a TypeError in
+    # the tokenizer before)
+    raw = [os.fsencode(a) for a in [*CLI, *common]]
+    in_arg = subprocess.run([*raw, b"--prompt", b"ab\xffcd"], capture_output=True, text=True, timeout=600)
+    assert_one_line_error(in_arg, "the prompt is not valid UTF-8")
+    in_system = subprocess.run(
+        [*raw, b"--chat", b"--system", b"\xff", b"--prompt", b"x"], capture_output=True, text=True
+    )
+    assert_one_line_error(in_system, "--system is not valid UTF-8")
+    piped = subprocess.run([*CLI, *common, "--prompt", "-"], input=b"\xff\xfe bad", capture_output=True, timeout=600)
+    assert_one_line_error(
+        subprocess.CompletedProcess(piped.args, piped.returncode, "", piped.stderr.decode()), "standard input is not"
+    )
 
 
 @pytest.mark.slow

@@ -25,6 +25,7 @@ from dartspec.verify import SamplingParams, Verifier, sample, warp
         ({"top_k": -1}, "top_k"),
         ({"top_k": 2.5}, "top_k"),
         ({"seed": -3}, "seed"),
+        ({"seed": 2**64}, "seed"),  # an overflow in torch's generator at the first draw before
         ({"min_p": -0.1}, "min_p"),
         ({"min_p": 1.5}, "min_p"),
     ],
@@ -32,6 +33,12 @@ from dartspec.verify import SamplingParams, Verifier, sample, warp
 def test_invalid_sampling_params(kwargs: dict, needle: str) -> None:
     with pytest.raises(DartspecError, match=needle):
         SamplingParams(**kwargs)
+
+
+def test_the_largest_seed_is_taken() -> None:
+    """The largest seed SamplingParams admits seeds both of the verifier's generators."""
+    verifier = Verifier(SamplingParams(temperature=1.0, seed=2**64 - 1), sampled_drafts=True)
+    assert 0.0 <= verifier._uniform() < 1.0 and verifier.draft_sampling is not None
 
 
 def brute_warp(logits: np.ndarray, t: float, top_k: int, top_p: float) -> np.ndarray:
