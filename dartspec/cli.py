@@ -269,6 +269,11 @@ def load_target(args: argparse.Namespace):  # -> TargetRuntime (imported lazily:
     from dartspec.targets import load_target as load
 
     if args.threads:
+        # More threads than cores only makes every parallel region wait for preempted threads (and a first `auto`
+        # would measure the machine that way: minutes)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        if args.threads > cores:
+            raise DartspecError(f"--threads {args.threads} is more than the {cores} CPU cores this process may use")
         torch.set_num_threads(args.threads)
     device = args.device
     if device == "auto":
@@ -276,9 +281,13 @@ def load_target(args: argparse.Namespace):  # -> TargetRuntime (imported lazily:
     try:
         dev = torch.device(device)
     except RuntimeError:
-        raise DartspecError(f"invalid --device {device!r}: use cpu, cuda or cuda:N") from None
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda") or (dev.type == "cpu" and dev.index not in (None, 0)):
+        raise DartspecError(f"invalid --device {device!r}: use cpu, cuda or cuda:N")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise DartspecError("--device cuda was requested but no CUDA GPU is available")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise DartspecError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
     target = load(
         args.model,
         runtime=getattr(args, "runtime", "auto"),
@@ -843,8 +852,10 @@ def api_key(args: argparse.Namespace) -> str | None:
     """The server's API key: --api-key, else --api-key-file, else $DARTSPEC_API_KEY, else none."""
     from pathlib import Path
 
-    if args.api_key and args.api_key_file:
+    if args.api_key is not None and args.api_key_file:
         raise DartspecError("give --api-key or --api-key-file, not both")
+    if args.api_key is not None and not args.api_key.strip():  # it would have served with no key at all
+        raise DartspecError("--api-key is empty")
     if args.api_key_file:
         try:
             lines = Path(args.api_key_file).read_text(encoding="utf-8").splitlines()

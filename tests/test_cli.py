@@ -320,6 +320,22 @@ def test_generate_takes_penalties_logit_bias_and_a_json_format(
     assert_one_line_error(run_in_process(capsys, *common, "--regex", "a", "--choice", "b"), "exclude each other")
 
 
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--device", "meta"], "invalid --device 'meta'"),  # an autocast traceback before
+        (["--device", "cpu:5"], "invalid --device 'cpu:5'"),  # silently the CPU before
+        (["--device", "bogus"], "invalid --device 'bogus'"),
+        (["--threads", "100000"], "--threads 100000 is more than the"),  # minutes of a first `auto` before
+    ],
+)
+def test_devices_and_threads_the_machine_lacks_are_refused(
+    tiny_model_dir: Path, flags: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["generate", "--model", str(tiny_model_dir), "--prompt", "Hi", "--max-new-tokens", "2", *flags]
+    assert_one_line_error(run_in_process(capsys, *argv), needle)
+
+
 @pytest.mark.slow
 def test_generate_reads_the_prompt_from_stdin_or_a_file_and_takes_a_system_message(
     tiny_model_dir: Path, tmp_path: Path

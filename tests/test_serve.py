@@ -1528,6 +1528,9 @@ def test_api_key_from_the_environment_or_a_file(tmp_path: Path, monkeypatch: pyt
     (tmp_path / "empty").write_text("")
     with pytest.raises(DartspecError, match="empty"):
         api_key(args(api_key_file=str(tmp_path / "empty")))
+    for empty in ("", "  "):  # the server ran open before, without a word
+        with pytest.raises(DartspecError, match="--api-key is empty"):
+            api_key(args(api_key=empty))
 
 
 def test_load_of_64_clients_with_hostile_requests_stays_exact_and_live() -> None:
