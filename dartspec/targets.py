@@ -10,7 +10,9 @@ its fused weight copies fit (:func:`lean_copy_fits`). Transformers' modules for 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -124,6 +126,22 @@ def wrap_format(target: Any, spec: str) -> Any:  # -> Target | LeanTarget
     return wrap_model(target.model, target.tokenizer, runtime=runtime, quant=quant, name=target.name, kv_cache=kv)
 
 
+@contextlib.contextmanager
+def _unusable(folder: Path | str, part: str) -> Iterator[None]:
+    """Errors of transformers or safetensors reading ``part`` of a model folder as one line: a damaged or foreign
+    folder (config.json that is not JSON or names no known model type, weights that are not safetensors, no
+    tokenizer) gave their tracebacks before."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except DartspecError:
+        raise
+    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+        raise DartspecError(f"{folder} is not a usable model folder: {part}: {first}") from None
+
+
 def load_target(
     name_or_path: str,
     *,
@@ -171,12 +189,15 @@ def load_target(
     from dartspec.lean_weights import load_model
 
     # Check the combination before loading hundreds of MB.
-    config = AutoConfig.from_pretrained(folder).get_text_config()
+    with _unusable(folder, "its config.json"):
+        config = AutoConfig.from_pretrained(folder).get_text_config()
     chosen, _ = resolve_runtime(runtime, quant, config.model_type, dev)
     resolve_graphs(cuda_graphs, chosen, dev)
     resolve_kv_cache(kv_cache, chosen, dev, dtype, config)
-    model = load_model(folder, dtype=dtype, device=dev)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    with _unusable(folder, "its weights"):
+        model = load_model(folder, dtype=dtype, device=dev)
+    with _unusable(folder, "its tokenizer"):
+        tokenizer = AutoTokenizer.from_pretrained(folder)
     target = wrap_model(
         model,
         tokenizer,

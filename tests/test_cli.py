@@ -320,6 +320,35 @@ def test_generate_takes_penalties_logit_bias_and_a_json_format(
     assert_one_line_error(run_in_process(capsys, *common, "--regex", "a", "--choice", "b"), "exclude each other")
 
 
+def test_damaged_or_foreign_model_folders_get_one_line_errors(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each was a traceback of transformers or safetensors before."""
+    import shutil
+
+    cases = {
+        "its config.json: It looks like": ("{bad", None),
+        "its config.json: Unrecognized model": ("{}", None),
+        "its config.json: The checkpoint you are trying to load has model type `bogusarch`": (
+            '{"model_type": "bogusarch"}',
+            None,
+        ),
+        "its weights:": (None, b"\x00" * 5000),
+        "its tokenizer:": (None, None),
+    }
+    for i, (needle, (config, weights)) in enumerate(cases.items()):
+        folder = tmp_path / f"m{i}"
+        folder.mkdir()
+        for name in ("config.json", "model.safetensors"):
+            shutil.copy(tiny_model_dir / name, folder / name)
+        if config is not None:
+            (folder / "config.json").write_text(config)
+        if weights is not None:
+            (folder / "model.safetensors").write_bytes(weights)
+        proc = run_in_process(capsys, "generate", "--model", str(folder), "--prompt", "Hi", "--max-new-tokens", "2")
+        assert_one_line_error(proc, f"{folder} is not a usable model folder: {needle}")
+
+
 @pytest.mark.parametrize(
     ("flags", "needle"),
     [
