@@ -116,6 +116,24 @@ _fraction = _float_where(lambda v: 0 < v < 1, "a fraction between 0 and 1")
 _positive_minutes = _float_where(lambda v: v > 0, "a positive number of minutes")
 
 
+def _folder_out(text: str) -> str:
+    """An output folder: refused at once where a file of that name exists (mkdir failed after the whole run)."""
+    if Path(text).exists() and not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text} exists and is not a folder")
+    return text
+
+
+def _file_out(text: str) -> str:
+    """An output file: refused at once where a folder of that name exists or its folder does not (the write failed
+    after the whole run)."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder; name a file")
+    if not path.absolute().parent.is_dir():
+        raise argparse.ArgumentTypeError(f"the folder of {text} does not exist")
+    return text
+
+
 def add_target_args(p: argparse.ArgumentParser, runtime: str = "auto", gpu_dtype: str = "float32") -> None:
     """Options shared by every command that loads a target model (``train promote`` defaults to the transformers
     runtime: the promotion's judge is the fp32 model). ``--dtype auto`` is float32 on a CPU and ``gpu_dtype`` on a
@@ -1226,7 +1244,7 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="source indices START:STOP (sharegpt: train < 14000, dev 14000:15000; self: any seed indices)",
     )
-    p.add_argument("--out", required=True, help="output folder of token-id shards")
+    p.add_argument("--out", type=_folder_out, required=True, help="output folder of token-id shards")
     p.add_argument(
         "--batch-size",
         type=_positive_int,
@@ -1275,7 +1293,7 @@ def build_parser() -> argparse.ArgumentParser:
             "--data", required=True, action="append", help="regenerated training shards (repeatable; data regenerate)"
         )
         p.add_argument("--dev", default=None, help="regenerated dev shards (default: none, no dev metrics)")
-        p.add_argument("--out", required=True, help="checkpoint folder")
+        p.add_argument("--out", type=_folder_out, required=True, help="checkpoint folder")
         p.add_argument("--config", default=None, help="YAML file of TrainConfig fields")
         p.add_argument("--max-steps", type=int, default=None, help="override the number of optimizer steps")
         p.add_argument("--stop-after", type=int, default=None, help="stop after this many steps (resume later)")
@@ -1300,6 +1318,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--init", default=None, help=init_help)
         p.add_argument(
             "--feature-cache",
+            type=_folder_out,
             default=None,
             help="folder of an fp16 cache of the target's features: epochs after the first skip the target (CPU)",
         )
@@ -1326,7 +1345,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = train.add_parser("curve", help="learning curve of one or more training logs (in training order), with a fit")
     p.add_argument("logs", nargs="+", help="train_log.jsonl files, first run first (warm starts after it)")
-    p.add_argument("--plot", default=None, help="draw it to this PNG (needs matplotlib)")
+    p.add_argument("--plot", type=_file_out, default=None, help="draw it to this PNG (needs matplotlib)")
     p.add_argument("--title", default="", help="plot title")
     p.add_argument(
         "--goal", type=_fraction, default=None, help="dev depth-1 top-1 to extrapolate to, e.g. 0.70: tokens needed"
@@ -1340,7 +1359,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text", nargs="*", default=[], help="plain text files, tokenized with the target's tokenizer")
     p.add_argument("--order", type=_positive_int, default=3)
     p.add_argument("--min-count", type=_positive_int, default=1, help="drop rarer n-grams (n >= 2) to shrink the file")
-    p.add_argument("--out", required=True, help="output n-gram file")
+    p.add_argument("--out", type=_file_out, required=True, help="output n-gram file")
     p.set_defaults(func=cmd_ngram_build)
 
     p = sub.add_parser("models", help="list the known model names")
@@ -1373,7 +1392,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="tree size of rows that set none (default: each drafter's default on the device, as `generate` uses; "
         "or auto)",
     )
-    bp.add_argument("--out", default=None, help="folder for results.md, results.json and plots")
+    bp.add_argument("--out", type=_folder_out, default=None, help="folder for results.md, results.json and plots")
     bp.set_defaults(func=cmd_bench)
     bench = bp.add_subparsers(dest="bench_command", required=False)
     p = bench.add_parser("search", help="tree-builder time per step and n-gram query throughput")
@@ -1404,7 +1423,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=256,
         help="DART anchor blocks per answer (default 256: all of 256 tokens)",
     )
-    p.add_argument("--out", default=None, help="folder for accuracy.md and accuracy.json")
+    p.add_argument("--out", type=_folder_out, default=None, help="folder for accuracy.md and accuracy.json")
     p.set_defaults(func=cmd_bench_accuracy)
 
     p = bench.add_parser(
@@ -1422,7 +1441,7 @@ def build_parser() -> argparse.ArgumentParser:
         "smooth=, path=)",
     )
     _add_answer_args(p, "a regenerated data folder (its prompts, answered again)")
-    p.add_argument("--out", default=None, help="folder for replay.md and replay.json")
+    p.add_argument("--out", type=_folder_out, default=None, help="folder for replay.md and replay.json")
     p.set_defaults(func=cmd_bench_replay)
 
     p = bench.add_parser(
@@ -1449,7 +1468,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=_positive_int, default=4, help="counted steps per setting (default 4)")
     p.add_argument("--config", default=None, help="YAML file of TrainConfig fields (default: the built-in ones)")
     p.add_argument("--init", default=None, help="start from this drafter checkpoint (default: a fresh network)")
-    p.add_argument("--out", default=None, help="folder for train_speed.md and train_speed.json")
+    p.add_argument("--out", type=_folder_out, default=None, help="folder for train_speed.md and train_speed.json")
     p.set_defaults(func=cmd_bench_train)
 
     p = bench.add_parser("fidelity", help="the fidelity gate of weight formats: perplexity and greedy answers vs fp32")
@@ -1463,7 +1482,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dev", default="data/smollm2-135m-sharegpt-dev", help="regenerated dev shards")
     p.add_argument("--sequences", type=_positive_int, default=100, help="dev answers scored for perplexity")
     p.add_argument("--questions", type=_positive_int, default=10, help="MT-Bench questions answered greedily")
-    p.add_argument("--out", default=None, help="folder for fidelity.md and fidelity.json")
+    p.add_argument("--out", type=_folder_out, default=None, help="folder for fidelity.md and fidelity.json")
     p.set_defaults(func=cmd_bench_fidelity)
 
     p = bench.add_parser("load", help="many clients and hostile requests against a running server (loopback)")
@@ -1476,7 +1495,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=900.0, help="seconds for the whole test")
     p.add_argument("--api-key", default=None, help="the server's key (or --api-key-file / DARTSPEC_API_KEY)")
     p.add_argument("--api-key-file", default=None)
-    p.add_argument("--out", default=None, help="folder for load.md and load.json")
+    p.add_argument("--out", type=_folder_out, default=None, help="folder for load.md and load.json")
     p.set_defaults(func=cmd_bench_load)
 
     p = bench.add_parser("serve", help="aggregate tokens/s and latency of the server under 1..N concurrent clients")
@@ -1499,7 +1518,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="give every request the same system message of about N tokens (measures the prefix cache)",
     )
-    p.add_argument("--out", default=None, help="folder for serve.md, serve.json (and serve.png with --plot)")
+    p.add_argument(
+        "--out", type=_folder_out, default=None, help="folder for serve.md, serve.json (and serve.png with --plot)"
+    )
     p.add_argument("--plot", action="store_true", help="also draw serve.png")
     p.set_defaults(func=cmd_bench_serve)
 
@@ -1528,8 +1549,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-new-tokens", type=_positive_int, default=128)
     p.add_argument("--skip-hf", action="store_true", help="skip the transformers generate comparison")
-    p.add_argument("--out", default=None, help="folder for latency.md and latency.json")
-    p.add_argument("--plot", default=None, help="also draw the cost curve to this PNG (needs matplotlib)")
+    p.add_argument("--out", type=_folder_out, default=None, help="folder for latency.md and latency.json")
+    p.add_argument(
+        "--plot", type=_file_out, default=None, help="also draw the cost curve to this PNG (needs matplotlib)"
+    )
     p.set_defaults(func=cmd_bench_latency)
     return parser
 

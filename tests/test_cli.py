@@ -523,3 +523,33 @@ def test_generate_with_a_draft_model(tiny_model_dir: Path, capsys: pytest.Captur
     tiny_tokenizer().save_pretrained(tmp_path)
     other = run_in_process(capsys, *common, "--drafter", "draft-model", "--drafter-path", str(tmp_path))
     assert_one_line_error(other, "does not share the target's tokenizer")
+
+
+def test_output_paths_that_cannot_be_written_are_refused_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file where a folder goes (or the reverse, or a file in a missing folder) was an error from mkdir or the
+    write after the whole run (a benchmark's minutes, or a training run's start)."""
+    from dartspec.cli import build_parser
+
+    afile, adir = tmp_path / "afile", tmp_path / "adir"
+    afile.write_text("x")
+    adir.mkdir()
+    missing = tmp_path / "none" / "x.png"
+    refused = [
+        (["bench", "--dataset", "d.jsonl", "--out", str(afile)], "exists and is not a folder"),
+        (["bench", "latency", "--out", str(afile)], "exists and is not a folder"),
+        (["bench", "latency", "--plot", str(missing)], "does not exist"),
+        (["train", "dart", "--data", "d", "--out", str(afile)], "exists and is not a folder"),
+        (["train", "dart", "--data", "d", "--out", str(adir), "--feature-cache", str(afile)], "is not a folder"),
+        (["data", "regenerate", "--source", "self", "--range", "0:1", "--out", str(afile)], "is not a folder"),
+        (["ngram", "build", "--data", "d", "--out", str(adir)], "is a folder; name a file"),
+        (["train", "curve", "log.jsonl", "--plot", str(missing)], "does not exist"),
+    ]
+    parser = build_parser()
+    for argv, needle in refused:
+        with pytest.raises(SystemExit) as stop:
+            parser.parse_args(argv)
+        assert stop.value.code == 2 and needle in capsys.readouterr().err, argv
+    ok = parser.parse_args(["bench", "latency", "--out", str(adir), "--plot", str(adir / "new.png")])
+    assert (ok.out, ok.plot) == (str(adir), str(adir / "new.png"))
