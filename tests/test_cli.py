@@ -553,3 +553,14 @@ def test_output_paths_that_cannot_be_written_are_refused_before_any_work(
         assert stop.value.code == 2 and needle in capsys.readouterr().err, argv
     ok = parser.parse_args(["bench", "latency", "--out", str(adir), "--plot", str(adir / "new.png")])
     assert (ok.out, ok.plot) == (str(adir), str(adir / "new.png"))
+
+
+def test_bench_latency_refuses_trees_past_the_context_window(
+    tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    common = ["bench", "latency", "--model", str(tiny_model_dir), "--prompts", "0", "--skip-hf", "--repeats", "1"]
+    # the tiny model holds 64 positions; a 100,000-node tree was an out-of-memory kill before
+    too_far = run_in_process(capsys, *common, "--ctx", "16", "--qs", "1,49")
+    assert_one_line_error(too_far, "--ctx 16 with --qs 49 is 65 positions: more than the 64")
+    fits = run_in_process(capsys, *common, "--ctx", "8", "--qs", "1,4")
+    assert fits.returncode == 0 and "q=4" in fits.stdout, fits.stderr

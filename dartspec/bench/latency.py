@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from dartspec.engine import Generator, sync
+from dartspec.errors import DartspecError
 from dartspec.targets import describe, wrap_format
 from dartspec.tree_size import verify_cost_curve
 
@@ -154,6 +155,11 @@ def format_report(curve: dict[str, dict[int, float]], plain: list[dict[str, Any]
 
 def run_latency_bench(args: argparse.Namespace, target: Any, log: Callable[[str], None]) -> dict[str, Any]:
     """The ``bench latency`` command: measure, print a Markdown report, optionally save it."""
+    if args.ctx + max(args.qs) > target.max_context:  # a tree past the context filled all memory before
+        raise DartspecError(
+            f"--ctx {args.ctx} with --qs {max(args.qs)} is {args.ctx + max(args.qs)} positions: more than the "
+            f"{target.max_context} of {args.model}'s context window"
+        )
     meta = {
         "model": args.model,
         "device": str(target.device),
