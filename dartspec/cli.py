@@ -810,8 +810,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from dartspec.bench.suite import changed_settings, load_prompts, parse_methods, run_suite
     from dartspec.targets import describe
 
-    if args.temperature < 0:
-        raise DartspecError("--temperature must be >= 0")
+    if not 0 <= args.temperature < float("inf"):  # NaN too: it reached the sampler before
+        raise DartspecError("--temperature must be a finite number >= 0")
     settings = _decoding_args(args)
     # Plots need the optional matplotlib: said now, not as an error after minutes of measuring
     try:
@@ -1056,8 +1056,8 @@ def cmd_data_regenerate(args: argparse.Namespace) -> int:
     from dartspec.data.regenerate import RegenConfig, parse_range, regenerate
 
     start, stop = parse_range(args.range, args.source)
-    if args.temperature < 0:
-        raise DartspecError("--temperature must be >= 0")
+    if not 0 <= args.temperature < float("inf"):  # NaN too: it reached the sampler before
+        raise DartspecError("--temperature must be a finite number >= 0")
     cfg = RegenConfig(
         model=args.model,
         source=args.source,

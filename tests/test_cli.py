@@ -564,3 +564,15 @@ def test_bench_latency_refuses_trees_past_the_context_window(
     assert_one_line_error(too_far, "--ctx 16 with --qs 49 is 65 positions: more than the 64")
     fits = run_in_process(capsys, *common, "--ctx", "8", "--qs", "1,4")
     assert fits.returncode == 0 and "q=4" in fits.stdout, fits.stderr
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench", "--temperature", "nan"],
+        ["data", "regenerate", "--source", "self", "--range", "0:1", "--out", "x", "--temperature", "inf"],
+    ],
+)
+def test_a_temperature_that_is_no_number_is_refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """NaN or infinity reached the sampler (a traceback in torch.multinomial) where only < 0 was checked."""
+    assert_one_line_error(run_in_process(capsys, *argv), "--temperature must be a finite number >= 0")
