@@ -771,8 +771,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from dartspec.bench.report import markdown
     from dartspec.formats import check_drafter_name
     from dartspec.targets import describe
-    from dartspec.tune import candidates, measure, save_tuned, tuned_file
+    from dartspec.tune import TUNE_PROMPTS, candidates, measure, save_tuned, tuned_file
 
+    if args.drafters is not None and not args.drafters.strip(","):  # the default set ran (minutes) before
+        raise DartspecError("--drafters is empty: name the drafters to compare (e.g. --drafters dart+pld,pld)")
+    shipped = len(TUNE_PROMPTS.read_text(encoding="utf-8").splitlines())
+    if args.prompts > shipped:  # it measured on the 16 without a word before
+        raise DartspecError(f"--prompts {args.prompts}: {shipped} tuning prompts ship")
     for name in args.drafters.split(",") if args.drafters else []:
         if check_drafter_name(name) is None:  # a mistyped name is an error before the model loads
             raise DartspecError("--drafters lists what auto may choose among: name drafters, not auto")

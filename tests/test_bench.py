@@ -50,6 +50,7 @@ def test_parse_methods_groups_options() -> None:
         ("hf-pld:size=4", "takes no options"),
         ("llamacpp-ar:draft=4", "bad option 'draft=4'"),
         ("pld:sampled=1", "bad option 'sampled=1'"),  # prompt lookup's spans are fixed guesses
+        ("dart:online=maybe", "online must be 1 / on / true / yes or 0 / off / false / no"),  # silently off before
         ("eagle3:sampled=1", "bad option 'sampled=1'"),
         ("llamacpp-pld:size=4", "bad option 'size=4'"),
         ("ar,ar", "same method twice"),

@@ -576,3 +576,15 @@ def test_bench_latency_refuses_trees_past_the_context_window(
 def test_a_temperature_that_is_no_number_is_refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     """NaN or infinity reached the sampler (a traceback in torch.multinomial) where only < 0 was checked."""
     assert_one_line_error(run_in_process(capsys, *argv), "--temperature must be a finite number >= 0")
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["tune", "--drafters", ""], "--drafters is empty"),  # the default set ran (minutes) before
+        (["tune", "--drafters", ","], "--drafters is empty"),
+        (["tune", "--prompts", "100"], "--prompts 100: 16 tuning prompts ship"),  # 16 ran before
+    ],
+)
+def test_tune_refuses_what_it_cannot_measure(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert_one_line_error(run_in_process(capsys, *argv, "--model", "no-such-model"), needle)

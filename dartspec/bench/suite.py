@@ -155,6 +155,8 @@ def _spec(group: list[str], tree_size: int | str | None) -> MethodSpec:
             if not 0 < kw["smooth"] < 1:
                 raise DartspecError(f"{label}: smooth must be a number in (0, 1)")
         elif key in ("online", "graphs", "sampled"):
+            if value not in ("1", "on", "true", "yes", "0", "off", "false", "no"):  # silently off before
+                raise DartspecError(f"{label}: {key} must be 1 / on / true / yes or 0 / off / false / no")
             kw[key] = value in ("1", "on", "true", "yes")
         elif key == "runtime" and value not in RUNTIMES:
             raise DartspecError(f"{label}: runtime must be one of {', '.join(RUNTIMES)}")
