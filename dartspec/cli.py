@@ -416,6 +416,18 @@ def _decoding_args(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _is_json(text: str, unless_a_path: bool = False) -> bool:
+    """Whether ``text`` is a JSON document (``unless_a_path``: and names no file: ``--json-schema '[1]'`` is inline
+    JSON for compile_schema to refuse, not a missing file)."""
+    if unless_a_path and Path(text).exists():
+        return False
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _response_format(args: argparse.Namespace) -> Any:
     """``--response-format``, the schema of ``--json-schema`` or the grammar of ``--regex`` / ``--choice`` (read and
     checked: an unsupported keyword or pattern is an error here, before the model loads)."""
@@ -440,7 +452,7 @@ def _response_format(args: argparse.Namespace) -> Any:
     from dartspec.json_schema import compile_schema
 
     source = args.json_schema
-    if not source.lstrip().startswith(("{", "true")):
+    if not source.lstrip().startswith(("{", "true")) and not _is_json(source, unless_a_path=True):
         try:
             source = Path(source).read_text()
         except OSError as err:
@@ -755,8 +767,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from dartspec.bench.demo import demo_peers, run_demo
     from dartspec.drafters import shipped_checkpoint
 
+    if args.methods is not None and not args.methods.strip(", "):  # the default rows ran before
+        raise DartspecError("--methods is empty")
     target = load_target(args)
-    methods = args.methods.split(",") if args.methods else ["none", "pld"]
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else ["none", "pld"]
     if not args.methods and shipped_checkpoint("dart", target.name) is not None:
         methods += ["dart", "dart+pld"]
     if not args.methods:

@@ -84,6 +84,11 @@ def test_invalid_sampling_values_fail_before_loading(flags: list[str], needle: s
         (["generate", "--prompt", "hi", "--logit-bias", "x=1"], "--logit-bias takes ID=BIAS"),
         (["generate", "--prompt", "hi", "--logit-bias", "42=-200"], "logit_bias value must be a number from -100"),
         (["bench", "fidelity", "--dev", ".", "--formats", "lean:int4"], "unknown QUANT 'int4' in RUNTIME[:QUANT]"),
+        (
+            ["generate", "--prompt", "hi", "--json-schema", "[1, 2]"],
+            "a schema must be an object or a boolean, got list",
+        ),
+        (["generate", "--prompt", "hi", "--json-schema", "false"], "admits no finite document"),
         (["bench", "fidelity", "--dev", ".", "--formats", "hf,gpu:fp16"], "'gpu:fp16': expected RUNTIME[:QUANT]"),
     ],
 )
@@ -584,7 +589,10 @@ def test_a_temperature_that_is_no_number_is_refused(argv: list[str], capsys: pyt
         (["tune", "--drafters", ""], "--drafters is empty"),  # the default set ran (minutes) before
         (["tune", "--drafters", ","], "--drafters is empty"),
         (["tune", "--prompts", "100"], "--prompts 100: 16 tuning prompts ship"),  # 16 ran before
+        (["demo", "--methods", ""], "--methods is empty"),  # the default rows ran before
     ],
 )
-def test_tune_refuses_what_it_cannot_measure(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_tune_and_demo_refuse_what_they_cannot_measure(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert_one_line_error(run_in_process(capsys, *argv, "--model", "no-such-model"), needle)

@@ -148,8 +148,9 @@ def build(target: Any, options: DrafterOptions) -> DraftModelDrafter:
     tokenizer."""
     if not options.checkpoint:
         raise DartspecError(
-            "the draft-model drafter needs a draft model: pass --drafter-path MODEL (a smaller model with the "
-            "target's tokenizer, named as --model names one, e.g. qwen2.5-coder-0.5b for qwen2.5-coder-1.5b)"
+            "the draft-model drafter needs a draft model: pass --drafter-path MODEL, or in a benchmark row "
+            "draft-model:path=MODEL (a smaller model with the target's tokenizer, named as --model names one, e.g. "
+            "qwen2.5-coder-0.5b for qwen2.5-coder-1.5b)"
         )
     from dartspec.targets import load_target
 
