@@ -9,6 +9,7 @@ the blocks of the earlier turns' prompts instead of recomputing the whole conver
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -51,6 +52,9 @@ def run_chat(
             continue
         if text in ("/help", "/?"):
             log(HELP)
+            continue
+        if re.fullmatch(r"/[A-Za-z]+", text):  # a mistyped command is not a message to the model
+            log(f"unknown command {text}: {HELP}")
             continue
         messages.append({"role": "user", "content": text})
         turn_seed = None if seed is None else seed + turn

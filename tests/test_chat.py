@@ -34,7 +34,8 @@ def chat(generator: Generator, lines: list[str], **kw) -> tuple[list[dict[str, s
 
 
 def test_each_turn_answers_the_conversation_so_far(generator: Generator) -> None:
-    messages, answers, _ = chat(generator, ["t2 t3 t4", "", "t5 t6", "/reset", "t2 t3 t4", "/quit", "t7"])
+    messages, answers, log = chat(generator, ["t2 t3 t4", "", "t5 t6", "/reset", "/rset", "t2 t3 t4", "/quit", "t7"])
+    assert any(line.startswith("unknown command /rset") for line in log)  # no turn
     plain = Generator(generator.target, NoDrafter())
     first = plain.generate([{"role": "user", "content": "t2 t3 t4"}], max_new_tokens=8).text
     second = plain.generate(
