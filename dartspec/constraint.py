@@ -58,7 +58,10 @@ def response_grammar(value: object, min_tokens: object = 0) -> jg.Grammar | None
     if value == "text":
         return None
     if min_tokens:
-        raise DartspecError("min_tokens cannot be combined with a JSON answer (it ends where its document does)")
+        raise DartspecError(
+            "min_tokens cannot be combined with a structured answer (JSON, a regex or a choice ends where its "
+            "grammar does)"
+        )
     if isinstance(value, jg.Grammar):
         return value
     return jg.Grammar.any_object() if value == "json_object" else compile_schema(value)

@@ -270,5 +270,5 @@ def test_min_tokens_and_ignore_eos_against_a_naive_loop(target: Target) -> None:
                 assert out.finish_reason == ("length" if ignore_eos else "stop" if want[-1] == 1 else "length")
     with pytest.raises(DartspecError, match="min_tokens must be a non-negative integer"):
         Generator(target).generate(PROMPT, max_new_tokens=2, min_tokens=-1)
-    with pytest.raises(DartspecError, match="cannot be combined with a JSON answer"):
+    with pytest.raises(DartspecError, match="cannot be combined with a structured answer"):
         Generator(target).generate(PROMPT, max_new_tokens=2, min_tokens=2, response_format="json_object")

@@ -207,7 +207,7 @@ HI = [{"role": "user", "content": "t5"}]
             "completions",
             {"prompt": "t5", "min_tokens": 3, "response_format": {"type": "json_object"}},
             "min_tokens",
-            "cannot be combined with a JSON answer",
+            "cannot be combined with a structured answer",
         ),
         # What the server does not implement is refused, not ignored (the text would not be what was asked for).
         ("chat/completions", {"messages": HI, "top_logprobs": 2}, "top_logprobs", "needs logprobs: true"),
