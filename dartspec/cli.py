@@ -1142,6 +1142,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if args.fit_schedule and args.max_minutes is None:
         raise DartspecError("--fit-schedule fits the schedule to --max-minutes: give both")
+    if args.new_data and not args.resume:  # it meant nothing, silently
+        raise DartspecError("--new-data goes with --resume (a new run trains on whatever --data names)")
     run_training(args.train_command, args, load_target(args), log=_log)
     return 0
 
@@ -1314,7 +1316,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--dev", default=None, help="regenerated dev shards (default: none, no dev metrics)")
         p.add_argument("--out", type=_folder_out, required=True, help="checkpoint folder")
         p.add_argument("--config", default=None, help="YAML file of TrainConfig fields")
-        p.add_argument("--max-steps", type=int, default=None, help="override the number of optimizer steps")
+        p.add_argument(
+            "--max-steps", type=int, default=None, help="override the number of optimizer steps (0: from the epochs)"
+        )
         p.add_argument("--stop-after", type=int, default=None, help="stop after this many steps (resume later)")
         p.add_argument(
             "--max-minutes",

@@ -590,6 +590,7 @@ def test_a_temperature_that_is_no_number_is_refused(argv: list[str], capsys: pyt
         (["tune", "--drafters", ","], "--drafters is empty"),
         (["tune", "--prompts", "100"], "--prompts 100: 16 tuning prompts ship"),  # 16 ran before
         (["demo", "--methods", ""], "--methods is empty"),  # the default rows ran before
+        (["train", "dart", "--data", "d", "--out", "o", "--new-data"], "--new-data goes with --resume"),
     ],
 )
 def test_tune_and_demo_refuse_what_they_cannot_measure(
