@@ -38,6 +38,11 @@ def build_ngram(args: argparse.Namespace, log: Callable[[str], None]) -> NgramMo
     model, stats = NgramModel.build(
         sequences(), order=args.order, vocab=vocab, tokenizer=tokenizer_identity(tokenizer), min_count=args.min_count
     )
+    if stats.entries == 0:  # an empty model saved with exit status 0 before: nothing would ever be drafted from it
+        raise DartspecError(
+            f"no n-grams to count ({stats.tokens} tokens in the data and text given, order {args.order}, "
+            f"min count {args.min_count}); {args.out} not written"
+        )
     size = model.save(args.out)
     log(
         f"n-gram order {args.order}: {stats.tokens} tokens, {stats.entries} entries, {size / 1e6:.1f} MB, "

@@ -597,3 +597,19 @@ def test_tune_and_demo_refuse_what_they_cannot_measure(
     argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert_one_line_error(run_in_process(capsys, *argv, "--model", "no-such-model"), needle)
+
+
+def test_ngram_build_counts_text_and_refuses_to_write_an_empty_model(
+    tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dartspec.ngram import NgramModel
+
+    (tmp_path / "words.txt").write_text("t2 t3 t4 t2 t3 t5 t2 t3 t4")
+    (tmp_path / "empty.txt").write_text("")
+    common = ["ngram", "build", "--model", str(tiny_model_dir), "--order", "3"]
+    built = run_in_process(capsys, *common, "--text", str(tmp_path / "words.txt"), "--out", str(tmp_path / "ng.bin"))
+    assert built.returncode == 0, built.stderr
+    assert NgramModel.load(tmp_path / "ng.bin").order == 3
+    empty = run_in_process(capsys, *common, "--text", str(tmp_path / "empty.txt"), "--out", str(tmp_path / "e.bin"))
+    assert_one_line_error(empty, "no n-grams to count (0 tokens")  # an empty model, exit status 0, before
+    assert not (tmp_path / "e.bin").exists()
