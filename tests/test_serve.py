@@ -721,6 +721,14 @@ def test_n_choices_are_the_answers_of_n_requests_seeded_one_apart(url: str) -> N
 def test_malformed_json(url: str) -> None:
     r = httpx.post(f"{url}/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    body = b'{"messages": [{"role": "user", "content": "t5"}]}'
+    as_text = httpx.post(f"{url}/v1/chat/completions", content=body, headers={"content-type": "text/plain"})
+    assert as_text.status_code == 400  # "body: Input should be a valid dictionary" before
+    assert as_text.json()["error"]["message"] == (
+        "the request body must be a JSON object (its Content-Type was text/plain: send application/json)"
+    )
+    array = httpx.post(f"{url}/v1/completions", json=[1, 2])
+    assert array.status_code == 400 and array.json()["error"]["message"] == "the request body must be a JSON object"
 
 
 def test_api_key() -> None:

@@ -225,6 +225,13 @@ async def _invalid(request: Request, exc: Exception) -> JSONResponse:
     loc = [str(x) for x in err.get("loc", ()) if x != "body" and not is_union_tag(x)]
     if err.get("type") == "json_invalid":
         return error_response(400, "the request body is not valid JSON")
+    if not loc and err.get("type") in (
+        "model_attributes_type",
+        "dict_type",
+    ):  # "body: Input should be a valid dictionary"
+        ctype = request.headers.get("content-type", "")
+        hint = "" if "json" in ctype else f" (its Content-Type was {ctype or 'missing'}: send application/json)"
+        return error_response(400, f"the request body must be a JSON object{hint}")
     where = ".".join(loc) or None
     return error_response(400, f"{where or 'body'}: {err.get('msg', 'invalid value')}", param=where)
 
