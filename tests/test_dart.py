@@ -257,6 +257,7 @@ def test_a_16_bit_drafter_takes_a_float32_targets_features() -> None:
     model = model_for(t32, depth=3).half()
     plain = Generator(t32).generate(list(range(2, 12)), max_new_tokens=24)
     drafter = DartDrafter(model, t32, fast_step=False)  # torch: the C step computes in fp32 anyway
+    drafter.embed = lambda ids: t32.embed(ids).half()  # a 16-bit target's embeddings beside its fp32 features
     spec = Generator(t32, drafter, tree_size=6, max_depth=3).generate(list(range(2, 12)), max_new_tokens=24)
     assert spec.token_ids == plain.token_ids and spec.stats.depth_offered[0] > 0  # it drafted
 

@@ -181,7 +181,9 @@ class FeatureDrafter(DrafterBase):
             self.auto.begin()
 
     def observe(self, token_ids: Sequence[int], features: torch.Tensor | None) -> None:
-        self._queue.push(features, self.name)
+        # In the network's dtype: a CPU target loaded in 16 bits hands over its kernels' fp32 features (a no-op
+        # where the two agree)
+        self._queue.push(None if features is None else features.to(self.model.fc.weight.dtype), self.name)
         if self.auto is not None and self._proposed is not None:
             # the accepted drafts that were this drafter's own: beside lookup spans (dart+pld) the path may leave its
             # tree, and the spans' tokens must not count as its estimates coming true

@@ -276,10 +276,7 @@ class DartModel(nn.Module):
     # --- inputs ----------------------------------------------------------------------------------
 
     def real_inputs(self, features: torch.Tensor, next_embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer input ``(m, 2H)`` and residual ``(m, H)`` for real positions. Inputs are cast to the network's
-        dtype: a CPU target loaded in 16 bits may hand over fp32 features (its kernels compute in fp32)."""
-        dtype = self.fc.weight.dtype
-        features, next_embeds = features.to(dtype), next_embeds.to(dtype)
+        """Layer input ``(m, 2H)`` and residual ``(m, H)`` for real positions."""
         h = self.fc(features)
         return torch.cat([self.norm_feat(h), self.norm_embed(next_embeds)], dim=-1), h
 
