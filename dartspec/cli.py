@@ -416,11 +416,7 @@ def _decoding_args(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _is_json(text: str, unless_a_path: bool = False) -> bool:
-    """Whether ``text`` is a JSON document (``unless_a_path``: and names no file: ``--json-schema '[1]'`` is inline
-    JSON for compile_schema to refuse, not a missing file)."""
-    if unless_a_path and Path(text).exists():
-        return False
+def _parses(text: str) -> bool:
     try:
         json.loads(text)
     except ValueError:
@@ -452,7 +448,9 @@ def _response_format(args: argparse.Namespace) -> Any:
     from dartspec.json_schema import compile_schema
 
     source = args.json_schema
-    if not source.lstrip().startswith(("{", "true")) and not _is_json(source, unless_a_path=True):
+    # Inline JSON or a file: '{...}' is inline even if malformed (its error is "not JSON"), so is any other JSON
+    # document that names no file ('[1, 2]' is a schema for compile_schema to refuse, not a missing file)
+    if not source.lstrip().startswith(("{", "true")) and (Path(source).exists() or not _parses(source)):
         try:
             source = Path(source).read_text()
         except OSError as err:
@@ -478,6 +476,13 @@ def _check_generation_args(args: argparse.Namespace) -> None:
     check_logprobs(getattr(args, "logprobs", None))
     check_drafter_name(args.drafter)
     check_model_argument(args.model)
+
+
+def _check_temperature(value: float) -> None:
+    """``bench`` and ``data regenerate``'s temperature (``generate``'s is SamplingParams'): NaN too is refused, which
+    reached the sampler as a traceback."""
+    if not 0 <= value < float("inf"):
+        raise DartspecError("--temperature must be a finite number >= 0")
 
 
 def _utf8(text: str, what: str) -> str:
@@ -767,10 +772,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from dartspec.bench.demo import demo_peers, run_demo
     from dartspec.drafters import shipped_checkpoint
 
-    if args.methods is not None and not args.methods.strip(", "):  # the default rows ran before
+    if args.methods is not None and not _str_list(args.methods):  # the default rows ran before
         raise DartspecError("--methods is empty")
     target = load_target(args)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else ["none", "pld"]
+    methods = _str_list(args.methods) if args.methods else ["none", "pld"]
     if not args.methods and shipped_checkpoint("dart", target.name) is not None:
         methods += ["dart", "dart+pld"]
     if not args.methods:
@@ -787,16 +792,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from dartspec.targets import describe
     from dartspec.tune import TUNE_PROMPTS, candidates, measure, save_tuned, tuned_file
 
-    if args.drafters is not None and not args.drafters.strip(","):  # the default set ran (minutes) before
+    if args.drafters is not None and not _str_list(args.drafters):  # the default set ran (minutes) before
         raise DartspecError("--drafters is empty: name the drafters to compare (e.g. --drafters dart+pld,pld)")
     shipped = len(TUNE_PROMPTS.read_text(encoding="utf-8").splitlines())
     if args.prompts > shipped:  # it measured on the 16 without a word before
         raise DartspecError(f"--prompts {args.prompts}: {shipped} tuning prompts ship")
-    for name in args.drafters.split(",") if args.drafters else []:
+    for name in _str_list(args.drafters) if args.drafters else []:
         if check_drafter_name(name) is None:  # a mistyped name is an error before the model loads
             raise DartspecError("--drafters lists what auto may choose among: name drafters, not auto")
     target = load_target(args)
-    drafters = args.drafters.split(",") if args.drafters else list(candidates(target))
+    drafters = _str_list(args.drafters) if args.drafters else list(candidates(target))
     if drafters == ["none"]:
         raise DartspecError(
             f"on {target.device} --drafter auto is plain decoding and nothing else is measured: name drafters to "
@@ -829,8 +834,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from dartspec.bench.suite import changed_settings, load_prompts, parse_methods, run_suite
     from dartspec.targets import describe
 
-    if not 0 <= args.temperature < float("inf"):  # NaN too: it reached the sampler before
-        raise DartspecError("--temperature must be a finite number >= 0")
+    _check_temperature(args.temperature)
     settings = _decoding_args(args)
     # Plots need the optional matplotlib: said now, not as an error after minutes of measuring
     try:
@@ -1075,8 +1079,7 @@ def cmd_data_regenerate(args: argparse.Namespace) -> int:
     from dartspec.data.regenerate import RegenConfig, parse_range, regenerate
 
     start, stop = parse_range(args.range, args.source)
-    if not 0 <= args.temperature < float("inf"):  # NaN too: it reached the sampler before
-        raise DartspecError("--temperature must be a finite number >= 0")
+    _check_temperature(args.temperature)
     cfg = RegenConfig(
         model=args.model,
         source=args.source,
