@@ -187,6 +187,14 @@ HI = [{"role": "user", "content": "t5"}]
         ("chat/completions", {"messages": []}, "messages", "at least 1"),
         ("chat/completions", {"messages": [{"role": "user", "content": "t5 " * 600}]}, "messages", "context window"),
         ("completions", {"prompt": "t5 " * 600}, "prompt", "context window of 512 tokens"),
+        # A limit the context cannot hold is refused (OpenAI's and vLLM's answer), not cut silently
+        ("completions", {"prompt": "t5", "max_tokens": 512}, "max_tokens", "513 were asked for (1 in the prompt"),
+        ("chat/completions", {"messages": HI, "max_completion_tokens": 9999}, "max_completion_tokens", "at most"),
+        ("completions", {"prompt": "t5", "echo": True}, "echo", "echo is not supported"),
+        ("completions", {"prompt": "t5", "suffix": "t6"}, "suffix", "suffix (insertion) is not supported"),
+        ("completions", {"prompt": "t5", "best_of": 3}, "best_of", "only best_of = n, here 1"),
+        ("chat/completions", {"messages": HI, "functions": [{"name": "f"}]}, "functions", "send tools and"),
+        ("chat/completions", {"messages": HI, "function_call": "auto"}, "function_call", "deprecated"),
         ("completions", {"prompt": ""}, "prompt", "must not be empty"),
         ("completions", {}, "prompt", "Field required"),
         ("chat/completions", {"messages": HI, "seed": 2**70}, "seed", "less than or equal to"),
@@ -304,6 +312,17 @@ def test_content_parts_developer_role_and_defaults_of_unsupported_fields_are_acc
     ]
     assert answers[0]["choices"][0]["message"] == answers[1]["choices"][0]["message"]
     assert answers[0]["usage"]["prompt_tokens"] == answers[1]["usage"]["prompt_tokens"]
+
+
+def test_legacy_completion_fields_at_their_defaults_and_a_limit_that_fills_the_context_are_accepted(url: str) -> None:
+    """echo false, an empty suffix and best_of = n change nothing (refused otherwise, above); a max_tokens that just
+    fits the context window is run, not refused."""
+    body = {"prompt": "t5 t6 t7", "max_tokens": 8, "temperature": 0}
+    legacy = {**body, "echo": False, "suffix": "", "best_of": 1}
+    texts = [httpx.post(f"{url}/v1/completions", json=b).json()["choices"][0]["text"] for b in (body, legacy)]
+    assert texts[0] == texts[1]
+    fits = httpx.post(f"{url}/v1/completions", json={**body, "max_tokens": 512 - 3, "ignore_eos": True}, timeout=120)
+    assert fits.status_code == 200 and fits.json()["usage"]["completion_tokens"] == 512 - 3, fits.text
 
 
 def test_penalties_and_logit_bias_give_the_engines_answer(url: str) -> None:
@@ -1297,6 +1316,7 @@ def test_responses_api_refuses_what_it_cannot_honour_naming_the_field(url: str) 
         ({"text": {"format": {"type": "json_schema", "name": "a"}}}, "text.format.schema", "needs a schema"),
         ({"text": {"format": {"type": "json_schema", "schema": {"type": "date"}}}}, "text.format", "#/type must be"),
         ({"input": "t5 " * 600}, "input", "context window"),
+        ({"max_output_tokens": 600}, "max_output_tokens", "context window is 512 tokens"),
         ({"model": "gpt-5"}, "model", "is not served here"),
     ]
     for extra, param, message in cases:

@@ -307,7 +307,15 @@ async def responses(body: ResponsesRequest, request: Request):
     ids = await _chat_ids(served, req, "input")
     if isinstance(ids, Response):
         return ids
-    run = await _start(served, req, ids, prompt_param="input", request=request, format_param="text.format")
+    run = await _start(
+        served,
+        req,
+        ids,
+        prompt_param="input",
+        request=request,
+        format_param="text.format",
+        limit_param="max_output_tokens",
+    )
     if isinstance(run, Response):
         return run
     rid, model, calls = f"resp_{uuid.uuid4().hex[:24]}", served.engine.model_name, _calls(req)
@@ -408,12 +416,13 @@ async def _start(
     prompt_param: str,
     request: Request,
     format_param: str = "response_format",
+    limit_param: str = "max_tokens",
 ) -> _Run | Response:
     """Check the request, make its answer's grammar and jobs, and run them: streamed (started, so that a full queue
     is a 429 and not a broken stream) or to the end; an error answer where any of that fails (its ``param`` the
     prompt's or the answer format's field as the endpoint names them)."""
     engine = served.engine
-    problem = _check(engine, req, ids, prompt_param)
+    problem = _check(engine, req, ids, prompt_param, limit_param)
     if problem:
         return error_response(400, problem[0], param=problem[1])
     try:  # the answer's grammar, made once for all the request's choices
@@ -532,7 +541,12 @@ def _failure(err: Exception) -> Response:
     raise err
 
 
-def _check(engine: ServeEngine, req: CommonRequest, ids: list[int], prompt_param: str) -> tuple[str, str] | None:
+def _check(
+    engine: ServeEngine, req: CommonRequest, ids: list[int], prompt_param: str, limit_param: str
+) -> tuple[str, str] | None:
+    unsupported = req.unsupported()
+    if unsupported:
+        return unsupported
     if req.seed is not None and req.seed + req.n - 1 > MAX_SEED:
         most = MAX_SEED - req.n + 1
         return f"with n={req.n} the seed must be at most {most} (choice i samples with seed + i)", "seed"
@@ -554,6 +568,17 @@ def _check(engine: ServeEngine, req: CommonRequest, ids: list[int], prompt_param
             f"the prompt is {len(ids)} tokens but {engine.model_name} has a context window of "
             f"{engine.target.max_context} tokens",
             prompt_param,
+        )
+    asked = req.max_completion_tokens or req.max_tokens
+    if asked is not None and len(ids) + asked > engine.target.max_context:
+        # OpenAI's and vLLM's answer (a limit that cannot be reached is refused, not cut silently); without one the
+        # answer may run to the end of the context window
+        param = "max_completion_tokens" if req.max_completion_tokens and limit_param == "max_tokens" else limit_param
+        return (
+            f"{engine.model_name}'s context window is {engine.target.max_context} tokens, but {len(ids) + asked} "
+            f"were asked for ({len(ids)} in the prompt, {asked} in the answer): ask for at most "
+            f"{engine.target.max_context - len(ids)} with {param}",
+            param,
         )
     return None
 

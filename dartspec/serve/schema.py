@@ -192,6 +192,11 @@ class CommonRequest(BaseModel):
         """Alternatives per token's log-probabilities the request asks for, or None: none (each endpoint's fields)."""
         return None
 
+    def unsupported(self) -> tuple[str, str] | None:
+        """(why, the field) for an OpenAI field this server does not implement that would change the answer, or
+        None: such a field is refused, not ignored (each endpoint's fields)."""
+        return None
+
     def guided(self) -> list[tuple[str, str, Any]]:
         """vLLM's guided-decoding fields given (``guided_*`` and ``structured_outputs``): (the field, "json", "regex"
         or "choice", its value)."""
@@ -255,8 +260,19 @@ class ChatRequest(CommonRequest):
     tool_choice: Literal["none", "auto", "required"] | ToolChoice | None = None
     parallel_tool_calls: StrictBool = True
 
+    # OpenAI's deprecated function calling, which tools replaced: refused with a pointer (a text answer instead of the
+    # call asked for would be silently wrong)
+    functions: list[Any] | None = None
+    function_call: Any = None
+
     def logprobs_asked(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
+
+    def unsupported(self) -> tuple[str, str] | None:
+        for field in ("functions", "function_call"):
+            if getattr(self, field) is not None:
+                return f"{field} is OpenAI's deprecated function calling: send tools and tool_choice instead", field
+        return None
 
     def answer_format(self) -> ResponseFormat:
         """The grammar of a call where the answer may be one (:mod:`dartspec.serve.tools`), else the response
@@ -278,9 +294,23 @@ class CompletionRequest(CommonRequest):
     prompt: Text
     # OpenAI's legacy field: each token's log-probability with this many alternatives
     logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
+    # OpenAI's legacy fields this server does not implement (refused where they would change the answer): the prompt
+    # echoed before the answer, text that follows the insertion, and the best n of best_of answers
+    echo: StrictBool = False
+    suffix: StrictStr | None = None
+    best_of: StrictInt | None = Field(default=None, ge=1)
 
     def logprobs_asked(self) -> int | None:
         return self.logprobs
+
+    def unsupported(self) -> tuple[str, str] | None:
+        if self.echo:
+            return "echo is not supported by this server: the answer is the completion alone", "echo"
+        if self.suffix:
+            return "suffix (insertion) is not supported by this server", "suffix"
+        if self.best_of is not None and self.best_of != self.n:
+            return f"best_of is not supported by this server (only best_of = n, here {self.n})", "best_of"
+        return None
 
 
 def logprobs_body(
