@@ -40,7 +40,33 @@ class GeneratorSpec:
     sampled_drafts: bool = False
 
 
+#: Options only some drafters read: the spec's field, its name in a drafter's registry line (a bench row's key) and
+#: its command-line flag.
+_DRAFTER_OPTIONS = (
+    ("tree", "tree", "--tree"),
+    ("ngram", "ngram", "--ngram"),
+    ("online_ngram", "online", "--online-ngram"),
+    ("ngram_smoothing", "smooth", "--ngram-smoothing"),
+    ("topk", "topk", "--topk"),
+    ("path", "path", "--drafter-path"),
+)
+
+
+def check_options(spec: GeneratorSpec) -> None:
+    """A clear error where ``spec`` sets an option its drafter does not read (``--tree ddtree`` with prompt lookup
+    was silently ignored). ``auto``'s choice is the machine's, so DART's options there apply where it picks DART."""
+    kind = drafter_kind(spec.drafter)
+    if kind is None:  # auto, or a name make_drafter refuses with its own message
+        return
+    defaults = GeneratorSpec()
+    for field, key, flag in _DRAFTER_OPTIONS:
+        if getattr(spec, field) != getattr(defaults, field) and key not in kind.options:
+            readers = ", ".join(d.name for d in DRAFTERS if key in d.options)
+            raise DartspecError(f"{flag} ({key}=) applies to {readers} only; the drafter here is {spec.drafter}")
+
+
 def build_generator(target: Any, spec: GeneratorSpec) -> Generator:
+    check_options(spec)
     if spec.drafter == "auto":
         from dartspec.tune import auto_drafter
 

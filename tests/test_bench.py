@@ -54,6 +54,7 @@ def test_parse_methods_groups_options() -> None:
         ("eagle3:sampled=1", "bad option 'sampled=1'"),
         ("llamacpp-pld:size=4", "bad option 'size=4'"),
         ("ar,ar", "same method twice"),
+        ("dart:size=4,size=8", "dart:size=4,size=8 sets size twice"),  # the last counted, silently
         ("", "empty"),
     ],
 )

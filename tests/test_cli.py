@@ -80,6 +80,7 @@ def test_invalid_sampling_values_fail_before_loading(flags: list[str], needle: s
         (["chat", "--frequency-penalty", "nan"], "frequency_penalty must be"),
         (["generate", "--prompt", "hi", "--min-p", "2"], "min_p must be in [0, 1]"),
         (["generate", "--prompt", "hi", "--min-tokens", "-2"], "--min-tokens must be >= 0"),
+        (["generate", "--prompt", "hi", "--stop", ".", "--stop", ""], "--stop takes a non-empty string"),
         (["generate", "--prompt", "hi", "--logit-bias", "42"], "--logit-bias takes ID=BIAS"),
         (["generate", "--prompt", "hi", "--logit-bias", "x=1"], "--logit-bias takes ID=BIAS"),
         (["generate", "--prompt", "hi", "--logit-bias", "42=-200"], "logit_bias value must be a number from -100"),

@@ -743,6 +743,17 @@ def test_build_generator_gives_dart_with_lookup_its_default_cap_only_at_the_defa
     assert dart.tree_size == 2
     with pytest.raises(DartspecError, match="applies to dart\\+pld, draft-model\\+pld only; the drafter here is pld"):
         build_generator(target, GeneratorSpec(drafter="auto", draft_nodes=2))  # no DART drafter ships: pld
+    # An option the drafter does not read is refused (it was silently ignored); auto's choice is the machine's
+    for name, option, message in [
+        ("pld", {"tree": "ddtree"}, r"--tree \(tree=\) applies to dart, dart\+pld, dflash only; .* here is pld"),
+        ("none", {"path": str(tmp_path)}, "--drafter-path .* the drafter here is none"),
+        ("dart", {"topk": 8}, r"--topk \(topk=\) applies to eagle3 only"),
+        ("eagle3", {"online_ngram": True}, "--online-ngram"),
+        ("draft-model", {"ngram_smoothing": 0.5}, "--ngram-smoothing"),
+    ]:
+        with pytest.raises(DartspecError, match=message):
+            build_generator(target, GeneratorSpec(drafter=name, **option))
+    assert build_generator(target, GeneratorSpec(drafter="auto", tree="ddtree")).drafter.name == "pld"
     sampled = build_generator(target, GeneratorSpec(drafter="dart+pld", path=str(tmp_path), sampled_drafts=True))
     assert sampled.sampled_drafts and not default.sampled_drafts
     for name in ("auto", "pld", "eagle3"):  # prompt lookup's spans and EAGLE-3's levels are fixed guesses

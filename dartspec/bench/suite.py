@@ -131,12 +131,16 @@ def _spec(group: list[str], tree_size: int | str | None) -> MethodSpec:
     if options and not allowed:
         raise DartspecError(f"method {name} takes no options (got {label})")
     kw: dict[str, Any] = {"tree_size": tree_size}
+    given: set[str] = set()
     for opt in options:
         key, _, value = opt.partition("=")
         if ":" in value:
             raise DartspecError(f"bad option {opt!r} in {label}: a method's options are separated by commas")
         if key not in allowed or not value:
             raise DartspecError(f"bad option {opt!r} in {label}: use {', '.join(sorted(allowed))} as key=value")
+        if key in given:  # which one would count is a guess (the last did, silently)
+            raise DartspecError(f"{label} sets {key} twice")
+        given.add(key)
         if key == "tree":
             if value not in TREE_BUILDERS:
                 raise DartspecError(f"{label}: tree must be one of {', '.join(TREE_BUILDERS)}")
