@@ -191,10 +191,16 @@ HI = [{"role": "user", "content": "t5"}]
         ("completions", {"prompt": "t5", "max_tokens": 512}, "max_tokens", "513 were asked for (1 in the prompt"),
         ("chat/completions", {"messages": HI, "max_completion_tokens": 9999}, "max_completion_tokens", "at most"),
         ("completions", {"prompt": "t5", "echo": True}, "echo", "echo is not supported"),
-        ("completions", {"prompt": "t5", "suffix": "t6"}, "suffix", "suffix (insertion) is not supported"),
+        ("completions", {"prompt": "t5", "suffix": "t6"}, "suffix", "suffix is not supported by this server (insertion)"),
         ("completions", {"prompt": "t5", "best_of": 3}, "best_of", "only best_of = n, here 1"),
         ("chat/completions", {"messages": HI, "functions": [{"name": "f"}]}, "functions", "send tools and"),
         ("chat/completions", {"messages": HI, "function_call": "auto"}, "function_call", "deprecated"),
+        ("chat/completions", {"messages": HI, "stop_token_ids": [5]}, "stop_token_ids", "stop sequences are text"),
+        ("completions", {"prompt": "t5", "use_beam_search": True}, "use_beam_search", "not supported"),
+        ("completions", {"prompt": "t5", "bad_words": ["t6"]}, "bad_words", "logit_bias -100 bans a token"),
+        ("chat/completions", {"messages": HI, "chat_template_kwargs": {"x": 1}}, "chat_template_kwargs", "not sup"),
+        ("chat/completions", {"messages": HI, "add_generation_prompt": False}, "add_generation_prompt", "not sup"),
+        ("chat/completions", {"messages": HI, "skip_special_tokens": 0}, "skip_special_tokens", "never shown"),
         ("completions", {"prompt": ""}, "prompt", "must not be empty"),
         ("completions", {}, "prompt", "Field required"),
         ("chat/completions", {"messages": HI, "seed": 2**70}, "seed", "less than or equal to"),
@@ -315,10 +321,10 @@ def test_content_parts_developer_role_and_defaults_of_unsupported_fields_are_acc
 
 
 def test_legacy_completion_fields_at_their_defaults_and_a_limit_that_fills_the_context_are_accepted(url: str) -> None:
-    """echo false, an empty suffix and best_of = n change nothing (refused otherwise, above); a max_tokens that just
-    fits the context window is run, not refused."""
+    """echo false, an empty suffix, best_of = n and vLLM's fields at their defaults change nothing (refused otherwise,
+    above); a max_tokens that just fits the context window is run, not refused."""
     body = {"prompt": "t5 t6 t7", "max_tokens": 8, "temperature": 0}
-    legacy = {**body, "echo": False, "suffix": "", "best_of": 1}
+    legacy = {**body, "echo": False, "suffix": "", "best_of": 1, "stop_token_ids": [], "skip_special_tokens": True}
     texts = [httpx.post(f"{url}/v1/completions", json=b).json()["choices"][0]["text"] for b in (body, legacy)]
     assert texts[0] == texts[1]
     fits = httpx.post(f"{url}/v1/completions", json={**body, "max_tokens": 512 - 3, "ignore_eos": True}, timeout=120)

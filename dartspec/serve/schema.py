@@ -154,8 +154,53 @@ MAX_CHOICES = 8
 MAX_SEED = 2**63 - 1
 
 
+#: Fields of OpenAI's and vLLM's APIs this server does not implement, each with the values that ask for nothing (what
+#: clients send when not asked otherwise). Any other value is refused naming the field, since the answer would not be
+#: what was asked for; other unknown fields (``user``, ``stream_options``, ``metadata``, ...) change nothing here and
+#: are ignored. A value, why it is refused where that is not just "not supported".
+_UNIMPLEMENTED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "use_beam_search": ((None, False), ""),
+    "stop_token_ids": ((None, []), ": stop sequences are text here (stop)"),
+    "include_stop_str_in_output": ((None, False), ""),
+    "bad_words": ((None, []), ": logit_bias -100 bans a token"),
+    "allowed_token_ids": ((None,), ""),
+    "truncate_prompt_tokens": ((None,), ""),
+    "prompt_logprobs": ((None,), ""),
+    "skip_special_tokens": ((None, True), ": special tokens are never shown"),
+    "return_tokens_as_token_ids": ((None, False), ""),
+    "guided_grammar": ((None,), ": use guided_json, guided_regex or guided_choice"),
+    "guided_whitespace_pattern": ((None,), ""),
+}
+_UNIMPLEMENTED_CHAT = _UNIMPLEMENTED | {
+    "functions": ((None,), ": it is OpenAI's deprecated function calling, send tools and tool_choice instead"),
+    "function_call": ((None,), ": it is OpenAI's deprecated function calling, send tools and tool_choice instead"),
+    "echo": ((None, False), ""),
+    "add_generation_prompt": ((None, True), ""),
+    "continue_final_message": ((None, False), ""),
+    "chat_template": ((None,), ": the model's own template is used"),
+    "chat_template_kwargs": ((None, {}), ""),
+}
+_UNIMPLEMENTED_COMPLETION = _UNIMPLEMENTED | {
+    "echo": ((None, False), ": the answer is the completion alone"),
+    "suffix": ((None, ""), " (insertion)"),
+}
+
+
+def _unimplemented(
+    extra: dict[str, Any] | None, table: dict[str, tuple[tuple[Any, ...], str]]
+) -> tuple[str, str] | None:
+    for field, value in (extra or {}).items():
+        if field in table:
+            harmless, why = table[field]
+            # by type too: 0 == False and 1 == True, but 0 is no "off" for a field that takes a list
+            if not any(value == h and type(value) is type(h) for h in harmless):
+                return f"{field} is not supported by this server{why}", field
+    return None
+
+
 class CommonRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # Unknown fields are kept (in model_extra) to be checked against _UNIMPLEMENTED, then ignored
+    model_config = ConfigDict(extra="allow")
 
     model: StrictStr | None = None
     max_tokens: StrictInt | None = Field(default=None, ge=1)
@@ -193,9 +238,9 @@ class CommonRequest(BaseModel):
         return None
 
     def unsupported(self) -> tuple[str, str] | None:
-        """(why, the field) for an OpenAI field this server does not implement that would change the answer, or
-        None: such a field is refused, not ignored (each endpoint's fields)."""
-        return None
+        """(why, the field) for an OpenAI or vLLM field this server does not implement that would change the answer,
+        or None: such a field is refused, not ignored (each endpoint's table)."""
+        return _unimplemented(self.model_extra, _UNIMPLEMENTED)
 
     def guided(self) -> list[tuple[str, str, Any]]:
         """vLLM's guided-decoding fields given (``guided_*`` and ``structured_outputs``): (the field, "json", "regex"
@@ -260,19 +305,11 @@ class ChatRequest(CommonRequest):
     tool_choice: Literal["none", "auto", "required"] | ToolChoice | None = None
     parallel_tool_calls: StrictBool = True
 
-    # OpenAI's deprecated function calling, which tools replaced: refused with a pointer (a text answer instead of the
-    # call asked for would be silently wrong)
-    functions: list[Any] | None = None
-    function_call: Any = None
-
     def logprobs_asked(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
     def unsupported(self) -> tuple[str, str] | None:
-        for field in ("functions", "function_call"):
-            if getattr(self, field) is not None:
-                return f"{field} is OpenAI's deprecated function calling: send tools and tool_choice instead", field
-        return None
+        return _unimplemented(self.model_extra, _UNIMPLEMENTED_CHAT)
 
     def answer_format(self) -> ResponseFormat:
         """The grammar of a call where the answer may be one (:mod:`dartspec.serve.tools`), else the response
@@ -294,23 +331,16 @@ class CompletionRequest(CommonRequest):
     prompt: Text
     # OpenAI's legacy field: each token's log-probability with this many alternatives
     logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
-    # OpenAI's legacy fields this server does not implement (refused where they would change the answer): the prompt
-    # echoed before the answer, text that follows the insertion, and the best n of best_of answers
-    echo: StrictBool = False
-    suffix: StrictStr | None = None
+    # OpenAI's legacy best n of best_of answers: only best_of = n (each answer its own best) is what this server does
     best_of: StrictInt | None = Field(default=None, ge=1)
 
     def logprobs_asked(self) -> int | None:
         return self.logprobs
 
     def unsupported(self) -> tuple[str, str] | None:
-        if self.echo:
-            return "echo is not supported by this server: the answer is the completion alone", "echo"
-        if self.suffix:
-            return "suffix (insertion) is not supported by this server", "suffix"
         if self.best_of is not None and self.best_of != self.n:
             return f"best_of is not supported by this server (only best_of = n, here {self.n})", "best_of"
-        return None
+        return _unimplemented(self.model_extra, _UNIMPLEMENTED_COMPLETION)
 
 
 def logprobs_body(
