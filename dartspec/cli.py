@@ -337,6 +337,15 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-tokens", type=int, default=0, help="no EOS before this many tokens (vLLM's min_tokens)")
     p.add_argument("--ignore-eos", action="store_true", help="EOS does not end the answer (load tests)")
     p.add_argument(
+        "--stop-token-id",
+        dest="stop_token_ids",
+        type=int,
+        action="append",
+        default=[],
+        metavar="ID",
+        help="a token that ends the answer as EOS does, kept (repeatable; vLLM's stop_token_ids)",
+    )
+    p.add_argument(
         "--response-format",
         choices=["text", "json_object"],
         default="text",
@@ -409,6 +418,7 @@ def _decoding_args(args: argparse.Namespace) -> dict[str, Any]:
         "response_format": _response_format(args),
         "min_tokens": args.min_tokens,
         "ignore_eos": args.ignore_eos,
+        "stop_token_ids": args.stop_token_ids,
         "repetition_penalty": args.repetition_penalty,
         "presence_penalty": args.presence_penalty,
         "frequency_penalty": args.frequency_penalty,

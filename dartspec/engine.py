@@ -209,6 +209,20 @@ def _path_rows(features: torch.Tensor | None, path: Sequence[int], drafter: Draf
     return features.index_select(0, torch.tensor(path, device=features.device))
 
 
+#: The most stop token ids one request may give (vLLM sets none; a list this long is a mistake, not a need).
+MAX_STOP_TOKEN_IDS = 64
+
+
+def check_stop_token_ids(ids: Sequence[int], vocab_size: int, name: str) -> frozenset[int]:
+    """``ids`` as a set, or a :class:`DartspecError` saying what is wrong with them."""
+    if len(ids) > MAX_STOP_TOKEN_IDS:
+        raise DartspecError(f"stop_token_ids: at most {MAX_STOP_TOKEN_IDS} token ids, got {len(ids)}")
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
+            raise DartspecError(f"stop_token_ids: {t!r} is no token id of {name} (0-{vocab_size - 1})")
+    return frozenset(ids)
+
+
 class _TextStream:
     """Incremental detokenization that never shows text it may have to take back."""
 
@@ -458,6 +472,7 @@ class Generator:
         response_format: ResponseFormat = "text",
         min_tokens: int = 0,
         ignore_eos: bool = False,
+        stop_token_ids: Sequence[int] = (),
     ) -> SequenceState:
         """Check the request, prefill the prompt and take the first token: a sequence for :meth:`emit` and
         :meth:`advance`. ``prompt``: text (``chat`` applies the chat template), chat messages or token ids;
@@ -473,7 +488,9 @@ class Generator:
         :mod:`dartspec.constraint` (greedy: the most likely allowed token; sampling: the target's distribution
         restricted to the allowed tokens), and ending where the document does. ``min_tokens``: EOS cannot
         come before that many tokens (vLLM's; not with a JSON answer, which must end where its object does);
-        ``ignore_eos``: EOS does not end the answer (vLLM's, for load tests), only a stop string or the limit."""
+        ``ignore_eos``: EOS does not end the answer (vLLM's, for load tests), only a stop string or the limit.
+        ``stop_token_ids``: more tokens that end the answer as EOS does (vLLM's; kept in the token ids, in the text
+        where they are no special tokens; with ``ignore_eos`` too; not before ``min_tokens``)."""
         penalties = Penalties(repetition_penalty, presence_penalty, frequency_penalty, logit_bias or ())  # type: ignore[arg-type]
         params = SamplingParams(
             temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, penalties=penalties, min_p=min_p
@@ -484,6 +501,7 @@ class Generator:
         grammar = response_grammar(response_format, min_tokens)
         target, drafter = self.target, self.drafter
         penalties.check_vocabulary(target.vocab_size, target.name)
+        stops = check_stop_token_ids(stop_token_ids, target.vocab_size, target.name)
         prompt_ids = self.encode(prompt, chat)
         room = target.max_context - len(prompt_ids)
         if room < 1:
@@ -498,7 +516,7 @@ class Generator:
             prompt_ids=prompt_ids,
             constraint=constraint,
             min_tokens=min_tokens,
-            eos=target.eos_token_ids,
+            eos=target.eos_token_ids | stops,
         )
         stats = GenerationStats(prompt_tokens=len(prompt_ids))
         plain = self.max_draft_temperature is not None and params.temperature > self.max_draft_temperature
@@ -535,7 +553,7 @@ class Generator:
             clock=_Clock(stats.times),
             top_logprobs=logprobs,
             logprobs=taken,
-            eos=frozenset() if ignore_eos else target.eos_token_ids,
+            eos=stops if ignore_eos else target.eos_token_ids | stops,
         )
 
     def emit(self, seq: SequenceState, text: bool = True) -> StepEvent:

@@ -166,6 +166,25 @@ def test_eos_ends_generation(target: Target) -> None:
         assert res.token_ids == plain[: first + 1]
 
 
+def test_stop_token_ids_end_the_answer_as_eos_does(target: Target) -> None:
+    """vLLM's stop_token_ids: the answer is the one without them cut after the first of them (kept), with EOS ignored
+    too, with drafts whose accepted paths run past it, not before min_tokens; ids outside the vocabulary refused."""
+    prompt = prompt_for(4)
+    full = Generator(target).generate(prompt, max_new_tokens=30, ignore_eos=True).token_ids
+    stop = full[6]
+    first = full.index(stop)
+    for drafter in (None, RandomDrafter(2, full, oracle_rate=1.0)):
+        gen = Generator(target, drafter, tree_size=12, max_depth=6)
+        res = gen.generate(prompt, max_new_tokens=30, ignore_eos=True, stop_token_ids=[stop, VOCAB - 1])
+        assert (res.token_ids, res.finish_reason) == (full[: first + 1], "stop")
+    late = Generator(target).generate(prompt, max_new_tokens=30, ignore_eos=True, stop_token_ids=[stop], min_tokens=9)
+    assert late.token_ids[:first] == full[:first] and stop not in late.token_ids[first:8]
+    assert len(late.token_ids) >= 9 and (late.finish_reason == "length" or late.token_ids[-1] == stop)
+    for bad, why in (([VOCAB], "no token id of"), ([True], "True is no token id"), ([3] * 65, "at most 64")):
+        with pytest.raises(DartspecError, match=why):
+            Generator(target).generate(prompt, max_new_tokens=5, stop_token_ids=bad)
+
+
 def test_stop_strings_truncate_text(target: Target) -> None:
     prompt = prompt_for(5)
     full = Generator(target).generate(prompt, max_new_tokens=30)

@@ -191,11 +191,16 @@ HI = [{"role": "user", "content": "t5"}]
         ("completions", {"prompt": "t5", "max_tokens": 512}, "max_tokens", "513 were asked for (1 in the prompt"),
         ("chat/completions", {"messages": HI, "max_completion_tokens": 9999}, "max_completion_tokens", "at most"),
         ("completions", {"prompt": "t5", "echo": True}, "echo", "echo is not supported"),
-        ("completions", {"prompt": "t5", "suffix": "t6"}, "suffix", "suffix is not supported by this server (insertion)"),
+        (
+            "completions",
+            {"prompt": "t5", "suffix": "t6"},
+            "suffix",
+            "suffix is not supported by this server (insertion)",
+        ),
         ("completions", {"prompt": "t5", "best_of": 3}, "best_of", "only best_of = n, here 1"),
         ("chat/completions", {"messages": HI, "functions": [{"name": "f"}]}, "functions", "send tools and"),
         ("chat/completions", {"messages": HI, "function_call": "auto"}, "function_call", "deprecated"),
-        ("chat/completions", {"messages": HI, "stop_token_ids": [5]}, "stop_token_ids", "stop sequences are text"),
+        ("chat/completions", {"messages": HI, "stop_token_ids": [96]}, "stop_token_ids", "96 is no token id of tiny"),
         ("completions", {"prompt": "t5", "use_beam_search": True}, "use_beam_search", "not supported"),
         ("completions", {"prompt": "t5", "bad_words": ["t6"]}, "bad_words", "logit_bias -100 bans a token"),
         ("chat/completions", {"messages": HI, "chat_template_kwargs": {"x": 1}}, "chat_template_kwargs", "not sup"),
@@ -652,6 +657,11 @@ def test_min_tokens_and_ignore_eos_give_the_engines_answer(url: str) -> None:
         assert tokens == want.token_ids and got["choices"][0]["finish_reason"] == want.finish_reason
         answers.append(tokens)
     assert len(answers[0]) < len(answers[1]) and len(answers[2]) == 12  # each setting changed the answer
+    stop = answers[2][4]  # vLLM's stop_token_ids: the answer cut after the first of them, kept
+    extra = {"ignore_eos": True, "stop_token_ids": [stop]}
+    got = httpx.post(f"{url}/v1/completions", json={**body, **extra}, timeout=60).json()["choices"][0]
+    assert [target.vocab[t] for t in got["logprobs"]["tokens"]] == answers[2][: answers[2].index(stop) + 1]
+    assert got["finish_reason"] == "stop"
 
 
 def test_logprobs_are_the_engines_in_openais_shapes(url: str) -> None:

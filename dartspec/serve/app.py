@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dartspec.constraint import response_grammar
-from dartspec.engine import GenerationResult, StepEvent, TokenLogprob
+from dartspec.engine import GenerationResult, StepEvent, TokenLogprob, check_stop_token_ids
 from dartspec.errors import DartspecError, FieldError
 from dartspec.serve.engine import GenerationTimeout, Job, QueueFull, ServeEngine
 from dartspec.serve.responses import ResponseEvents, ResponsesRequest, ResponseStore, output_items, response_body
@@ -447,6 +447,7 @@ async def _start(
         response_format="text" if grammar is None else grammar,
         min_tokens=req.min_tokens,
         ignore_eos=req.ignore_eos,
+        stop_token_ids=list(req.stop_token_ids or []),
     )
     # n choices are n sequences in the batch; a seeded request's choice i samples with seed + i (reproducible, and
     # not n copies of one answer), an unseeded one's each with its own draw
@@ -557,6 +558,10 @@ def _check(
     except DartspecError as err:  # the message names the field
         fields = ("repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias")
         return str(err), next((f for f in fields if f in str(err)), "logit_bias")
+    try:
+        check_stop_token_ids(req.stop_token_ids or [], engine.target.vocab_size, engine.model_name)
+    except DartspecError as err:
+        return str(err), "stop_token_ids"
     if not 0 <= req.temperature <= 2:
         return f"temperature must be between 0 and 2, got {req.temperature}", "temperature"
     if not 0 < req.top_p <= 1:

@@ -74,6 +74,7 @@ class Job:
     response_format: ResponseFormat = "text"  # "json_object", a JSON Schema, or its grammar
     min_tokens: int = 0
     ignore_eos: bool = False
+    stop_token_ids: Sequence[int] = ()
     cancel: threading.Event = field(default_factory=threading.Event)
 
 
@@ -255,6 +256,7 @@ class ServeEngine:
                 response_format=job.response_format,
                 min_tokens=job.min_tokens,
                 ignore_eos=job.ignore_eos,
+                stop_token_ids=job.stop_token_ids,
             )
         except BaseException as err:
             request.send(err)
