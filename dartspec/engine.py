@@ -230,9 +230,10 @@ class _TextStream:
     #: token's leading space, or the bytes of a character split over tokens).
     WINDOW = 6
 
-    def __init__(self, target: TargetRuntime, stop: Sequence[str]) -> None:
+    def __init__(self, target: TargetRuntime, stop: Sequence[str], include_stop: bool = False) -> None:
         self.target = target
         self.stop = [s for s in stop if s]
+        self.include_stop = include_stop  # the text ends after the stop string, not before it (vLLM's option)
         self.hold = max((len(s) - 1 for s in self.stop), default=0)
         self.shown = 0
         # Decoding every committed token again at each step costs O(n^2) over an answer. Where decoding
@@ -265,6 +266,13 @@ class _TextStream:
     def find_stop(self, text: str) -> int | None:
         hits = [i for i in (text.find(s) for s in self.stop) if i >= 0]
         return min(hits) if hits else None
+
+    def cut(self, text: str, at: int) -> str:
+        """``text`` ended at its stop string found at ``at``: before it, or with ``include_stop`` after it (the first
+        listed of those found there)."""
+        if not self.include_stop:
+            return text[:at]
+        return text[: at + next(len(s) for s in self.stop if text.find(s) == at)]
 
     def delta(self, text: str, final: bool) -> str:
         end = len(text)
@@ -473,6 +481,7 @@ class Generator:
         min_tokens: int = 0,
         ignore_eos: bool = False,
         stop_token_ids: Sequence[int] = (),
+        include_stop_str_in_output: bool = False,
     ) -> SequenceState:
         """Check the request, prefill the prompt and take the first token: a sequence for :meth:`emit` and
         :meth:`advance`. ``prompt``: text (``chat`` applies the chat template), chat messages or token ids;
@@ -490,7 +499,8 @@ class Generator:
         come before that many tokens (vLLM's; not with a JSON answer, which must end where its object does);
         ``ignore_eos``: EOS does not end the answer (vLLM's, for load tests), only a stop string or the limit.
         ``stop_token_ids``: more tokens that end the answer as EOS does (vLLM's; kept in the token ids, in the text
-        where they are no special tokens; with ``ignore_eos`` too; not before ``min_tokens``)."""
+        where they are no special tokens; with ``ignore_eos`` too; not before ``min_tokens``).
+        ``include_stop_str_in_output``: the text ends after the stop string that ended it, not before (vLLM's)."""
         penalties = Penalties(repetition_penalty, presence_penalty, frequency_penalty, logit_bias or ())  # type: ignore[arg-type]
         params = SamplingParams(
             temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, penalties=penalties, min_p=min_p
@@ -545,7 +555,7 @@ class Generator:
             cache=cache,
             tree_size=1 if plain else self.tree_size,
             max_depth=self.max_depth,
-            text=_TextStream(target, stop),
+            text=_TextStream(target, stop, include_stop_str_in_output),
             stats=stats,
             started=started,
             committed=[*prompt_ids, first],
@@ -664,5 +674,5 @@ class Generator:
             # Keep the fewest tokens whose text contains the stop string; the text ends before it.
             keep = next(n for n in range(1, len(new) + 1) if text.find_stop(text.full(new[:n])) is not None)
             new = new[:keep]
-            full = full[:at]
+            full = text.cut(full, at)
         return new, full

@@ -197,6 +197,11 @@ def test_stop_strings_truncate_text(target: Target) -> None:
         assert res.text == full.text[: full.text.index(stop)]
         streamed = "".join(e.text for e in gen.stream(prompt, max_new_tokens=30, stop=[stop]))
         assert streamed == res.text
+        # vLLM's include_stop_str_in_output: the same tokens, the text through the stop string (streamed too)
+        kept = gen.generate(prompt, max_new_tokens=30, stop=["t0 t0 t0", stop], include_stop_str_in_output=True)
+        assert kept.token_ids == res.token_ids and kept.text == res.text + stop
+        options = {"stop": [stop], "include_stop_str_in_output": True}
+        assert "".join(e.text for e in gen.stream(prompt, max_new_tokens=30, **options)) == kept.text
 
 
 def test_bad_inputs(target: Target) -> None:

@@ -912,6 +912,8 @@ def test_stop_and_seed(url: str) -> None:
     )
     assert cut.choices[0].message.content == full[: full.find(stop)] and cut.choices[0].finish_reason == "stop"
     assert text(stream=True, stop=stop) == full[: full.find(stop)]
+    kept = {"stop": stop, "extra_body": {"include_stop_str_in_output": True}}  # vLLM's: the text through it
+    assert text(**kept) == text(stream=True, **kept) == full[: full.find(stop) + len(stop)]
     done = c.completions.create(model="tiny", prompt="t3 t8 t4 t2", max_tokens=4, temperature=0, stop="t2")
     assert done.choices[0].text == "" and done.choices[0].finish_reason == "stop"
 

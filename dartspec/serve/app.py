@@ -448,6 +448,7 @@ async def _start(
         min_tokens=req.min_tokens,
         ignore_eos=req.ignore_eos,
         stop_token_ids=list(req.stop_token_ids or []),
+        include_stop_str_in_output=req.include_stop_str_in_output,
     )
     # n choices are n sequences in the batch; a seeded request's choice i samples with seed + i (reproducible, and
     # not n copies of one answer), an unseeded one's each with its own draw

@@ -75,6 +75,7 @@ class Job:
     min_tokens: int = 0
     ignore_eos: bool = False
     stop_token_ids: Sequence[int] = ()
+    include_stop_str_in_output: bool = False
     cancel: threading.Event = field(default_factory=threading.Event)
 
 
@@ -257,6 +258,7 @@ class ServeEngine:
                 min_tokens=job.min_tokens,
                 ignore_eos=job.ignore_eos,
                 stop_token_ids=job.stop_token_ids,
+                include_stop_str_in_output=job.include_stop_str_in_output,
             )
         except BaseException as err:
             request.send(err)

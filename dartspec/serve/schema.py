@@ -160,7 +160,6 @@ MAX_SEED = 2**63 - 1
 #: are ignored. A value, why it is refused where that is not just "not supported".
 _UNIMPLEMENTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "use_beam_search": ((None, False), ""),
-    "include_stop_str_in_output": ((None, False), ""),
     "bad_words": ((None, []), ": logit_bias -100 bans a token"),
     "allowed_token_ids": ((None,), ""),
     "truncate_prompt_tokens": ((None,), ""),
@@ -212,6 +211,7 @@ class CommonRequest(BaseModel):
     min_tokens: StrictInt = Field(default=0, ge=0)
     ignore_eos: StrictBool = False
     stop_token_ids: list[StrictInt] | None = None  # vLLM's: tokens that end the answer as EOS does
+    include_stop_str_in_output: StrictBool = False  # vLLM's: the text ends after the stop string
     seed: StrictInt | None = Field(default=None, ge=0, le=MAX_SEED)
     stop: StopText | list[StopText] | None = None
     stream: StrictBool = False
