@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -112,9 +112,13 @@ class TargetRuntime(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]: ...
+    def encode_chat(
+        self, messages: Sequence[dict[str, str]], template_args: Mapping[str, Any] | None = None
+    ) -> list[int]: ...
 
-    def encode_chats(self, conversations: Sequence[Sequence[dict[str, str]]]) -> list[list[int]]: ...
+    def encode_chats(
+        self, conversations: Sequence[Sequence[dict[str, str]]], template_args: Mapping[str, Any] | None = None
+    ) -> list[list[int]]: ...
 
     def decode(self, token_ids: Sequence[int]) -> str: ...
 
@@ -554,18 +558,24 @@ class CausalRuntime(ABC):
     def has_chat_template(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
-    def encode_chat(self, messages: Sequence[dict[str, str]]) -> list[int]:
-        """Apply the model's chat template (with the assistant turn opened) and tokenize."""
-        return self.encode_chats([messages])[0]
+    def encode_chat(
+        self, messages: Sequence[dict[str, str]], template_args: Mapping[str, Any] | None = None
+    ) -> list[int]:
+        """Apply the model's chat template (with the assistant turn opened) and tokenize; ``template_args``: more
+        variables for the template (e.g. Qwen3's ``enable_thinking``; vLLM's ``chat_template_kwargs``)."""
+        return self.encode_chats([messages], template_args)[0]
 
-    def encode_chats(self, conversations: Sequence[Sequence[dict[str, str]]]) -> list[list[int]]:
+    def encode_chats(
+        self, conversations: Sequence[Sequence[dict[str, str]]], template_args: Mapping[str, Any] | None = None
+    ) -> list[list[int]]:
         """:meth:`encode_chat` of many conversations, tokenized in one batch (the tokenizer's own threads: data
         generation encodes a thousand at a time). Templates render to text with their special tokens, which the
         tokenizer reads back as such; nothing is added around them (what ``apply_chat_template`` does)."""
         if not self.has_chat_template:
             raise DartspecError(f"{self.name} has no chat template; pass a plain prompt without --chat")
+        extra = dict(template_args or {})
         texts = [
-            self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+            self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False, **extra)
             for messages in conversations
         ]
         ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []

@@ -27,7 +27,10 @@ from dartspec.engine import Generator  # noqa: E402
 from dartspec.serve.app import create_app  # noqa: E402
 from dartspec.serve.engine import ServeEngine, next_event  # noqa: E402
 
-TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+# (greeting: a variable a request may set with chat_template_kwargs)
+TEMPLATE = (
+    "{% if greeting is defined %}{{ greeting }} {% endif %}{% for m in messages %}{{ m['content'] }} {% endfor %}"
+)
 
 
 class SlowDrafter(NoDrafter):
@@ -203,7 +206,8 @@ HI = [{"role": "user", "content": "t5"}]
         ("chat/completions", {"messages": HI, "stop_token_ids": [96]}, "stop_token_ids", "96 is no token id of tiny"),
         ("completions", {"prompt": "t5", "use_beam_search": True}, "use_beam_search", "not supported"),
         ("completions", {"prompt": "t5", "bad_words": ["t6"]}, "bad_words", "logit_bias -100 bans a token"),
-        ("chat/completions", {"messages": HI, "chat_template_kwargs": {"x": 1}}, "chat_template_kwargs", "not sup"),
+        ("chat/completions", {"messages": HI, "chat_template_kwargs": {"tools": []}}, "chat_template_kwargs", "set by"),
+        ("chat/completions", {"messages": HI, "chat_template_kwargs": {"a b": 1}}, "chat_template_kwargs", "no templ"),
         ("chat/completions", {"messages": HI, "add_generation_prompt": False}, "add_generation_prompt", "not sup"),
         ("chat/completions", {"messages": HI, "skip_special_tokens": 0}, "skip_special_tokens", "never shown"),
         ("completions", {"prompt": ""}, "prompt", "must not be empty"),
@@ -323,6 +327,17 @@ def test_content_parts_developer_role_and_defaults_of_unsupported_fields_are_acc
     ]
     assert answers[0]["choices"][0]["message"] == answers[1]["choices"][0]["message"]
     assert answers[0]["usage"]["prompt_tokens"] == answers[1]["usage"]["prompt_tokens"]
+
+
+def test_chat_template_kwargs_reach_the_template(url: str) -> None:
+    """vLLM's chat_template_kwargs (e.g. Qwen3's enable_thinking) are variables of the chat template: here one that
+    puts a word before the conversation, so the answer is the completion of that text."""
+    body = {"messages": [{"role": "user", "content": "t5 t6"}], "max_tokens": 8, "temperature": 0}
+    greeted = httpx.post(f"{url}/v1/chat/completions", json={**body, "chat_template_kwargs": {"greeting": "t9"}})
+    plain = httpx.post(f"{url}/v1/chat/completions", json=body).json()
+    completion = httpx.post(f"{url}/v1/completions", json={"prompt": "t9 t5 t6 ", "max_tokens": 8, "temperature": 0})
+    assert greeted.json()["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"] + 1
+    assert greeted.json()["choices"][0]["message"]["content"] == completion.json()["choices"][0]["text"]
 
 
 def test_legacy_completion_fields_at_their_defaults_and_a_limit_that_fills_the_context_are_accepted(url: str) -> None:

@@ -371,7 +371,7 @@ async def _chat_ids(served: Served, req: ChatRequest, param: str) -> list[int] |
     template refuses it."""
     try:
         messages = with_tools([m.as_chat() for m in req.messages], req)
-        return await served.tokenized(served.engine.target.encode_chat, messages)
+        return await served.tokenized(served.engine.target.encode_chat, messages, req.chat_template_kwargs)
     except FieldError as err:
         return error_response(400, str(err), param=err.param)
     except DartspecError as err:

@@ -176,8 +176,16 @@ _UNIMPLEMENTED_CHAT = _UNIMPLEMENTED | {
     "add_generation_prompt": ((None, True), ""),
     "continue_final_message": ((None, False), ""),
     "chat_template": ((None,), ": the model's own template is used"),
-    "chat_template_kwargs": ((None, {}), ""),
 }
+#: What a chat template is rendered with by the server or by transformers' apply_chat_template itself: not for
+#: chat_template_kwargs to set.
+_TEMPLATE_OWN = frozenset(
+    {
+        "messages", "conversation", "tools", "documents", "add_generation_prompt", "continue_final_message",
+        "tokenize", "chat_template", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs", "padding",
+        "truncation", "max_length", "return_tensors",
+    }
+)  # fmt: skip
 _UNIMPLEMENTED_COMPLETION = _UNIMPLEMENTED | {
     "echo": ((None, False), ": the answer is the completion alone"),
     "suffix": ((None, ""), " (insertion)"),
@@ -305,10 +313,17 @@ class ChatRequest(CommonRequest):
     tool_choice: Literal["none", "auto", "required"] | ToolChoice | None = None
     parallel_tool_calls: StrictBool = True
 
+    # vLLM's: more variables for the model's chat template (e.g. Qwen3's {"enable_thinking": false})
+    chat_template_kwargs: dict[str, Any] | None = None
+
     def logprobs_asked(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
     def unsupported(self) -> tuple[str, str] | None:
+        for key in self.chat_template_kwargs or {}:
+            if not key.isidentifier() or key in _TEMPLATE_OWN:
+                why = "is set by the server" if key in _TEMPLATE_OWN else "is no template variable name"
+                return f"chat_template_kwargs: {key!r} {why}", "chat_template_kwargs"
         return _unimplemented(self.model_extra, _UNIMPLEMENTED_CHAT)
 
     def answer_format(self) -> ResponseFormat:
