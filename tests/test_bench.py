@@ -128,6 +128,19 @@ def test_penalties_reach_every_row_and_hf_generate_takes_its_own_names(llama_tar
         make_runner(MethodSpec("llamacpp-ar", "llamacpp-ar"), llama_target, {"repetition_penalty": 1.1})
 
 
+def test_stop_token_ids_end_every_row_as_transformers_generate_ends(llama_target: Target) -> None:
+    """--stop-token-id reaches every row: the engine's answer is the plain one cut after the first stop id, and
+    transformers' generate (the stop ids among its eos_token_id) gives the same tokens."""
+    label, ids = encode_prompts(llama_target, PROMPTS)[0]
+    full = Generator(llama_target).generate(ids, max_new_tokens=12).token_ids
+    stop = full[3]
+    specs = [MethodSpec("pld", "pld"), MethodSpec("hf-ar", "hf-ar")]
+    runs = run_suite(llama_target, specs, PROMPTS, max_new_tokens=12, settings={"stop_token_ids": [stop]})
+    assert all(r["mismatches"] == 0 for r in summarize(runs))
+    first = {r.method: r.token_ids for r in runs if r.prompt == label}
+    assert first["ar"] == first["hf-ar"] == full[: full.index(stop) + 1]
+
+
 def test_search_speed_report(tmp_path: Path) -> None:
     from dartspec.bench.search_speed import report
     from dartspec.ngram import NgramModel

@@ -284,6 +284,7 @@ PLAIN_SETTINGS: dict[str, Any] = {
     "response_format": "text",
     "min_tokens": 0,
     "ignore_eos": False,
+    "stop_token_ids": [],
 }
 
 
@@ -310,6 +311,7 @@ def _hf_runner(spec: MethodSpec, target: Any, settings: Mapping[str, Any]) -> Ru
         extra["repetition_penalty"] = settings["repetition_penalty"]
     if "logit_bias" in settings:
         extra["sequence_bias"] = {(int(t),): float(b) for t, b in settings["logit_bias"].items()}
+    ends = target.eos_token_ids | frozenset(settings.get("stop_token_ids", ()))  # both end an answer, kept
 
     def run(ids: list[int], max_new_tokens: int, temperature: float, seed: int) -> Run:
         kw: dict[str, Any] = {"do_sample": False}
@@ -326,14 +328,14 @@ def _hf_runner(spec: MethodSpec, target: Any, settings: Mapping[str, Any]) -> Ru
                 input_ids=x,
                 attention_mask=torch.ones_like(x),
                 max_new_tokens=max_new_tokens,
-                eos_token_id=sorted(target.eos_token_ids),
+                eos_token_id=sorted(ends),
                 pad_token_id=min(target.eos_token_ids),
                 **kw,
             )
         seconds = time.perf_counter() - start
         new = out[0, len(ids) :].tolist()
         for i, tok in enumerate(new):
-            if tok in target.eos_token_ids:
+            if tok in ends:
                 new = new[: i + 1]
                 break
         return Run("", spec.label, len(new), seconds, float("nan"), [], {}, new)
