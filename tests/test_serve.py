@@ -351,6 +351,33 @@ def test_legacy_completion_fields_at_their_defaults_and_a_limit_that_fills_the_c
     assert fits.status_code == 200 and fits.json()["usage"]["completion_tokens"] == 512 - 3, fits.text
 
 
+def test_tokenize_and_detokenize_as_vllm_serves_them(url: str) -> None:
+    """vLLM's /tokenize gives the ids a completion or a chat request decodes from (the chat's prompt_tokens), with
+    chat_template_kwargs too; /detokenize gives the text back; bad input is a 400 naming the field."""
+    target = make_target()
+    got = httpx.post(f"{url}/tokenize", json={"model": "tiny", "prompt": "t5 t6 t7"}).json()
+    assert got == {"count": 3, "max_model_len": 512, "tokens": target.encode("t5 t6 t7")}
+    messages = [{"role": "user", "content": "t5 t6"}]
+    chat = httpx.post(f"{url}/tokenize", json={"messages": messages}).json()
+    answer = httpx.post(f"{url}/v1/chat/completions", json={"messages": messages, "max_tokens": 2}).json()
+    assert chat["tokens"] == target.encode_chat(messages) and chat["count"] == answer["usage"]["prompt_tokens"]
+    greeted = httpx.post(f"{url}/tokenize", json={"messages": messages, "chat_template_kwargs": {"greeting": "t9"}})
+    assert greeted.json()["tokens"] == target.encode("t9") + chat["tokens"]
+    back = httpx.post(f"{url}/detokenize", json={"tokens": got["tokens"]}).json()
+    assert back == {"prompt": "t5 t6 t7"}
+    for path, body, param, message in [
+        ("tokenize", {}, None, "give either prompt or messages"),
+        ("tokenize", {"prompt": "t5", "messages": messages}, None, "give either prompt or messages"),
+        ("tokenize", {"messages": messages, "chat_template_kwargs": {"tools": 1}}, "chat_template_kwargs", "set by"),
+        ("detokenize", {"tokens": [5, 96]}, "tokens", "96 is no token id of tiny (0-95)"),
+        ("detokenize", {"tokens": "t5"}, "tokens", "valid list"),
+    ]:
+        r = httpx.post(f"{url}/{path}", json=body)
+        assert r.status_code == 400 and message in r.json()["error"]["message"], (path, body, r.text)
+        assert param is None or r.json()["error"]["param"] == param
+    assert httpx.post(f"{url}/tokenize", json={"model": "gpt-5", "prompt": "t5"}).status_code == 404
+
+
 def test_penalties_and_logit_bias_give_the_engines_answer(url: str) -> None:
     """OpenAI's presence / frequency penalties and logit_bias, and vLLM's repetition_penalty (an extra field), whole
     and streamed, greedy and seeded with two choices: the tokens the engine gives for the same settings."""

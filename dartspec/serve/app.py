@@ -10,6 +10,7 @@ demo at ``/``. Errors use OpenAI's shape,
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import secrets
@@ -39,7 +40,9 @@ from dartspec.serve.schema import (
     ChatRequest,
     CommonRequest,
     CompletionRequest,
+    DetokenizeRequest,
     Message,
+    TokenizeRequest,
     chunk,
     error_body,
     error_response,
@@ -270,6 +273,41 @@ async def metrics(request: Request) -> Response:
     return Response(_served(request).engine.metrics.exposition(), media_type="text/plain; version=0.0.4")
 
 
+@routes.post("/tokenize")
+async def tokenize(req: TokenizeRequest, request: Request):
+    """vLLM's: the token ids a prompt or a conversation is decoded from, and the context window."""
+    served = _served(request)
+    if (refused := _unknown_model(served, req)) is not None:
+        return refused
+    if req.messages is not None:
+        chat = ChatRequest(messages=req.messages, chat_template_kwargs=req.chat_template_kwargs)
+        if (problem := chat.unsupported()) is not None:
+            return error_response(400, problem[0], param=problem[1])
+        ids = await _chat_ids(served, chat, "messages")
+        if isinstance(ids, Response):
+            return ids
+    else:
+        ids = await served.tokenized(served.engine.target.encode, req.prompt)
+    return {"count": len(ids), "max_model_len": served.engine.target.max_context, "tokens": ids}
+
+
+@routes.post("/detokenize")
+async def detokenize(req: DetokenizeRequest, request: Request):
+    """vLLM's: the text of token ids."""
+    served = _served(request)
+    if (refused := _unknown_model(served, req)) is not None:
+        return refused
+    vocab = served.engine.target.vocab_size
+    bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
+    if bad is not None:
+        return error_response(
+            400, f"{bad} is no token id of {served.engine.model_name} (0-{vocab - 1})", param="tokens"
+        )
+    decode = functools.partial(served.engine.target.tokenizer.decode, skip_special_tokens=False)
+    text = await served.tokenized(decode, req.tokens)
+    return {"prompt": text}
+
+
 @routes.get("/", response_class=HTMLResponse)
 async def index() -> str:
     return resources.files("dartspec.serve").joinpath("static/index.html").read_text(encoding="utf-8")
@@ -391,7 +429,7 @@ async def completions(req: CompletionRequest, request: Request):
     return await _serve(served, req, ids, chat=False, request=request)
 
 
-def _unknown_model(served: Served, req: CommonRequest) -> JSONResponse | None:
+def _unknown_model(served: Served, req: CommonRequest | TokenizeRequest | DetokenizeRequest) -> JSONResponse | None:
     if req.model is None or req.model in served.names:
         return None
     names = ", ".join(sorted(served.names))

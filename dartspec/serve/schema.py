@@ -298,6 +298,34 @@ class CommonRequest(BaseModel):
         return Penalties(self.repetition_penalty, self.presence_penalty, self.frequency_penalty, bias)
 
 
+class TokenizeRequest(BaseModel):
+    """vLLM's ``POST /tokenize``: a ``prompt`` tokenized as ``/v1/completions`` takes it, or chat ``messages`` through
+    the model's chat template as ``/v1/chat/completions`` takes them (with ``chat_template_kwargs``)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: StrictStr | None = None
+    prompt: Text | None = None
+    messages: list[Message] | None = Field(default=None, min_length=1, max_length=MAX_MESSAGES)
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give either prompt or messages")
+        return self
+
+
+class DetokenizeRequest(BaseModel):
+    """vLLM's ``POST /detokenize``: token ids back to text (special tokens included, so that it undoes
+    ``/tokenize``)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: StrictStr | None = None
+    tokens: list[StrictInt] = Field(max_length=1_000_000)
+
+
 #: The most alternatives a completion's ``logprobs`` asks for (OpenAI's limit for the legacy endpoint).
 MAX_COMPLETION_LOGPROBS = 5
 
