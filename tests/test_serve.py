@@ -699,6 +699,10 @@ def test_min_tokens_and_ignore_eos_give_the_engines_answer(url: str) -> None:
         assert tokens == want.token_ids and got["choices"][0]["finish_reason"] == want.finish_reason
         answers.append(tokens)
     assert len(answers[0]) < len(answers[1]) and len(answers[2]) == 12  # each setting changed the answer
+    # vLLM's truncate_prompt_tokens: the prompt's last k tokens alone (the usage counts them)
+    cut = httpx.post(f"{url}/v1/completions", json={**body, "prompt": "t9 t8 t5 t6 t7", "truncate_prompt_tokens": 3})
+    assert [target.vocab[t] for t in cut.json()["choices"][0]["logprobs"]["tokens"]] == answers[0]
+    assert cut.json()["usage"]["prompt_tokens"] == 3
     stop = answers[2][4]  # vLLM's stop_token_ids: the answer cut after the first of them, kept
     extra = {"ignore_eos": True, "stop_token_ids": [stop]}
     got = httpx.post(f"{url}/v1/completions", json={**body, **extra}, timeout=60).json()["choices"][0]

@@ -460,6 +460,8 @@ async def _start(
     is a 429 and not a broken stream) or to the end; an error answer where any of that fails (its ``param`` the
     prompt's or the answer format's field as the endpoint names them)."""
     engine = served.engine
+    if req.truncate_prompt_tokens is not None:  # vLLM's left truncation (of the templated text, for a chat)
+        ids = ids[-req.truncate_prompt_tokens :]
     problem = _check(engine, req, ids, prompt_param, limit_param)
     if problem:
         return error_response(400, problem[0], param=problem[1])

@@ -162,7 +162,6 @@ _UNIMPLEMENTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "use_beam_search": ((None, False), ""),
     "bad_words": ((None, []), ": logit_bias -100 bans a token"),
     "allowed_token_ids": ((None,), ""),
-    "truncate_prompt_tokens": ((None,), ""),
     "prompt_logprobs": ((None,), ""),
     "skip_special_tokens": ((None, True), ": special tokens are never shown"),
     "return_tokens_as_token_ids": ((None, False), ""),
@@ -220,6 +219,7 @@ class CommonRequest(BaseModel):
     ignore_eos: StrictBool = False
     stop_token_ids: list[StrictInt] | None = None  # vLLM's: tokens that end the answer as EOS does
     include_stop_str_in_output: StrictBool = False  # vLLM's: the text ends after the stop string
+    truncate_prompt_tokens: StrictInt | None = Field(default=None, ge=1)  # vLLM's: only the prompt's last k tokens
     seed: StrictInt | None = Field(default=None, ge=0, le=MAX_SEED)
     stop: StopText | list[StopText] | None = None
     stream: StrictBool = False
