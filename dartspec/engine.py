@@ -482,6 +482,7 @@ class Generator:
         ignore_eos: bool = False,
         stop_token_ids: Sequence[int] = (),
         include_stop_str_in_output: bool = False,
+        allowed_token_ids: Sequence[int] | None = None,
     ) -> SequenceState:
         """Check the request, prefill the prompt and take the first token: a sequence for :meth:`emit` and
         :meth:`advance`. ``prompt``: text (``chat`` applies the chat template), chat messages or token ids;
@@ -500,8 +501,16 @@ class Generator:
         ``ignore_eos``: EOS does not end the answer (vLLM's, for load tests), only a stop string or the limit.
         ``stop_token_ids``: more tokens that end the answer as EOS does (vLLM's; kept in the token ids, in the text
         where they are no special tokens; with ``ignore_eos`` too; not before ``min_tokens``).
-        ``include_stop_str_in_output``: the text ends after the stop string that ended it, not before (vLLM's)."""
-        penalties = Penalties(repetition_penalty, presence_penalty, frequency_penalty, logit_bias or ())  # type: ignore[arg-type]
+        ``include_stop_str_in_output``: the text ends after the stop string that ended it, not before (vLLM's).
+        ``allowed_token_ids``: only these tokens can be chosen (vLLM's; EOS only if listed; not with a structured
+        answer)."""
+        penalties = Penalties(
+            repetition_penalty,
+            presence_penalty,
+            frequency_penalty,
+            logit_bias or (),
+            allowed_token_ids,  # type: ignore[arg-type]
+        )
         params = SamplingParams(
             temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, penalties=penalties, min_p=min_p
         )
@@ -512,6 +521,12 @@ class Generator:
         target, drafter = self.target, self.drafter
         penalties.check_vocabulary(target.vocab_size, target.name)
         stops = check_stop_token_ids(stop_token_ids, target.vocab_size, target.name)
+        if penalties.allowed is not None and grammar is not None:  # the grammar could leave no allowed token
+            raise DartspecError(
+                "allowed_token_ids cannot be combined with a structured answer (JSON, a regex or a choice)"
+            )
+        if penalties.allowed is not None and min_tokens and set(penalties.allowed) <= target.eos_token_ids | stops:
+            raise DartspecError("with min_tokens, allowed_token_ids must allow a token that does not end the answer")
         prompt_ids = self.encode(prompt, chat)
         room = target.max_context - len(prompt_ids)
         if room < 1:

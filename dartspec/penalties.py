@@ -40,6 +40,10 @@ class PenaltyState:
             ids, values = zip(*self.penalties.logit_bias, strict=True)
             self.bias = torch.zeros(width, dtype=torch.float64, device=device)
             self.bias[torch.tensor(ids, device=device)] = torch.tensor(values, dtype=torch.float64, device=device)
+        self.banned = None  # the tokens allowed_token_ids leaves out
+        if self.penalties.allowed is not None:
+            self.banned = torch.ones(width, dtype=torch.bool, device=device)
+            self.banned[torch.tensor(self.penalties.allowed, device=device)] = False
         self._width = width
         self._add(answer)
 
@@ -69,6 +73,12 @@ class PenaltyState:
         row i as after node i of ``tree`` (None: rows after the committed history alone)."""
         if not self._width:
             self._build(logits)
+        x = self._penalised(logits, tree)
+        if self.banned is not None:
+            x[:, self.banned] = float("-inf")
+        return x
+
+    def _penalised(self, logits: torch.Tensor, tree: Tree | None) -> torch.Tensor:
         p = self.penalties
         x = logits.to(torch.promote_types(logits.dtype, torch.float32), copy=True)
         if self.bias is not None:

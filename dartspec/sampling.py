@@ -41,7 +41,8 @@ class Penalties:
        one multiplied (transformers' and vLLM's ``repetition_penalty``; 1 = off);
     3. ``frequency`` and ``presence``: subtracted, the first once per time the token occurs in the answer so far, the
        second once if it occurs there at all (OpenAI's ``frequency_penalty`` / ``presence_penalty``; as in vLLM they
-       count the answer, not the prompt).
+       count the answer, not the prompt);
+    4. ``allowed``: where given, every other token is impossible (vLLM's ``allowed_token_ids``; EOS only if listed).
 
     Speculative decoding stays lossless under them: the verifier applies them to each tree node's logits with the
     history up to that node (:mod:`dartspec.penalties`), so what it accepts is what plain decoding with the same
@@ -52,6 +53,7 @@ class Penalties:
     presence: float = 0.0
     frequency: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    allowed: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if not (_number(self.repetition) and self.repetition > 0):
@@ -60,17 +62,28 @@ class Penalties:
             if not (_number(value) and abs(value) <= MAX_PENALTY):
                 raise DartspecError(f"{name} must be a number from -{MAX_PENALTY:g} to {MAX_PENALTY:g}, got {value!r}")
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
+        if self.allowed is not None:
+            ids = list(self.allowed)
+            if not ids or not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) and t >= 0 for t in ids):
+                raise DartspecError(f"allowed_token_ids must be a non-empty list of token ids, got {self.allowed!r}")
+            object.__setattr__(self, "allowed", tuple(sorted({int(t) for t in ids})))
 
     def check_vocabulary(self, vocab_size: int, model: str) -> None:
         """Refuse a logit bias naming a token outside ``model``'s vocabulary of ``vocab_size`` tokens."""
         bad = next((t for t, _ in self.logit_bias if t >= vocab_size), None)
         if bad is not None:
             raise DartspecError(f"logit_bias names token {bad}, outside {model}'s vocabulary (0-{vocab_size - 1})")
+        if self.allowed is not None and self.allowed[-1] >= vocab_size:
+            last = self.allowed[-1]
+            raise DartspecError(
+                f"allowed_token_ids names token {last}, outside {model}'s vocabulary (0-{vocab_size - 1})"
+            )
 
     @property
     def active(self) -> bool:
         """Whether anything changes the logits (False: the verifier skips this stage altogether)."""
-        return self.repetition != 1 or self.presence != 0 or self.frequency != 0 or bool(self.logit_bias)
+        changed = self.repetition != 1 or self.presence != 0 or self.frequency != 0 or bool(self.logit_bias)
+        return changed or self.allowed is not None
 
 
 def _bias_pairs(bias: object) -> tuple[tuple[int, float], ...]:

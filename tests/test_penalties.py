@@ -36,6 +36,8 @@ def naive(logits: torch.Tensor, penalties: Penalties, prompt: list[int], answer:
         x[token] = x[token] * penalties.repetition if x[token] < 0 else x[token] / penalties.repetition
     for token, count in Counter(answer).items():
         x[token] -= penalties.frequency * count + penalties.presence
+    if penalties.allowed is not None:
+        x[[t for t in range(len(x)) if t not in penalties.allowed]] = float("-inf")
     return x
 
 
@@ -165,6 +167,36 @@ def test_any_drafter_commits_what_a_naive_penalised_loop_does(target: Target, te
     # the frequency penalty alone: the answer repeats its tokens less than without it
     free = Generator(target).generate(PROMPT, max_new_tokens=24, temperature=temperature, seed=11).token_ids
     assert max(Counter(ref).values()) < max(Counter(free).values())
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_allowed_token_ids_commit_what_a_naive_masked_loop_does(target: Target, temperature: float) -> None:
+    """vLLM's allowed_token_ids: only those tokens, with any drafter, greedy and sampled (EOS only if listed); with a
+    repetition penalty beside it; refused where nothing could be chosen before min_tokens or with a grammar."""
+    allowed = [3, 5, 9, 17, 33, 40, 62]
+    penalties = Penalties(repetition=1.3, allowed=allowed)
+    ref, _ = naive_decode(target, penalties, 20, temperature, seed=5)
+    assert set(ref) <= set(allowed) and len(ref) == 20
+    for drafter in drafters(ref):
+        gen = Generator(target, drafter, tree_size=6, max_depth=4)
+        out = gen.generate(
+            PROMPT,
+            max_new_tokens=20,
+            seed=5,
+            temperature=temperature,
+            repetition_penalty=1.3,
+            allowed_token_ids=allowed,
+        )
+        assert out.token_ids == ref, drafter
+    gen = Generator(target)
+    for kwargs, why in [
+        (dict(allowed_token_ids=[]), "non-empty list of token ids"),
+        (dict(allowed_token_ids=[VOCAB]), f"names token {VOCAB}, outside"),
+        (dict(allowed_token_ids=[1], min_tokens=2), "must allow a token that does not end the answer"),
+        (dict(allowed_token_ids=[3], response_format="json_object"), "cannot be combined with a structured answer"),
+    ]:
+        with pytest.raises(DartspecError, match=why):
+            gen.generate(PROMPT, max_new_tokens=4, **kwargs)
 
 
 def test_rejection_tests_under_penalties_keep_the_penalised_distribution_exactly() -> None:

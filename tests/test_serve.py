@@ -204,6 +204,8 @@ HI = [{"role": "user", "content": "t5"}]
         ("chat/completions", {"messages": HI, "functions": [{"name": "f"}]}, "functions", "send tools and"),
         ("chat/completions", {"messages": HI, "function_call": "auto"}, "function_call", "deprecated"),
         ("chat/completions", {"messages": HI, "stop_token_ids": [96]}, "stop_token_ids", "96 is no token id of tiny"),
+        ("completions", {"prompt": "t5", "allowed_token_ids": [5, 96]}, "allowed_token_ids", "token 96, outside"),
+        ("completions", {"prompt": "t5", "allowed_token_ids": []}, "allowed_token_ids", "non-empty list"),
         ("completions", {"prompt": "t5", "use_beam_search": True}, "use_beam_search", "not supported"),
         ("completions", {"prompt": "t5", "bad_words": ["t6"]}, "bad_words", "logit_bias -100 bans a token"),
         ("chat/completions", {"messages": HI, "chat_template_kwargs": {"tools": []}}, "chat_template_kwargs", "set by"),
@@ -412,6 +414,15 @@ def test_penalties_and_logit_bias_give_the_engines_answer(url: str) -> None:
         assert streamed[:n] == tokens
         if temperature == 0:
             assert tokens[0] != plain  # the settings changed the answer (else the test could not fail)
+    # vLLM's allowed_token_ids: only those tokens (the engine's answer under the same restriction)
+    allowed = [5, 8, 9, 12]
+    want = Generator(target).generate(ids, max_new_tokens=12, temperature=0.9, seed=2, allowed_token_ids=allowed)
+    got = api.chat.completions.create(
+        model="tiny", messages=prompt(2), max_tokens=12, temperature=0.9, seed=2, logprobs=True,
+        extra_body={"allowed_token_ids": allowed},
+    )  # fmt: skip
+    assert [target.vocab[lp.token] for lp in got.choices[0].logprobs.content] == want.token_ids
+    assert set(want.token_ids) <= set(allowed) and len(want.token_ids) == 12
 
 
 GUIDED_REGEX = "(ab|c)+[0-9]?"

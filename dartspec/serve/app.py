@@ -597,7 +597,7 @@ def _check(
     try:
         req.penalties().check_vocabulary(engine.target.vocab_size, engine.model_name)
     except DartspecError as err:  # the message names the field
-        fields = ("repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias")
+        fields = ("repetition_penalty", "presence_penalty", "frequency_penalty", "logit_bias", "allowed_token_ids")
         return str(err), next((f for f in fields if f in str(err)), "logit_bias")
     try:
         check_stop_token_ids(req.stop_token_ids or [], engine.target.vocab_size, engine.model_name)

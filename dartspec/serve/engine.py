@@ -254,6 +254,7 @@ class ServeEngine:
                 presence_penalty=job.penalties.presence,
                 frequency_penalty=job.penalties.frequency,
                 logit_bias=dict(job.penalties.logit_bias),
+                allowed_token_ids=job.penalties.allowed,
                 response_format=job.response_format,
                 min_tokens=job.min_tokens,
                 ignore_eos=job.ignore_eos,

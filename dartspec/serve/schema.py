@@ -161,7 +161,6 @@ MAX_SEED = 2**63 - 1
 _UNIMPLEMENTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "use_beam_search": ((None, False), ""),
     "bad_words": ((None, []), ": logit_bias -100 bans a token"),
-    "allowed_token_ids": ((None,), ""),
     "prompt_logprobs": ((None,), ""),
     "skip_special_tokens": ((None, True), ": special tokens are never shown"),
     "return_tokens_as_token_ids": ((None, False), ""),
@@ -220,6 +219,7 @@ class CommonRequest(BaseModel):
     stop_token_ids: list[StrictInt] | None = None  # vLLM's: tokens that end the answer as EOS does
     include_stop_str_in_output: StrictBool = False  # vLLM's: the text ends after the stop string
     truncate_prompt_tokens: StrictInt | None = Field(default=None, ge=1)  # vLLM's: only the prompt's last k tokens
+    allowed_token_ids: list[StrictInt] | None = None  # vLLM's: only these tokens can be chosen
     seed: StrictInt | None = Field(default=None, ge=0, le=MAX_SEED)
     stop: StopText | list[StopText] | None = None
     stream: StrictBool = False
@@ -295,7 +295,8 @@ class CommonRequest(BaseModel):
             if not key.strip().isdigit():
                 raise DartspecError(f'logit_bias keys must be token ids (e.g. "50256"), got {key!r}')
             bias.append((int(key), value))
-        return Penalties(self.repetition_penalty, self.presence_penalty, self.frequency_penalty, bias)
+        penalties = (self.repetition_penalty, self.presence_penalty, self.frequency_penalty, bias)
+        return Penalties(*penalties, self.allowed_token_ids)  # type: ignore[arg-type]
 
 
 class TokenizeRequest(BaseModel):
