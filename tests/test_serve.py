@@ -213,6 +213,9 @@ HI = [{"role": "user", "content": "t5"}]
         ("chat/completions", {"messages": HI, "add_generation_prompt": False}, "add_generation_prompt", "not sup"),
         ("chat/completions", {"messages": HI, "skip_special_tokens": 0}, "skip_special_tokens", "never shown"),
         ("completions", {"prompt": ""}, "prompt", "must not be empty"),
+        ("completions", {"prompt": []}, "prompt", "must not be empty"),
+        ("completions", {"prompt": [5, 96]}, "prompt", "96 is no token id of tiny (0-95)"),
+        ("completions", {"prompt": ["t5", "t6"]}, "prompt", "valid"),  # one prompt a request
         ("completions", {}, "prompt", "Field required"),
         ("chat/completions", {"messages": HI, "seed": 2**70}, "seed", "less than or equal to"),
         ("chat/completions", {"messages": HI, "stop": "x" * 300}, "stop", "at most 256 characters"),
@@ -367,6 +370,13 @@ def test_tokenize_and_detokenize_as_vllm_serves_them(url: str) -> None:
     assert greeted.json()["tokens"] == target.encode("t9") + chat["tokens"]
     back = httpx.post(f"{url}/detokenize", json={"tokens": got["tokens"]}).json()
     assert back == {"prompt": "t5 t6 t7"}
+    # A completion's prompt may be those token ids (OpenAI's array of tokens): the text's answer
+    answers = [
+        httpx.post(f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": 6, "temperature": 0}).json()
+        for prompt in ("t5 t6 t7", got["tokens"])
+    ]
+    assert answers[0]["choices"][0]["text"] == answers[1]["choices"][0]["text"]
+    assert answers[0]["usage"]["prompt_tokens"] == answers[1]["usage"]["prompt_tokens"] == 3
     for path, body, param, message in [
         ("tokenize", {}, None, "give either prompt or messages"),
         ("tokenize", {"prompt": "t5", "messages": messages}, None, "give either prompt or messages"),

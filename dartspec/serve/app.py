@@ -425,7 +425,15 @@ async def completions(req: CompletionRequest, request: Request):
         return refused
     if not req.prompt:
         return error_response(400, "prompt must not be empty", param="prompt")
-    ids = await served.tokenized(served.engine.target.encode, req.prompt)
+    if isinstance(req.prompt, list):  # token ids, decoded from as they are
+        vocab = served.engine.target.vocab_size
+        bad = next((t for t in req.prompt if not 0 <= t < vocab), None)
+        if bad is not None:
+            message = f"prompt: {bad} is no token id of {served.engine.model_name} (0-{vocab - 1})"
+            return error_response(400, message, param="prompt")
+        ids = list(req.prompt)
+    else:
+        ids = await served.tokenized(served.engine.target.encode, req.prompt)
     return await _serve(served, req, ids, chat=False, request=request)
 
 

@@ -372,7 +372,7 @@ class ChatRequest(CommonRequest):
 
 
 class CompletionRequest(CommonRequest):
-    prompt: Text
+    prompt: Text | list[StrictInt]  # text, or token ids (OpenAI's and vLLM's array of tokens)
     # OpenAI's legacy field: each token's log-probability with this many alternatives
     logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     # OpenAI's legacy best n of best_of answers: only best_of = n (each answer its own best) is what this server does
