@@ -52,7 +52,9 @@ def kernel_speed() -> None:
                     exact.linear_a16(x, packed)
                 best = min(best, (time.perf_counter() - start) / reps)
             mb = packed.nbytes / 1e6
-            print(f"| {out} x {k}, {bits}-bit | {mb:.1f} | {rows} | {best * 1e3:.3f} | {packed.nbytes / best / 1e9:.1f} |")
+            print(
+                f"| {out} x {k}, {bits}-bit | {mb:.1f} | {rows} | {best * 1e3:.3f} | {packed.nbytes / best / 1e9:.1f} |"
+            )
 
 
 def step_split() -> None:
