@@ -484,9 +484,9 @@ def _check_generation_args(args: argparse.Namespace) -> None:
     SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed, min_p=args.min_p)
     _decoding_args(args)
     check_logprobs(getattr(args, "logprobs", None))
-    if "" in (args.stop or []):  # it would stop nothing (the engine skips it), which is not what was meant
-        raise DartspecError("--stop takes a non-empty string")
     for stop in args.stop or []:
+        if not stop:  # it would stop nothing (the engine skips it), which is not what was meant
+            raise DartspecError("--stop takes a non-empty string")
         _utf8(stop, "--stop")
     check_drafter_name(args.drafter)
     check_model_argument(args.model)

@@ -213,13 +213,18 @@ def _path_rows(features: torch.Tensor | None, path: Sequence[int], drafter: Draf
 MAX_STOP_TOKEN_IDS = 64
 
 
+def check_token_ids(ids: Sequence[int], vocab_size: int, name: str, what: str) -> None:
+    """A :class:`DartspecError` naming ``what`` (a request field) where one of ``ids`` is no token id of ``name``."""
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
+            raise DartspecError(f"{what}: {t!r} is no token id of {name} (0-{vocab_size - 1})")
+
+
 def check_stop_token_ids(ids: Sequence[int], vocab_size: int, name: str) -> frozenset[int]:
     """``ids`` as a set, or a :class:`DartspecError` saying what is wrong with them."""
     if len(ids) > MAX_STOP_TOKEN_IDS:
         raise DartspecError(f"stop_token_ids: at most {MAX_STOP_TOKEN_IDS} token ids, got {len(ids)}")
-    for t in ids:
-        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
-            raise DartspecError(f"stop_token_ids: {t!r} is no token id of {name} (0-{vocab_size - 1})")
+    check_token_ids(ids, vocab_size, name, "stop_token_ids")
     return frozenset(ids)
 
 

@@ -36,14 +36,17 @@ class PenaltyState:
         self.seen = torch.zeros(width, dtype=torch.bool, device=device)  # in the prompt or the answer
         self.seen[torch.tensor(prompt, dtype=torch.long, device=device)] = True
         self.bias = None
+        if self.penalties.logit_bias or self.penalties.allowed is not None:
+            self.bias = torch.zeros(width, dtype=torch.float64, device=device)
         if self.penalties.logit_bias:
             ids, values = zip(*self.penalties.logit_bias, strict=True)
-            self.bias = torch.zeros(width, dtype=torch.float64, device=device)
             self.bias[torch.tensor(ids, device=device)] = torch.tensor(values, dtype=torch.float64, device=device)
-        self.banned = None  # the tokens allowed_token_ids leaves out
         if self.penalties.allowed is not None:
-            self.banned = torch.ones(width, dtype=torch.bool, device=device)
-            self.banned[torch.tensor(self.penalties.allowed, device=device)] = False
+            # -inf for the tokens allowed_token_ids leaves out: every later step (a repetition penalty's product or
+            # quotient, the frequency and presence subtractions) keeps it -inf, so it is the mask applied last
+            banned = torch.ones(width, dtype=torch.bool, device=device)
+            banned[torch.tensor(self.penalties.allowed, device=device)] = False
+            self.bias[banned] = float("-inf")
         self._width = width
         self._add(answer)
 
@@ -73,12 +76,6 @@ class PenaltyState:
         row i as after node i of ``tree`` (None: rows after the committed history alone)."""
         if not self._width:
             self._build(logits)
-        x = self._penalised(logits, tree)
-        if self.banned is not None:
-            x[:, self.banned] = float("-inf")
-        return x
-
-    def _penalised(self, logits: torch.Tensor, tree: Tree | None) -> torch.Tensor:
         p = self.penalties
         x = logits.to(torch.promote_types(logits.dtype, torch.float32), copy=True)
         if self.bias is not None:

@@ -155,6 +155,7 @@ class FeatureDrafter(DrafterBase):
     def __init__(self, model: nn.Module, target: FeatureSource, auto_size: AutoSizer | None) -> None:
         model.check_target(target)
         self.model = model.to(target.device).eval()
+        self.feature_dtype = self.model.fc.weight.dtype  # the network's: what observe casts features to
         use_fast_linears(self.model, target)
         self.target = target
         self.embed = target.embed
@@ -183,7 +184,7 @@ class FeatureDrafter(DrafterBase):
     def observe(self, token_ids: Sequence[int], features: torch.Tensor | None) -> None:
         # In the network's dtype: a CPU target loaded in 16 bits hands over its kernels' fp32 features (a no-op
         # where the two agree)
-        self._queue.push(None if features is None else features.to(self.model.fc.weight.dtype), self.name)
+        self._queue.push(None if features is None else features.to(self.feature_dtype), self.name)
         if self.auto is not None and self._proposed is not None:
             # the accepted drafts that were this drafter's own: beside lookup spans (dart+pld) the path may leave its
             # tree, and the spans' tokens must not count as its estimates coming true

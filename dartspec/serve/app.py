@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dartspec.constraint import response_grammar
-from dartspec.engine import GenerationResult, StepEvent, TokenLogprob, check_stop_token_ids
+from dartspec.engine import GenerationResult, StepEvent, TokenLogprob, check_stop_token_ids, check_token_ids
 from dartspec.errors import DartspecError, FieldError
 from dartspec.serve.engine import GenerationTimeout, Job, QueueFull, ServeEngine
 from dartspec.serve.responses import ResponseEvents, ResponsesRequest, ResponseStore, output_items, response_body
@@ -228,10 +228,8 @@ async def _invalid(request: Request, exc: Exception) -> JSONResponse:
     loc = [str(x) for x in err.get("loc", ()) if x != "body" and not is_union_tag(x)]
     if err.get("type") == "json_invalid":
         return error_response(400, "the request body is not valid JSON")
-    if not loc and err.get("type") in (
-        "model_attributes_type",
-        "dict_type",
-    ):  # "body: Input should be a valid dictionary"
+    # "body: Input should be a valid dictionary": the body is no JSON object
+    if not loc and err.get("type") in ("model_attributes_type", "dict_type"):
         ctype = request.headers.get("content-type", "")
         hint = "" if "json" in ctype else f" (its Content-Type was {ctype or 'missing'}: send application/json)"
         return error_response(400, f"the request body must be a JSON object{hint}")
@@ -297,12 +295,8 @@ async def detokenize(req: DetokenizeRequest, request: Request):
     served = _served(request)
     if (refused := _unknown_model(served, req)) is not None:
         return refused
-    vocab = served.engine.target.vocab_size
-    bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
-    if bad is not None:
-        return error_response(
-            400, f"{bad} is no token id of {served.engine.model_name} (0-{vocab - 1})", param="tokens"
-        )
+    if (refused := _token_ids_refused(served, req.tokens, "tokens")) is not None:
+        return refused
     decode = functools.partial(served.engine.target.tokenizer.decode, skip_special_tokens=False)
     text = await served.tokenized(decode, req.tokens)
     return {"prompt": text}
@@ -426,15 +420,21 @@ async def completions(req: CompletionRequest, request: Request):
     if not req.prompt:
         return error_response(400, "prompt must not be empty", param="prompt")
     if isinstance(req.prompt, list):  # token ids, decoded from as they are
-        vocab = served.engine.target.vocab_size
-        bad = next((t for t in req.prompt if not 0 <= t < vocab), None)
-        if bad is not None:
-            message = f"prompt: {bad} is no token id of {served.engine.model_name} (0-{vocab - 1})"
-            return error_response(400, message, param="prompt")
+        if (refused := _token_ids_refused(served, req.prompt, "prompt")) is not None:
+            return refused
         ids = list(req.prompt)
     else:
         ids = await served.tokenized(served.engine.target.encode, req.prompt)
     return await _serve(served, req, ids, chat=False, request=request)
+
+
+def _token_ids_refused(served: Served, ids: list[int], field: str) -> JSONResponse | None:
+    """A 400 naming ``field`` where one of ``ids`` is no token id of the served model."""
+    try:
+        check_token_ids(ids, served.engine.target.vocab_size, served.engine.model_name, field)
+    except DartspecError as err:
+        return error_response(400, str(err), param=field)
+    return None
 
 
 def _unknown_model(served: Served, req: CommonRequest | TokenizeRequest | DetokenizeRequest) -> JSONResponse | None:
