@@ -804,7 +804,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from dartspec.bench.report import markdown
     from dartspec.formats import check_drafter_name
     from dartspec.targets import describe
-    from dartspec.tune import TUNE_PROMPTS, candidates, measure, save_tuned, tuned_file
+    from dartspec.tune import TUNE_PROMPTS, busy_warning, candidates, measure, save_tuned, tuned_file
 
     if args.drafters is not None and not _str_list(args.drafters):  # the default set ran (minutes) before
         raise DartspecError("--drafters is empty: name the drafters to compare (e.g. --drafters dart+pld,pld)")
@@ -821,6 +821,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
             f"on {target.device} --drafter auto is plain decoding and nothing else is measured: name drafters to "
             "compare with --drafters (e.g. --drafters dart+pld,pld)"
         )
+    if (busy := busy_warning()) is not None:  # asked for now: measured and kept, but said
+        _log(f"warning: {busy}; run `dartspec tune` again when the machine is idle")
     tuned, rows = measure(
         target,
         drafters,

@@ -20,6 +20,7 @@ import datetime
 import hashlib
 import json
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,6 +35,10 @@ TUNE_PROMPTS = Path(__file__).with_name("tune_prompts.jsonl")
 #: Prompts and new tokens a measurement takes by default: on a 2-core CPU ~10 s for SmolLM2 (three rows).
 DEFAULT_PROMPTS = 16
 DEFAULT_NEW_TOKENS = 48
+#: The share of the machine's CPU time other processes may take just before a measurement for it to count: above it
+#: the timings are theirs as much as the drafters' (a first `auto` beside a 2-thread job on 2 cores chose dart+pld at
+#: 1.19x where every idle measurement chose pld, and the default then ran at 0.99x plain decoding on MT-Bench).
+BUSY_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -131,6 +136,32 @@ def choose(speedups: dict[str, float], mismatches: dict[str, int]) -> str:
     return best
 
 
+def others_busy(seconds: float = 0.5) -> float | None:
+    """The share of the machine's CPU time that other processes used over ``seconds`` while this one waits (Linux's
+    /proc/stat; None where it cannot be read)."""
+
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat", encoding="ascii") as f:
+            ticks = [int(x) for x in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+        return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
+
+    try:
+        busy0, total0 = sample()
+        time.sleep(seconds)
+        busy1, total1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    return (busy1 - busy0) / (total1 - total0) if total1 > total0 else None
+
+
+def busy_warning() -> str | None:
+    """Why a measurement now would not tell this machine's fastest drafter (others keep its CPUs busy), or None."""
+    share = others_busy()
+    if share is None or share <= BUSY_SHARE:
+        return None
+    return f"other processes are using {share:.0%} of the CPUs: the timings would be theirs as much as the drafters'"
+
+
 def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -151,8 +182,12 @@ def auto_drafter(
         f"measuring which drafter is fastest for {target.name} on this machine: {', '.join(options)} and plain "
         f"decoding on {DEFAULT_PROMPTS} short prompts (once; cached; `dartspec tune` measures again)..."
     )
+    busy = busy_warning()
     tuned, _ = measure(target, options, path=path)
-    save_tuned(file, tuned)
+    if busy is None:
+        save_tuned(file, tuned)
+    else:  # used now, measured again by the next `auto` (or `dartspec tune`) instead of kept
+        log(f"warning: {busy}; this choice is not kept")
     log(f"--drafter auto is {tuned.summary()}")
     if any(tuned.mismatches.values()):
         log(f"warning: output differed from plain decoding: {tuned.mismatches} (please report it)")

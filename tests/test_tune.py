@@ -55,6 +55,7 @@ def test_auto_drafter_measures_once_then_reads_the_cache(tmp_path: Path, monkeyp
 
     monkeypatch.setattr(tune, "candidates", lambda t: ("dart+pld", "pld"))
     monkeypatch.setattr(tune, "measure", fake_measure)
+    monkeypatch.setattr(tune, "others_busy", lambda: 0.0)  # an idle machine (the suite's own load aside)
     logged: list[str] = []
     assert tune.auto_drafter(target, cache=tmp_path, log=logged.append) == "pld"
     assert calls == [("dart+pld", "pld")] and len(logged) == 2 and "pld 1.06x" in logged[1]
@@ -77,6 +78,45 @@ def test_auto_drafter_measures_once_then_reads_the_cache(tmp_path: Path, monkeyp
     assert tune.auto_drafter(target, cache=tmp_path) == "none" and len(calls) == 3
     file.unlink()
     assert tune.auto_drafter(target, cache=tmp_path) == "pld" and len(calls) == 3
+
+
+def test_a_choice_measured_beside_busy_processes_is_used_but_not_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dartspec.tune as tune
+
+    target = tiny_target()
+    tuned = tune.Tuned("dart+pld", {"dart+pld": 1.19, "pld": 0.93}, {"dart+pld": 0, "pld": 0}, 16, 48, "today")
+    monkeypatch.setattr(tune, "candidates", lambda t: ("dart+pld", "pld"))
+    monkeypatch.setattr(tune, "measure", lambda *a, **k: (tuned, []))
+    monkeypatch.setattr(tune, "others_busy", lambda: 0.9)
+    logged: list[str] = []
+    assert tune.auto_drafter(target, cache=tmp_path, log=logged.append) == "dart+pld"
+    assert "using 90% of the CPUs" in logged[1] and "not kept" in logged[1]
+    assert not tune.tuned_file(target, cache=tmp_path).exists()  # the next auto measures again
+    monkeypatch.setattr(tune, "others_busy", lambda: 0.1)
+    tune.auto_drafter(target, cache=tmp_path, log=logged.append)
+    assert tune.tuned_file(target, cache=tmp_path).exists()
+
+
+def test_others_busy_sees_a_process_that_spins() -> None:
+    """The share of CPU time other processes take (/proc/stat): one spinning process is at least a core's share."""
+    import os
+    import subprocess
+    import sys
+
+    from dartspec.tune import others_busy
+
+    if not Path("/proc/stat").exists():
+        pytest.skip("needs Linux's /proc/stat")
+    cores = os.cpu_count() or 1
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        share = others_busy(1.0)
+    finally:
+        spin.kill()
+        spin.wait()
+    assert share is not None and share >= 0.8 / cores
 
 
 def test_auto_in_the_front_ends_runs_the_stored_choice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
