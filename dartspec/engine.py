@@ -103,30 +103,39 @@ class GenerationStats:
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """A committed token's log-probability under the target's own distribution at its position (before temperature,
-    top-p and top-k: the logits the verifier read), and the ``top`` most likely tokens there, ``(token_id,
-    logprob)`` in descending order (as many as asked for)."""
+    """A token's log-probability under the target's own distribution at its position (before penalties,
+    temperature, top-p and top-k: the logits the verifier read), its ``rank`` there (1: the most likely; ties share
+    the better rank), and the ``top`` most likely tokens there, ``(token_id, logprob)`` in descending order (as many
+    as asked for)."""
 
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    rank: int = 1
 
     def as_dict(self) -> dict[str, Any]:
-        return {"token_id": self.token_id, "logprob": self.logprob, "top": [list(t) for t in self.top]}
+        return {
+            "token_id": self.token_id,
+            "logprob": self.logprob,
+            "rank": self.rank,
+            "top": [list(t) for t in self.top],
+        }
 
 
 def token_logprobs(logits: torch.Tensor, tokens: Sequence[int], top: int) -> list[TokenLogprob]:
-    """Each token's log-probability in the matching row of ``logits`` ``(rows, vocab)``, with the ``top`` most likely
-    tokens of that row."""
+    """Each token's log-probability in the matching row of ``logits`` ``(rows, vocab)``, with its rank and the
+    ``top`` most likely tokens of that row."""
     logp = torch.log_softmax(logits.to(torch.float64), dim=-1)
     index = torch.tensor(list(tokens), device=logp.device)
-    chosen = logp.gather(1, index[:, None])[:, 0].tolist()
+    chosen = logp.gather(1, index[:, None])
+    ranks = ((logp > chosen).sum(dim=-1) + 1).tolist()
+    values = chosen[:, 0].tolist()
     if top == 0:
-        return [TokenLogprob(t, lp) for t, lp in zip(tokens, chosen, strict=True)]
-    values, ids = logp.topk(top, dim=-1)
+        return [TokenLogprob(t, lp, rank=r) for t, lp, r in zip(tokens, values, ranks, strict=True)]
+    best, ids = logp.topk(top, dim=-1)
     return [
-        TokenLogprob(t, lp, tuple(zip(i, v, strict=True)))
-        for t, lp, i, v in zip(tokens, chosen, ids.tolist(), values.tolist(), strict=True)
+        TokenLogprob(t, lp, tuple(zip(i, v, strict=True)), r)
+        for t, lp, r, i, v in zip(tokens, values, ranks, ids.tolist(), best.tolist(), strict=True)
     ]
 
 
@@ -140,6 +149,8 @@ class GenerationResult:
     finish_reason: str  # "stop" (EOS or stop string) or "length"
     stats: GenerationStats
     logprobs: list[TokenLogprob] | None = None
+    #: Where asked for (``prompt_logprobs``), those of the prompt's tokens after its first (which has none).
+    prompt_logprobs: list[TokenLogprob] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out = {
@@ -150,6 +161,8 @@ class GenerationResult:
         }
         if self.logprobs is not None:
             out["logprobs"] = [lp.as_dict() for lp in self.logprobs]
+        if self.prompt_logprobs is not None:
+            out["prompt_logprobs"] = [lp.as_dict() for lp in self.prompt_logprobs]
         return out
 
 
@@ -320,6 +333,31 @@ class SequenceState:
     #: The tokens that end this answer (none with ``ignore_eos``).
     eos: frozenset[int] = frozenset()
     logprobs: list[TokenLogprob] = field(default_factory=list)  # of ``new``, where taken
+    prompt_logprobs: list[TokenLogprob] | None = None  # of the prompt's tokens after its first, where asked for
+
+
+#: Prompt tokens scored per forward where their log-probabilities are asked for: each chunk's logits become
+#: log-probabilities and are dropped (all of a long prompt's at once would be prompt x vocabulary floats, 5 GB for 8K
+#: tokens of Qwen). A multiple of the runtimes' own prefill chunks (64, 512), so that the forwards, and the first
+#: token, are those of a plain prefill.
+SCORE_CHUNK = 512
+
+
+def _score_prompt(
+    target: TargetRuntime, prompt_ids: list[int], top: int, features: bool, cache: TreeKVCache
+) -> tuple[TargetOutput, list[TokenLogprob]]:
+    """Prefill ``prompt_ids`` into ``cache`` as :meth:`TargetRuntime.prefill` does (its output: the last position's
+    logits), taking the log-probabilities of the prompt's tokens after its first on the way."""
+    scored: list[TokenLogprob] = []
+    feats = []
+    for start in range(0, len(prompt_ids), SCORE_CHUNK):
+        end = min(start + SCORE_CHUNK, len(prompt_ids))
+        out = target.prefill(prompt_ids[start:end], features=features, cache=cache, all_logits=True)
+        following = prompt_ids[start + 1 : end + 1]  # row i predicts the token after prompt_ids[start + i]
+        scored += token_logprobs(out.logits[: len(following)], following, top)
+        feats.append(out.features)
+    argmax = None if out.argmax is None else out.argmax[-1:]
+    return TargetOutput(out.logits[-1:], torch.cat(feats) if features else None, argmax=argmax), scored
 
 
 def default_tree_size(device: Any, feature_drafter: bool = False) -> int:
@@ -478,6 +516,7 @@ class Generator:
         chat: bool | None = None,
         own_state: bool = False,
         logprobs: int | None = None,
+        prompt_logprobs: int | None = None,
         repetition_penalty: float = 1.0,
         presence_penalty: float = 0.0,
         frequency_penalty: float = 0.0,
@@ -496,7 +535,9 @@ class Generator:
         (:meth:`advance_many`); otherwise it uses the runtime's cache and the generator's drafter (one sequence at
         a time, their buffers and learned settings reused). ``logprobs``: take each committed token's
         log-probability with that many alternatives (0 to :data:`MAX_TOP_LOGPROBS`; None: none): the target's own,
-        before penalties and temperature. ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``,
+        before penalties and temperature. ``prompt_logprobs``: the same for the prompt's tokens after its first
+        (:attr:`GenerationResult.prompt_logprobs`, scoring a text: OpenAI's ``echo``, vLLM's ``prompt_logprobs``);
+        ``max_new_tokens`` may then be 0 (the prompt scored, nothing generated). ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``,
         ``logit_bias`` (token id -> bias): :class:`~dartspec.sampling.Penalties`; greedy decoding takes the argmax of
         the penalised logits. ``response_format="json_object"``: the answer is a JSON object; a mapping: a JSON
         Schema (:mod:`dartspec.json_schema`) the answer follows; either decoded under the constraint of
@@ -519,9 +560,14 @@ class Generator:
         params = SamplingParams(
             temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, penalties=penalties, min_p=min_p
         )
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise DartspecError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         check_logprobs(logprobs)
+        check_logprobs(prompt_logprobs, "prompt_logprobs")
+        scoring = prompt_logprobs is not None
+        if type(max_new_tokens) is not int or max_new_tokens < (0 if scoring else 1):
+            raise DartspecError(
+                f"max_new_tokens must be a positive integer (0 only to score the prompt, with prompt_logprobs), got "
+                f"{max_new_tokens!r}"
+            )
         grammar = response_grammar(response_format, min_tokens)
         target, drafter = self.target, self.drafter
         penalties.check_vocabulary(target.vocab_size, target.name)
@@ -534,7 +580,7 @@ class Generator:
             raise DartspecError("with min_tokens, allowed_token_ids must allow a token that does not end the answer")
         prompt_ids = self.encode(prompt, chat)
         room = target.max_context - len(prompt_ids)
-        if room < 1:
+        if room < min(max_new_tokens, 1):
             raise ContextLengthError(
                 f"the prompt is {len(prompt_ids)} tokens but {target.name} has a context window of "
                 f"{target.max_context} tokens"
@@ -561,12 +607,18 @@ class Generator:
             cache = target.cache
             target.reset()
         drafter.begin(prompt_ids)
-        out = target.prefill(prompt_ids, features=drafter.needs_features, cache=cache)
+        scored = None
+        if prompt_logprobs is None:
+            out = target.prefill(prompt_ids, features=drafter.needs_features, cache=cache)
+        else:
+            out, scored = _score_prompt(target, prompt_ids, prompt_logprobs, drafter.needs_features, cache)
         drafter.observe(prompt_ids, out.features)
-        first = verifier.next_token(out.logits[0], None if out.argmax is None else out.argmax[0])
         stats.target_forwards = 1
+        new = []
+        if max_new_tokens:
+            new.append(verifier.next_token(out.logits[0], None if out.argmax is None else out.argmax[0]))
         stats.times["prefill"] = time.perf_counter() - started
-        taken = [] if logprobs is None else token_logprobs(out.logits[:1], [first], logprobs)
+        taken = [] if logprobs is None else token_logprobs(out.logits[:1], new, logprobs)
         return SequenceState(
             prompt_ids=list(prompt_ids),
             limit=min(max_new_tokens, room),
@@ -578,11 +630,12 @@ class Generator:
             text=_TextStream(target, stop, include_stop_str_in_output),
             stats=stats,
             started=started,
-            committed=[*prompt_ids, first],
-            new=[first],
+            committed=[*prompt_ids, *new],
+            new=new,
             clock=_Clock(stats.times),
             top_logprobs=logprobs,
             logprobs=taken,
+            prompt_logprobs=scored,
             eos=stops if ignore_eos else target.eos_token_ids | stops,
         )
 
@@ -599,7 +652,7 @@ class Generator:
             stats.seconds = time.perf_counter() - seq.started
             stats.extra.update(seq.drafter.report())
             logprobs = seq.logprobs[: len(new)] if seq.top_logprobs is not None else None
-            seq.result = GenerationResult(final_text, new, finish, stats, logprobs)
+            seq.result = GenerationResult(final_text, new, finish, stats, logprobs, seq.prompt_logprobs)
             last = new[seq.shown :]
             last_logprobs = logprobs[seq.shown :] if logprobs is not None else None
             delta = seq.text.delta(final_text, True)

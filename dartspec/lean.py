@@ -302,15 +302,20 @@ class LeanTarget(CausalRuntime):
 
     @torch.inference_mode()
     def prefill(
-        self, token_ids: Sequence[int], *, features: bool = False, cache: TreeKVCache | None = None
+        self,
+        token_ids: Sequence[int],
+        *,
+        features: bool = False,
+        cache: TreeKVCache | None = None,
+        all_logits: bool = False,
     ) -> TargetOutput:
         """As :meth:`CausalRuntime.prefill`; with a prefix cache, an empty ``cache`` starts with the longest cached
         prefix of ``token_ids`` (shared, not computed) and the prompt's own full blocks are stored for later
-        requests."""
+        requests. ``all_logits`` does not read the prefix cache: a shared prefix has no logits to give."""
         cache = self.cache if cache is None else cache
         shared = self.prefix_cache
-        if shared is None or cache.length or len(token_ids) < 2:
-            return super().prefill(token_ids, features=features, cache=cache)
+        if shared is None or cache.length or len(token_ids) < 2 or all_logits:
+            return super().prefill(token_ids, features=features, cache=cache, all_logits=all_logits)
         chain = shared.match(token_ids, features=features)
         shared.attach(cache, chain)
         npre = cache.length

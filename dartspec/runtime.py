@@ -97,7 +97,12 @@ class TargetRuntime(Protocol):
     def reset(self) -> None: ...
 
     def prefill(
-        self, token_ids: Sequence[int], *, features: bool = False, cache: TreeKVCache | None = None
+        self,
+        token_ids: Sequence[int],
+        *,
+        features: bool = False,
+        cache: TreeKVCache | None = None,
+        all_logits: bool = False,
     ) -> TargetOutput: ...
 
     def verify(self, tree: Tree, *, features: bool = False, cache: TreeKVCache | None = None) -> TargetOutput: ...
@@ -358,10 +363,16 @@ class CausalRuntime(ABC):
         )
 
     def prefill(
-        self, token_ids: Sequence[int], *, features: bool = False, cache: TreeKVCache | None = None
+        self,
+        token_ids: Sequence[int],
+        *,
+        features: bool = False,
+        cache: TreeKVCache | None = None,
+        all_logits: bool = False,
     ) -> TargetOutput:
         """Append ``token_ids`` to ``cache`` (default: the runtime's own; chunked causal forwards); logits of the last
-        position only."""
+        position only, or with ``all_logits`` of every position (row i predicts the token after ``token_ids[i]``:
+        scoring a prompt)."""
         cache = self.cache if cache is None else cache
         if len(token_ids) == 0:
             raise DartspecError("the prompt is empty")
@@ -375,13 +386,13 @@ class CausalRuntime(ABC):
             chunk = list(token_ids[start : start + self.prefill_chunk])
             n = len(chunk)
             last = start + n == len(token_ids)
-            outs.append(
-                self._forward(
-                    chunk, torch.arange(n), None, cache, logit_rows=[n - 1] if last else [], features=features
-                )
-            )
+            rows = None if all_logits else [n - 1] if last else []
+            outs.append(self._forward(chunk, torch.arange(n), None, cache, logit_rows=rows, features=features))
         feats = torch.cat([o.features for o in outs]) if features else None
-        return TargetOutput(outs[-1].logits, feats, argmax=outs[-1].argmax)
+        if not all_logits:
+            return TargetOutput(outs[-1].logits, feats, argmax=outs[-1].argmax)
+        argmax = None if any(o.argmax is None for o in outs) else torch.cat([o.argmax for o in outs])  # type: ignore[misc]
+        return TargetOutput(torch.cat([o.logits for o in outs]), feats, argmax=argmax)
 
     def verify(self, tree: Tree, *, features: bool = False, cache: TreeKVCache | None = None) -> TargetOutput:
         """Score every node of ``tree`` in one forward against ``cache`` (default: the runtime's own); logits row i

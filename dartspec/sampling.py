@@ -17,10 +17,10 @@ __all__ = ["MAX_LOGIT_BIAS", "MAX_PENALTY", "MAX_TOP_LOGPROBS", "Penalties", "Sa
 MAX_TOP_LOGPROBS = 20
 
 
-def check_logprobs(logprobs: object) -> None:
+def check_logprobs(logprobs: object, name: str = "logprobs") -> None:
     """``logprobs`` asks for each token's log-probability with that many alternatives (None: none)."""
     if logprobs is not None and not (type(logprobs) is int and 0 <= logprobs <= MAX_TOP_LOGPROBS):
-        raise DartspecError(f"logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {logprobs!r}")
+        raise DartspecError(f"{name} must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {logprobs!r}")
 
 
 #: The largest presence / frequency penalty and logit bias, either sign (OpenAI's ranges).

@@ -9,7 +9,7 @@ from conftest import VOCAB, tiny_model, tiny_target, tiny_tokenizer
 from test_engine import RandomDrafter
 from test_lean import _gguf_like, _with_biases
 
-from dartspec import exact
+from dartspec import engine, exact
 from dartspec.drafters import PromptLookupDrafter
 from dartspec.engine import MAX_TOP_LOGPROBS, Generator
 from dartspec.errors import DartspecError
@@ -101,3 +101,62 @@ def test_on_the_exact_cpu_format_a_trees_logprobs_are_one_token_decodings_bit_fo
     drafter = RandomDrafter(seed=4, reference=plain.token_ids, oracle_rate=0.8)
     spec = Generator(target, drafter, tree_size=6, max_depth=4).generate(PROMPT, max_new_tokens=24, logprobs=2)
     assert spec.token_ids == plain.token_ids and spec.logprobs == plain.logprobs
+
+
+def test_prompt_logprobs_are_transformers_forward_over_the_prompt(
+    target: Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``prompt_logprobs``: each prompt token after the first, its log-probability, rank and alternatives under
+    transformers' own forward over the prompt, in scoring chunks; the answer is the one a plain request gets."""
+    monkeypatch.setattr(engine, "SCORE_CHUNK", 128)  # the tiny models' context holds 512 tokens
+    long_prompt = PROMPT * 30  # 390 tokens: four chunks
+    with torch.no_grad():
+        logits = target.model(torch.tensor([long_prompt])).logits[0].to(torch.float64)
+    want = torch.log_softmax(logits, dim=-1)[:-1]
+    following = torch.tensor(long_prompt[1:])
+    gen = Generator(target, PromptLookupDrafter(), tree_size=4)
+    plain = gen.generate(long_prompt, max_new_tokens=8, logprobs=1)
+    out = gen.generate(long_prompt, max_new_tokens=8, logprobs=1, prompt_logprobs=3)
+    assert out.token_ids == plain.token_ids and plain.prompt_logprobs is None
+    assert out.logprobs is not None and plain.logprobs is not None  # chunks other than a prefill's: other rounding
+    assert [lp.logprob for lp in out.logprobs] == pytest.approx([lp.logprob for lp in plain.logprobs], abs=1e-6)
+    scored = out.prompt_logprobs
+    assert scored is not None and [lp.token_id for lp in scored] == long_prompt[1:]
+    chosen = want.gather(1, following[:, None])[:, 0]
+    assert torch.allclose(torch.tensor([lp.logprob for lp in scored], dtype=torch.float64), chosen, atol=1e-6)
+    ranks = (want > chosen[:, None] + 1e-9).sum(-1) + 1  # a margin: the two forwards round differently
+    assert [lp.rank for lp in scored] == ranks.tolist() and {lp.rank for lp in scored} != {1}
+    values, ids = want.topk(3, dim=-1)
+    assert [[t for t, _ in lp.top] for lp in scored] == ids.tolist()
+    assert len(out.as_dict()["prompt_logprobs"]) == len(long_prompt) - 1
+
+
+def test_a_prompt_scored_alone_generates_nothing() -> None:
+    target = tiny_target("llama", seed=3, layers=3)
+    gen = Generator(target)
+    out = gen.generate(PROMPT, max_new_tokens=0, prompt_logprobs=0)
+    assert (out.token_ids, out.text, out.finish_reason, out.logprobs) == ([], "", "length", None)
+    assert out.prompt_logprobs == gen.generate(PROMPT, max_new_tokens=1, prompt_logprobs=0).prompt_logprobs
+    assert [lp.top for lp in out.prompt_logprobs] == [()] * (len(PROMPT) - 1)
+    assert gen.generate(PROMPT[:1], max_new_tokens=0, prompt_logprobs=2).prompt_logprobs == []
+    with pytest.raises(DartspecError, match="0 only to score the prompt"):
+        gen.generate(PROMPT, max_new_tokens=0)
+    with pytest.raises(DartspecError, match="prompt_logprobs must be an integer"):
+        gen.generate(PROMPT, max_new_tokens=2, prompt_logprobs=-1)
+
+
+@pytest.mark.skipif(not exact.available(), reason="dartspec's C kernels do not build here")
+def test_on_the_exact_cpu_format_a_scored_prompt_changes_nothing_and_skips_the_prefix_cache() -> None:
+    """Scoring the prompt runs a plain prefill's forwards: the answer and its log-probabilities are bit for bit a
+    plain request's; with a prefix cache holding the prompt, the prompt is still scored (nothing shared has logits)."""
+    model = _with_biases(_gguf_like(tiny_model("qwen2", seed=5).float()), 5)
+    target = LeanTarget(model, tiny_tokenizer(), quant="exact-a16")
+    prompt = PROMPT * 8
+    plain = Generator(target).generate(prompt, max_new_tokens=12, logprobs=2)
+    first = Generator(target).generate(prompt, max_new_tokens=12, logprobs=2, prompt_logprobs=1)
+    assert (first.token_ids, first.logprobs) == (plain.token_ids, plain.logprobs)
+    target.enable_prefix_cache(1 << 24)
+    Generator(target).generate(prompt, max_new_tokens=2)  # the prompt's blocks now cached
+    again = Generator(target).generate(prompt, max_new_tokens=12, logprobs=2, prompt_logprobs=1)
+    assert (again.token_ids, again.logprobs) == (plain.token_ids, plain.logprobs)
+    assert again.prompt_logprobs == first.prompt_logprobs and len(first.prompt_logprobs) == len(prompt) - 1
