@@ -537,9 +537,10 @@ class Generator:
         log-probability with that many alternatives (0 to :data:`MAX_TOP_LOGPROBS`; None: none): the target's own,
         before penalties and temperature. ``prompt_logprobs``: the same for the prompt's tokens after its first
         (:attr:`GenerationResult.prompt_logprobs`, scoring a text: OpenAI's ``echo``, vLLM's ``prompt_logprobs``);
-        ``max_new_tokens`` may then be 0 (the prompt scored, nothing generated). ``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``,
-        ``logit_bias`` (token id -> bias): :class:`~dartspec.sampling.Penalties`; greedy decoding takes the argmax of
-        the penalised logits. ``response_format="json_object"``: the answer is a JSON object; a mapping: a JSON
+        ``max_new_tokens`` may then be 0 (the prompt scored, nothing generated). ``repetition_penalty``,
+        ``presence_penalty``, ``frequency_penalty``, ``logit_bias`` (token id -> bias):
+        :class:`~dartspec.sampling.Penalties`; greedy decoding takes the argmax of the penalised logits.
+        ``response_format="json_object"``: the answer is a JSON object; a mapping: a JSON
         Schema (:mod:`dartspec.json_schema`) the answer follows; either decoded under the constraint of
         :mod:`dartspec.constraint` (greedy: the most likely allowed token; sampling: the target's distribution
         restricted to the allowed tokens), and ending where the document does. ``min_tokens``: EOS cannot

@@ -128,6 +128,7 @@ def test_prompt_logprobs_are_transformers_forward_over_the_prompt(
     assert [lp.rank for lp in scored] == ranks.tolist() and {lp.rank for lp in scored} != {1}
     values, ids = want.topk(3, dim=-1)
     assert [[t for t, _ in lp.top] for lp in scored] == ids.tolist()
+    assert [v for lp in scored for _, v in lp.top] == pytest.approx(values.flatten().tolist(), abs=1e-6)
     assert len(out.as_dict()["prompt_logprobs"]) == len(long_prompt) - 1
 
 
