@@ -178,6 +178,7 @@ class StepEvent:
             an incomplete UTF-8 character).
         result: set on the last event only.
         logprobs: the log-probabilities of ``token_ids``, where the generation was asked for them.
+        prompt_logprobs: the first event's, those of the prompt's tokens after its first, where asked for.
     """
 
     token_ids: list[int]
@@ -185,6 +186,7 @@ class StepEvent:
     text: str
     result: GenerationResult | None = None
     logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 class _Clock:
@@ -619,7 +621,7 @@ class Generator:
         if max_new_tokens:
             new.append(verifier.next_token(out.logits[0], None if out.argmax is None else out.argmax[0]))
         stats.times["prefill"] = time.perf_counter() - started
-        taken = [] if logprobs is None else token_logprobs(out.logits[:1], new, logprobs)
+        taken = [] if logprobs is None else token_logprobs(out.logits[: len(new)], new, logprobs)
         return SequenceState(
             prompt_ids=list(prompt_ids),
             limit=min(max_new_tokens, room),
@@ -657,10 +659,12 @@ class Generator:
             last = new[seq.shown :]
             last_logprobs = logprobs[seq.shown :] if logprobs is not None else None
             delta = seq.text.delta(final_text, True)
-            return StepEvent(last, min(seq.drafted, len(last)), delta, seq.result, last_logprobs)
+            scored = seq.prompt_logprobs if seq.shown == 0 else None
+            return StepEvent(last, min(seq.drafted, len(last)), delta, seq.result, last_logprobs, scored)
         shown = seq.text.delta(seq.text.current(seq.new), False) if text else ""
         logprobs = seq.logprobs[seq.shown :] if seq.top_logprobs is not None else None
-        event = StepEvent(seq.new[seq.shown :], seq.drafted, shown, logprobs=logprobs)
+        scored = seq.prompt_logprobs if seq.shown == 0 else None  # the first event (every later one shows tokens)
+        event = StepEvent(seq.new[seq.shown :], seq.drafted, shown, logprobs=logprobs, prompt_logprobs=scored)
         seq.shown = len(seq.new)
         seq.clock.lap("other")
         return event

@@ -136,6 +136,7 @@ def test_a_prompt_scored_alone_generates_nothing() -> None:
     target = tiny_target("llama", seed=3, layers=3)
     gen = Generator(target)
     out = gen.generate(PROMPT, max_new_tokens=0, prompt_logprobs=0)
+    assert gen.generate(PROMPT, max_new_tokens=0, logprobs=2, prompt_logprobs=0).logprobs == []
     assert (out.token_ids, out.text, out.finish_reason, out.logprobs) == ([], "", "length", None)
     assert out.prompt_logprobs == gen.generate(PROMPT, max_new_tokens=1, prompt_logprobs=0).prompt_logprobs
     assert [lp.top for lp in out.prompt_logprobs] == [()] * (len(PROMPT) - 1)

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import httpx
 import pytest
+import torch
 
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
@@ -193,7 +194,12 @@ HI = [{"role": "user", "content": "t5"}]
         # A limit the context cannot hold is refused (OpenAI's and vLLM's answer), not cut silently
         ("completions", {"prompt": "t5", "max_tokens": 512}, "max_tokens", "513 were asked for (1 in the prompt"),
         ("chat/completions", {"messages": HI, "max_completion_tokens": 9999}, "max_completion_tokens", "at most"),
-        ("completions", {"prompt": "t5", "echo": True}, "echo", "echo is not supported"),
+        ("completions", {"prompt": "t5", "max_tokens": 0}, "max_tokens", "scores the prompt with echo"),
+        ("completions", {"prompt": "t5", "prompt_logprobs": 21}, "prompt_logprobs", "less than or equal to 20"),
+        ("completions", {"prompt": ["t5"] * 9, "n": 8}, "prompt", "at most 64 answers a request (prompts x n)"),
+        ("completions", {"prompt": ["t5", ""]}, "prompt", "must not be empty"),
+        ("completions", {"prompt": [[5], [96]]}, "prompt", "96"),
+        ("chat/completions", {"messages": HI, "echo": True}, "echo", "echo is not supported"),
         (
             "completions",
             {"prompt": "t5", "suffix": "t6"},
@@ -215,7 +221,6 @@ HI = [{"role": "user", "content": "t5"}]
         ("completions", {"prompt": ""}, "prompt", "must not be empty"),
         ("completions", {"prompt": []}, "prompt", "must not be empty"),
         ("completions", {"prompt": [5, 96]}, "prompt", "96 is no token id of tiny (0-95)"),
-        ("completions", {"prompt": ["t5", "t6"]}, "prompt", "valid"),  # one prompt a request
         ("completions", {}, "prompt", "Field required"),
         ("chat/completions", {"messages": HI, "seed": 2**70}, "seed", "less than or equal to"),
         ("chat/completions", {"messages": HI, "stop": "x" * 300}, "stop", "at most 256 characters"),
@@ -781,6 +786,80 @@ def test_logprobs_are_the_engines_in_openais_shapes(url: str) -> None:
     pieces = [e["choices"][0]["logprobs"] for e in events if e["choices"][0].get("logprobs")]
     joined = {k: [x for piece in pieces for x in piece[k]] for k in done}
     assert joined == done
+
+
+def test_echo_and_prompt_logprobs_score_the_prompt_as_transformers_does(url: str) -> None:
+    """A completion's ``echo`` (with ``logprobs``, ``max_tokens`` 0 included: OpenAI's legacy way to score a text,
+    and what lm-evaluation-harness's local-completions sends, a batch of token-id prompts with ``max_tokens`` 1) and
+    vLLM's ``prompt_logprobs``, whole and streamed: the prompt's tokens' log-probabilities are transformers' forward
+    over the prompt, and the answer the one a plain request gets."""
+    target = make_target()  # the same weights as the server's
+
+    def text(token: int) -> str:
+        return target.tokenizer.decode([token], skip_special_tokens=False)
+
+    def scored(ids: list[int]) -> torch.Tensor:
+        with torch.no_grad():
+            logits = target.model(torch.tensor([ids])).logits[0].double()
+        return torch.log_softmax(logits, -1)[:-1].gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+
+    prompt_text = "t5 t6 t7 t8 t5 t6"
+    ids = target.encode(prompt_text)
+    want = Generator(target).generate(ids, max_new_tokens=4, logprobs=2)
+    body = {"prompt": prompt_text, "max_tokens": 4, "temperature": 0, "logprobs": 2, "echo": True}
+    got = httpx.post(f"{url}/v1/completions", json=body).json()
+    choice = got["choices"][0]
+    assert choice["text"] == prompt_text + want.text
+    lp = choice["logprobs"]
+    assert lp["tokens"] == [text(t) for t in ids + want.token_ids]
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert lp["token_logprobs"][1 : len(ids)] == pytest.approx(scored(ids).tolist(), abs=1e-5)
+    assert lp["token_logprobs"][len(ids) :] == pytest.approx([x.logprob for x in want.logprobs], abs=1e-9)
+    assert all(len(top) == 2 for top in lp["top_logprobs"][1:])
+    lengths = [len(t) for t in lp["tokens"]]
+    assert lp["text_offset"] == [sum(lengths[:i]) for i in range(len(lengths))]
+    with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert "".join(e["choices"][0]["text"] for e in events) == choice["text"]
+    pieces = [e["choices"][0]["logprobs"] for e in events if e["choices"][0].get("logprobs")]
+    assert {k: [x for piece in pieces for x in piece[k]] for k in lp} == lp
+    # Scoring alone: max_tokens 0 answers the prompt's text and its tokens' log-probabilities (whole and streamed)
+    alone = {"prompt": prompt_text, "max_tokens": 0, "echo": True, "logprobs": 1}
+    only = httpx.post(f"{url}/v1/completions", json=alone).json()
+    assert only["choices"][0]["text"] == prompt_text and only["choices"][0]["finish_reason"] == "length"
+    assert only["choices"][0]["logprobs"]["token_logprobs"] == lp["token_logprobs"][: len(ids)]
+    assert [len(top) for top in only["choices"][0]["logprobs"]["top_logprobs"][1:]] == [1] * (len(ids) - 1)
+    assert only["usage"]["completion_tokens"] == 0 and only["usage"]["prompt_tokens"] == len(ids)
+    with httpx.stream("POST", f"{url}/v1/completions", json={**alone, "stream": True}) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert "".join(e["choices"][0]["text"] for e in events) == prompt_text
+    assert events[0]["choices"][0]["logprobs"] == only["choices"][0]["logprobs"]
+    # lm-evaluation-harness's loglikelihood request: a batch of token-id prompts, context + continuation, max_tokens
+    # 1; it sums token_logprobs[len(context):-1]
+    contexts = [target.encode("t5 t6 t7"), target.encode("t9 t8")]
+    continuations = [target.encode(" t8 t9"), target.encode(" t7")]
+    batch = [c + x for c, x in zip(contexts, continuations, strict=True)]
+    lm_eval = {"prompt": batch, "max_tokens": 1, "logprobs": 1, "echo": True, "temperature": 0, "seed": 1234}
+    answer = httpx.post(f"{url}/v1/completions", json=lm_eval).json()
+    assert [c["index"] for c in answer["choices"]] == [0, 1]
+    assert answer["usage"]["prompt_tokens"] == sum(len(p) for p in batch)
+    for context, full, c in zip(contexts, batch, answer["choices"], strict=True):
+        loglikelihood = sum(c["logprobs"]["token_logprobs"][len(context) : -1])
+        assert loglikelihood == pytest.approx(scored(full)[len(context) - 1 :].sum().item(), abs=1e-5)
+        assert len(c["logprobs"]["top_logprobs"][-1]) == 1
+    # vLLM's prompt_logprobs: a completion choice's own, a chat completion's at the top; rank 1 = the most likely
+    vllm = httpx.post(f"{url}/v1/completions", json={"prompt": prompt_text, "max_tokens": 2, "prompt_logprobs": 3})
+    entries = vllm.json()["choices"][0]["prompt_logprobs"]
+    assert entries[0] is None and len(entries) == len(ids)
+    for token, entry, value in zip(ids[1:], entries[1:], scored(ids).tolist(), strict=True):
+        assert entry[str(token)]["logprob"] == pytest.approx(value, abs=1e-5)
+        assert entry[str(token)]["decoded_token"] == text(token)
+        ranked = sorted(entry.values(), key=lambda e: -e["logprob"])
+        assert [e["rank"] for e in ranked][:3] == [1, 2, 3] and 3 <= len(entry) <= 4
+    messages = [{"role": "user", "content": "t5 t6"}]
+    chat = httpx.post(f"{url}/v1/chat/completions", json={"messages": messages, "max_tokens": 2, "prompt_logprobs": 0})
+    chat_ids = target.encode_chat(messages)
+    assert [list(e) for e in chat.json()["prompt_logprobs"][1:]] == [[str(t)] for t in chat_ids[1:]]
 
 
 def test_n_choices_are_the_answers_of_n_requests_seeded_one_apart(url: str) -> None:

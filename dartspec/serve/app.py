@@ -36,6 +36,7 @@ from dartspec.errors import DartspecError, FieldError
 from dartspec.serve.engine import GenerationTimeout, Job, QueueFull, ServeEngine
 from dartspec.serve.responses import ResponseEvents, ResponsesRequest, ResponseStore, output_items, response_body
 from dartspec.serve.schema import (
+    MAX_PROMPTS,
     MAX_SEED,
     ChatRequest,
     CommonRequest,
@@ -44,10 +45,12 @@ from dartspec.serve.schema import (
     Message,
     TokenizeRequest,
     chunk,
+    echo_logprobs_body,
     error_body,
     error_response,
     is_union_tag,
     logprobs_body,
+    prompt_logprobs_body,
     role_chunk,
     usage,
 )
@@ -174,14 +177,28 @@ class Served:
     async def tokenized(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.tokenizer_thread, fn, *args)
 
-    async def logprobs(self, logprobs: list[TokenLogprob], chat: bool, offset: int = 0) -> dict[str, Any]:
-        """OpenAI's logprobs object of these tokens (their texts decoded on the tokenizer's thread)."""
-        tokenizer = self.engine.target.tokenizer
+    def _token_text(self, token: int) -> str:
+        return self.engine.target.tokenizer.decode([token], skip_special_tokens=False)
 
-        def text(token: int) -> str:
-            return tokenizer.decode([token], skip_special_tokens=False)
+    async def logprobs(
+        self, logprobs: list[TokenLogprob], chat: bool, offset: int = 0, echo: Echo | None = None
+    ) -> dict[str, Any]:
+        """OpenAI's logprobs object of these tokens (their texts decoded on the tokenizer's thread); with ``echo``
+        (the prompt's ids and log-probabilities, and the alternatives asked for) the prompt's tokens first."""
+        if echo is None:
+            return await self.tokenized(logprobs_body, logprobs, chat, self._token_text, offset)
+        ids, scored, top = echo
+        return await self.tokenized(echo_logprobs_body, ids, scored, top, logprobs, self._token_text)
 
-        return await self.tokenized(logprobs_body, logprobs, chat, text, offset)
+    async def prompt_logprobs(self, scored: list[TokenLogprob] | None, top: int) -> list[Any]:
+        """vLLM's ``prompt_logprobs`` of a prompt (decoded on the tokenizer's thread)."""
+        assert scored is not None  # asked for, so the engine took them
+        return await self.tokenized(prompt_logprobs_body, scored, top, self._token_text)
+
+
+#: A completion's echoed prompt for its ``logprobs``: its token ids, their log-probabilities (after the first) and how
+#: many alternatives were asked for.
+Echo = tuple[list[int], list[TokenLogprob] | None, int]
 
 
 def create_app(
@@ -315,7 +332,7 @@ async def chat(req: ChatRequest, request: Request):
     ids = await _chat_ids(served, req, "messages")
     if isinstance(ids, Response):
         return ids
-    return await _serve(served, req, ids, chat=True, request=request)
+    return await _serve(served, req, [ids], chat=True, request=request)
 
 
 @routes.post("/v1/responses")
@@ -342,7 +359,7 @@ async def responses(body: ResponsesRequest, request: Request):
     run = await _start(
         served,
         req,
-        ids,
+        [ids],
         prompt_param="input",
         request=request,
         format_param="text.format",
@@ -417,15 +434,21 @@ async def completions(req: CompletionRequest, request: Request):
     served = _served(request)
     if (refused := _unknown_model(served, req)) is not None:
         return refused
-    if not req.prompt:
-        return error_response(400, "prompt must not be empty", param="prompt")
-    if isinstance(req.prompt, list):  # token ids, decoded from as they are
-        if (refused := _token_ids_refused(served, req.prompt, "prompt")) is not None:
-            return refused
-        ids = list(req.prompt)
-    else:
-        ids = await served.tokenized(served.engine.target.encode, req.prompt)
-    return await _serve(served, req, ids, chat=False, request=request)
+    prompts = req.prompts()
+    if len(prompts) * req.n > MAX_PROMPTS:
+        return error_response(400, f"at most {MAX_PROMPTS} answers a request (prompts x n)", param="prompt")
+    batch, texts = [], []
+    for prompt in prompts:
+        if not prompt:
+            return error_response(400, "prompt must not be empty", param="prompt")
+        if isinstance(prompt, list):  # token ids, decoded from as they are
+            if (refused := _token_ids_refused(served, prompt, "prompt")) is not None:
+                return refused
+            batch.append(list(prompt))
+        else:
+            batch.append(await served.tokenized(served.engine.target.encode, prompt))
+        texts.append(prompt if isinstance(prompt, str) and req.truncate_prompt_tokens is None else None)
+    return await _serve(served, req, batch, chat=False, request=request, echo=texts if req.echo else None)
 
 
 def _token_ids_refused(served: Served, ids: list[int], field: str) -> JSONResponse | None:
@@ -457,22 +480,23 @@ class _Run:
 async def _start(
     served: Served,
     req: CommonRequest,
-    ids: list[int],
+    prompts: list[list[int]],
     *,
     prompt_param: str,
     request: Request,
     format_param: str = "response_format",
     limit_param: str = "max_tokens",
 ) -> _Run | Response:
-    """Check the request, make its answer's grammar and jobs, and run them: streamed (started, so that a full queue
-    is a 429 and not a broken stream) or to the end; an error answer where any of that fails (its ``param`` the
-    prompt's or the answer format's field as the endpoint names them)."""
+    """Check the request, make its answer's grammar and jobs (``n`` for each of the ``prompts``, in turn), and run
+    them: streamed (started, so that a full queue is a 429 and not a broken stream) or to the end; an error answer
+    where any of that fails (its ``param`` the prompt's or the answer format's field as the endpoint names them)."""
     engine = served.engine
     if req.truncate_prompt_tokens is not None:  # vLLM's left truncation (of the templated text, for a chat)
-        ids = ids[-req.truncate_prompt_tokens :]
-    problem = _check(engine, req, ids, prompt_param, limit_param)
-    if problem:
-        return error_response(400, problem[0], param=problem[1])
+        prompts = [ids[-req.truncate_prompt_tokens :] for ids in prompts]
+    for ids in prompts:
+        problem = _check(engine, req, ids, prompt_param, limit_param)
+        if problem:
+            return error_response(400, problem[0], param=problem[1])
     try:  # the answer's grammar, made once for all the request's choices
         grammar = response_grammar(req.answer_format(), req.min_tokens)
     except FieldError as err:  # a tool's or a guided field's (the field named)
@@ -480,9 +504,10 @@ async def _start(
     except DartspecError as err:
         param = "min_tokens" if "min_tokens" in str(err) else format_param
         return error_response(400, str(err), param=param)
+    asked = req.max_completion_tokens or req.max_tokens  # None: the server's default (0: the prompt scored alone)
     base = Job(
-        prompt_ids=ids,
-        max_tokens=req.max_completion_tokens or req.max_tokens or served.default_max_tokens,
+        prompt_ids=[],
+        max_tokens=served.default_max_tokens if asked is None else asked,
         temperature=float(req.temperature),
         top_p=float(req.top_p),
         top_k=max(req.top_k, 0),
@@ -491,6 +516,7 @@ async def _start(
         stop=[req.stop] if isinstance(req.stop, str) else list(req.stop or []),
         plain=bool(req.dartspec and req.dartspec.drafter == "none"),
         logprobs=req.logprobs_asked(),
+        prompt_logprobs=req.prompt_scored(),
         penalties=req.penalties(),
         response_format="text" if grammar is None else grammar,
         min_tokens=req.min_tokens,
@@ -500,9 +526,10 @@ async def _start(
     )
     # n choices are n sequences in the batch; a seeded request's choice i samples with seed + i (reproducible, and
     # not n copies of one answer), an unseeded one's each with its own draw
-    jobs = [base] + [
-        replace(base, seed=None if req.seed is None else req.seed + i, cancel=threading.Event())
-        for i in range(1, req.n)
+    jobs = [
+        replace(base, prompt_ids=ids, seed=None if req.seed is None else req.seed + i, cancel=threading.Event())
+        for ids in prompts
+        for i in range(req.n)
     ]
     if req.stream:
         streams = [engine.run(job) for job in jobs]
@@ -529,23 +556,42 @@ async def _start(
 
 
 async def _serve(
-    served: Served, req: CommonRequest, ids: list[int], *, chat: bool, request: Request
+    served: Served,
+    req: CommonRequest,
+    prompts: list[list[int]],
+    *,
+    chat: bool,
+    request: Request,
+    echo: list[str | None] | None = None,
 ) -> Response | dict[str, Any]:
-    """A chat completion or a completion: started, then answered in their shapes."""
-    run = await _start(served, req, ids, prompt_param="messages" if chat else "prompt", request=request)
+    """A chat completion or a completion (of each of ``prompts``, ``n`` choices each): started, then answered in
+    their shapes. ``echo``: a completion's answers start with their prompt's text (None: its tokens decoded), and
+    their log-probabilities with the prompt's tokens'."""
+    run = await _start(served, req, prompts, prompt_param="messages" if chat else "prompt", request=request)
     if isinstance(run, Response):
         return run
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+    echoes = None
+    if echo is not None:  # each choice's
+        decode = served.engine.target.decode
+        texts = [
+            t if t is not None else await served.tokenized(decode, job.prompt_ids)
+            for t, job in zip(echo, run.jobs[:: req.n], strict=True)
+        ]
+        echoes = [texts[i // req.n] for i in range(len(run.jobs))]
     if run.starts is not None:
-        chunks = _Chunks(served, rid, chat, len(run.starts), _calls(req))
-        return StreamingResponse(_sse(chunks, run.starts, run.jobs, request), media_type="text/event-stream")
+        chunks = _Chunks(served, rid, chat, run.jobs, _calls(req), echoes, req.logprobs_asked(), req.prompt_logprobs)
+        stream = _sse(chunks, run.starts, run.jobs, request, choices=req.n)
+        return StreamingResponse(stream, media_type="text/event-stream")
     assert run.outs is not None
     outs, engine = run.outs, served.engine
     choices = []
-    for index, (text, result) in enumerate(outs):
+    for index, (job, (text, result)) in enumerate(zip(run.jobs, outs, strict=True)):
         choice: dict[str, Any] = {"index": index, "finish_reason": result.finish_reason, "logprobs": None}
         if result.logprobs is not None:
-            choice["logprobs"] = await served.logprobs(result.logprobs, chat)
+            top = req.logprobs_asked() or 0
+            prompt: Echo | None = None if echoes is None else (job.prompt_ids, result.prompt_logprobs, top)
+            choice["logprobs"] = await served.logprobs(result.logprobs, chat, echo=prompt)
         calls = tool_calls(text) if result.finish_reason == "stop" and _calls(req) else None
         if calls is not None:
             choice["message"] = {"role": "assistant", "content": None, "tool_calls": calls}
@@ -553,16 +599,21 @@ async def _serve(
         elif chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
-            choice["text"] = text
+            choice["text"] = text if echoes is None else echoes[index] + text
+            if req.prompt_logprobs is not None:  # vLLM's, a completion choice's own
+                choice["prompt_logprobs"] = await served.prompt_logprobs(result.prompt_logprobs, req.prompt_logprobs)
         choices.append(choice)
-    return {
+    body = {
         "id": rid,
         "object": "chat.completion" if chat else "text_completion",
         "created": int(time.time()),
         "model": engine.model_name,
         "choices": choices,
-        "usage": usage(*(result for _, result in outs)),
+        "usage": usage(*(result for _, result in outs), choices=req.n),
     }
+    if chat and req.prompt_logprobs is not None:  # vLLM's, the chat completion's (one prompt for all choices)
+        body["prompt_logprobs"] = await served.prompt_logprobs(outs[0][1].prompt_logprobs, req.prompt_logprobs)
+    return body
 
 
 def _calls(req: CommonRequest) -> str | None:
@@ -668,9 +719,11 @@ async def _sse(
     starts: list[tuple[StepEvent | None, AsyncIterator[StepEvent]]],
     jobs: list[Job],
     request: Request,
+    choices: int = 1,
 ) -> AsyncIterator[str]:
-    """The server-sent events of a request's choices (``starts``: each one's first event and the rest), in the order
-    their steps come, written by ``fmt``; the jobs end with the stream, whatever ends it."""
+    """The server-sent events of a request's answers (``starts``: each one's first event and the rest; ``choices``
+    of each prompt), in the order their steps come, written by ``fmt``; the jobs end with the stream, whatever ends
+    it."""
     results: list[GenerationResult] = []
     events = _merged(starts)
     try:
@@ -683,7 +736,7 @@ async def _sse(
                 yield text
             if ev.result is not None:
                 results.append(ev.result)
-                total = usage(*results) if len(results) == len(starts) else None
+                total = usage(*results, choices=choices) if len(results) == len(starts) else None
                 for text in fmt.finished(index, ev.result, total):
                     yield text
         else:
@@ -705,13 +758,28 @@ async def _sse(
 class _Chunks:
     """Chat completions' and completions' chunks (``data: [DONE]`` at the end). ``calls`` ("required" or "auto"):
     answers may be tool calls, each sent whole in one delta once it is (the steps of a call carry no content; with
-    "auto" an answer is a call when its first text starts as one)."""
+    "auto" an answer is a call when its first text starts as one). ``echo``: each completion's prompt text, sent
+    first (with its tokens' log-probabilities where ``top`` asks for the answer's); ``prompt_top``: vLLM's
+    ``prompt_logprobs``, in each answer's first chunk."""
 
-    def __init__(self, served: Served, rid: str, chat: bool, n: int, calls: str | None) -> None:
+    def __init__(
+        self,
+        served: Served,
+        rid: str,
+        chat: bool,
+        jobs: list[Job],
+        calls: str | None,
+        echo: list[str] | None = None,
+        top: int | None = None,
+        prompt_top: int | None = None,
+    ) -> None:
         self.served, self.rid, self.chat, self.calls = served, rid, chat, calls
+        self.jobs, self.echo, self.top, self.prompt_top = jobs, echo, top, prompt_top
         self.created, self.model = int(time.time()), served.engine.model_name
+        n = len(jobs)
         self.offsets = [0] * n  # a completion's offsets count the characters of its tokens so far
         self.is_call: list[bool | None] = [True if calls == "required" else None] * n  # known from the first text
+        self.begun = [False] * n
 
     def opening(self) -> list[str]:
         if not self.chat:
@@ -722,17 +790,36 @@ class _Chunks:
         ]
 
     async def step(self, index: int, ev: StepEvent) -> list[str]:
+        first, self.begun[index] = not self.begun[index], True
+        echo = self.echo[index] if first and self.echo is not None else ""
+        scored = None
+        if first and self.prompt_top is not None:
+            scored = await self.served.prompt_logprobs(ev.prompt_logprobs, self.prompt_top)
         # The last step may commit tokens that show no text (EOS); its chunk still counts them.
-        if not (ev.text or ev.token_ids or ev.result is None):
+        if not (echo or scored or ev.text or ev.token_ids or ev.result is None):
             return []
         logprobs = None
-        if ev.logprobs:
-            logprobs = await self.served.logprobs(ev.logprobs, self.chat, self.offsets[index])
+        if ev.logprobs or (echo and ev.logprobs is not None):
+            prompt = (self.jobs[index].prompt_ids, ev.prompt_logprobs, self.top or 0) if echo else None
+            logprobs = await self.served.logprobs(ev.logprobs, self.chat, self.offsets[index], echo=prompt)
             self.offsets[index] += sum(len(t) for t in logprobs.get("tokens", ()))
         if self.calls and self.is_call[index] is None and ev.text:
             self.is_call[index] = ev.text.startswith(("{", "["))
-        text = "" if self.is_call[index] else ev.text
-        return [chunk(self.model, self.rid, self.created, self.chat, text, None, ev, logprobs=logprobs, index=index)]
+        text = echo + ("" if self.is_call[index] else ev.text)
+        return [
+            chunk(
+                self.model,
+                self.rid,
+                self.created,
+                self.chat,
+                text,
+                None,
+                ev,
+                logprobs=logprobs,
+                index=index,
+                prompt_logprobs=scored,
+            )
+        ]
 
     def finished(self, index: int, result: GenerationResult, total: dict[str, Any] | None) -> list[str]:
         out, finish = [], result.finish_reason

@@ -70,6 +70,7 @@ class Job:
     stop: Sequence[str] = ()
     plain: bool = False  # run without the drafter (the web page's comparison switch)
     logprobs: int | None = None  # each token's log-probability with this many alternatives (None: none)
+    prompt_logprobs: int | None = None  # the same for the prompt's tokens (max_tokens may then be 0)
     penalties: Penalties = field(default_factory=Penalties)
     response_format: ResponseFormat = "text"  # "json_object", a JSON Schema, or its grammar
     min_tokens: int = 0
@@ -250,6 +251,7 @@ class ServeEngine:
                 stop=job.stop,
                 own_state=True,
                 logprobs=job.logprobs,
+                prompt_logprobs=job.prompt_logprobs,
                 repetition_penalty=job.penalties.repetition,
                 presence_penalty=job.penalties.presence,
                 frequency_penalty=job.penalties.frequency,

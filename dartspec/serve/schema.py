@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 from fastapi.responses import JSONResponse
@@ -161,7 +162,6 @@ MAX_SEED = 2**63 - 1
 _UNIMPLEMENTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "use_beam_search": ((None, False), ""),
     "bad_words": ((None, []), ": logit_bias -100 bans a token"),
-    "prompt_logprobs": ((None,), ""),
     "skip_special_tokens": ((None, True), ": special tokens are never shown"),
     "return_tokens_as_token_ids": ((None, False), ""),
     "guided_grammar": ((None,), ": use guided_json, guided_regex or guided_choice"),
@@ -185,7 +185,6 @@ _TEMPLATE_OWN = frozenset(
     }
 )  # fmt: skip
 _UNIMPLEMENTED_COMPLETION = _UNIMPLEMENTED | {
-    "echo": ((None, False), ": the answer is the completion alone"),
     "suffix": ((None, ""), " (insertion)"),
 }
 
@@ -220,6 +219,9 @@ class CommonRequest(BaseModel):
     include_stop_str_in_output: StrictBool = False  # vLLM's: the text ends after the stop string
     truncate_prompt_tokens: StrictInt | None = Field(default=None, ge=1)  # vLLM's: only the prompt's last k tokens
     allowed_token_ids: list[StrictInt] | None = None  # vLLM's: only these tokens can be chosen
+    # vLLM's: each prompt token's log-probability (after the first) with this many alternatives, in the answer's
+    # prompt_logprobs (a completion's choices', a chat completion's own)
+    prompt_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     seed: StrictInt | None = Field(default=None, ge=0, le=MAX_SEED)
     stop: StopText | list[StopText] | None = None
     stream: StrictBool = False
@@ -244,6 +246,11 @@ class CommonRequest(BaseModel):
     def logprobs_asked(self) -> int | None:
         """Alternatives per token's log-probabilities the request asks for, or None: none (each endpoint's fields)."""
         return None
+
+    def prompt_scored(self) -> int | None:
+        """Alternatives per prompt token's log-probabilities the request needs, or None: none (vLLM's
+        ``prompt_logprobs``; a completion's ``echo`` with ``logprobs``)."""
+        return self.prompt_logprobs
 
     def unsupported(self) -> tuple[str, str] | None:
         """(why, the field) for an OpenAI or vLLM field this server does not implement that would change the answer,
@@ -371,17 +378,41 @@ class ChatRequest(CommonRequest):
         return call_grammar(self)
 
 
+#: The most prompts one completion request may batch (each with its n choices, all sequences in the batch).
+MAX_PROMPTS = 64
+
+
 class CompletionRequest(CommonRequest):
-    prompt: Text | list[StrictInt]  # text, or token ids (OpenAI's and vLLM's array of tokens)
+    # Text or token ids (OpenAI's and vLLM's array of tokens), or a batch of either: each prompt's n choices in turn
+    prompt: Text | list[StrictInt] | list[Text] | list[list[StrictInt]]
+    # 0 only with echo: the prompt scored, nothing generated (OpenAI's legacy way to score a text)
+    max_tokens: StrictInt | None = Field(default=None, ge=0)
     # OpenAI's legacy field: each token's log-probability with this many alternatives
     logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     # OpenAI's legacy best n of best_of answers: only best_of = n (each answer its own best) is what this server does
     best_of: StrictInt | None = Field(default=None, ge=1)
+    # The prompt before the answer in the text (and its tokens' log-probabilities before the answer's, with logprobs)
+    echo: StrictBool = False
+
+    def prompts(self) -> list[str | list[int]]:
+        """The request's prompts: one text or token-id list, or the batch given."""
+        batched = isinstance(self.prompt, list) and bool(self.prompt) and not isinstance(self.prompt[0], int)
+        return list(self.prompt) if batched else [self.prompt]  # type: ignore[list-item]
 
     def logprobs_asked(self) -> int | None:
         return self.logprobs
 
     def unsupported(self) -> tuple[str, str] | None:
+        if self.max_tokens == 0 and not self.echo:
+            return "max_tokens 0 asks for no answer: it scores the prompt with echo (and logprobs) only", "max_tokens"
+        return self._unsupported()
+
+    def prompt_scored(self) -> int | None:
+        echoed = self.logprobs if self.echo else None
+        asked = [k for k in (echoed, self.prompt_logprobs) if k is not None]
+        return max(asked) if asked else None
+
+    def _unsupported(self) -> tuple[str, str] | None:
         if self.best_of is not None and self.best_of != self.n:
             return f"best_of is not supported by this server (only best_of = n, here {self.n})", "best_of"
         return _unimplemented(self.model_extra, _UNIMPLEMENTED_COMPLETION)
@@ -414,6 +445,46 @@ def logprobs_body(
         "top_logprobs": [{texts[t]: v for t, v in lp.top} for lp in logprobs],
         "text_offset": offsets,
     }
+
+
+def _top(logprobs: Sequence[TokenLogprob], top: int) -> list[TokenLogprob]:
+    """``logprobs`` with at most ``top`` alternatives each (one request's fields may ask for different counts)."""
+    return [lp if len(lp.top) <= top else replace(lp, top=lp.top[:top]) for lp in logprobs]
+
+
+def echo_logprobs_body(
+    prompt_ids: Sequence[int],
+    scored: Sequence[TokenLogprob],
+    top: int,
+    answer: Sequence[TokenLogprob],
+    token_text: Callable[[int], str],
+) -> dict[str, Any]:
+    """A completion's ``logprobs`` with ``echo``: the prompt's tokens (the first has no log-probability and no
+    alternatives: null) then the answer's, offsets running on through both, ``top`` alternatives each."""
+    first = token_text(prompt_ids[0])
+    prompt = logprobs_body(_top(scored, top), False, token_text, len(first))
+    offset = prompt["text_offset"][-1] + len(prompt["tokens"][-1]) if scored else len(first)
+    tail = logprobs_body(_top(answer, top), False, token_text, offset)
+    return {
+        "tokens": [first, *prompt["tokens"], *tail["tokens"]],
+        "token_logprobs": [None, *prompt["token_logprobs"], *tail["token_logprobs"]],
+        "top_logprobs": [None, *prompt["top_logprobs"], *tail["top_logprobs"]],
+        "text_offset": [0, *prompt["text_offset"], *tail["text_offset"]],
+    }
+
+
+def prompt_logprobs_body(
+    scored: Sequence[TokenLogprob], top: int, token_text: Callable[[int], str]
+) -> list[dict[str, dict[str, Any]] | None]:
+    """vLLM's ``prompt_logprobs``: null for the prompt's first token, then for each later one ``{token id: {"logprob",
+    "rank", "decoded_token"}}`` of the token itself and its position's ``top`` most likely tokens."""
+    out: list[dict[str, dict[str, Any]] | None] = [None]
+    for lp in scored:
+        entry = {str(lp.token_id): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": token_text(lp.token_id)}}
+        for rank, (token, value) in enumerate(lp.top[:top], 1):
+            entry.setdefault(str(token), {"logprob": value, "rank": rank, "decoded_token": token_text(token)})
+        out.append(entry)
+    return out
 
 
 def error_body(message: str, kind: str, param: str | None, code: str | None) -> dict[str, Any]:
@@ -451,11 +522,12 @@ def role_chunk(rid: str, created: int, model: str, index: int = 0) -> dict[str, 
     }
 
 
-def usage(*results: GenerationResult) -> dict[str, Any]:
-    """OpenAI's usage of a request's choices (the prompt counted once), and dartspec's figures over all of them
-    (tokens per second: all their tokens over the longest one's time, as they decoded together)."""
+def usage(*results: GenerationResult, choices: int = 1) -> dict[str, Any]:
+    """OpenAI's usage of a request's answers (each prompt counted once, for its ``choices`` answers), and dartspec's
+    figures over all of them (tokens per second: all their tokens over the longest one's time, as they decoded
+    together)."""
     stats = [r.stats for r in results]
-    prompt, completion = stats[0].prompt_tokens, sum(s.new_tokens for s in stats)
+    prompt, completion = sum(s.prompt_tokens for s in stats) // choices, sum(s.new_tokens for s in stats)
     forwards, seconds = sum(s.target_forwards for s in stats), max(s.seconds for s in stats)
     return {
         "prompt_tokens": prompt,
@@ -482,9 +554,11 @@ def chunk(
     logprobs: dict[str, Any] | None = None,
     index: int = 0,
     tool_calls: list[dict[str, Any]] | None = None,
+    prompt_logprobs: list[Any] | None = None,
 ) -> str:
     """One server-sent event of a streamed answer's choice ``index`` (``logprobs``: of its tokens, where the request
-    asked)."""
+    asked; ``prompt_logprobs``: vLLM's, in the choice's first event, the choice's in a completion and the chunk's in
+    a chat completion, as in their whole answers)."""
     if tool_calls:
         choice: dict[str, Any] = {
             "index": index,
@@ -496,6 +570,8 @@ def chunk(
         choice = {"index": index, "text": text}
     if logprobs is not None:
         choice["logprobs"] = logprobs
+    if prompt_logprobs is not None and not chat:
+        choice["prompt_logprobs"] = prompt_logprobs
     choice["finish_reason"] = finish
     body: dict[str, Any] = {
         "id": rid,
@@ -509,4 +585,6 @@ def chunk(
         body["dartspec"] = {"tokens": len(ev.token_ids), "drafted": ev.drafted}
     if usage is not None:
         body["usage"] = usage
+    if prompt_logprobs is not None and chat:
+        body["prompt_logprobs"] = prompt_logprobs
     return f"data: {json.dumps(body)}\n\n"

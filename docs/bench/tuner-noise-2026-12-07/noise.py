@@ -1,6 +1,7 @@
 """How stable is the tuner's choice? N repeats of its measurement (16 shipped dev prompts, 48 tokens, rotating order),
 each scored by three rules: the median speedup over plain (today's), the paired median of dart+pld / pld per
 prompt, and the geometric mean of per-prompt speedups."""
+
 import math
 import statistics
 import sys
@@ -22,5 +23,8 @@ for rep in range(int(sys.argv[1])):
     med = {m: statistics.median(v) for m, v in sp.items()}
     geo = {m: math.exp(statistics.mean(math.log(x) for x in v)) for m, v in sp.items()}
     paired = statistics.median(p["dart+pld"] / p["pld"] for p in by.values())
-    print(f"rep {rep}: median dart+pld {med['dart+pld']:.3f} pld {med['pld']:.3f} | geo {geo['dart+pld']:.3f} "
-          f"{geo['pld']:.3f} | paired dart+pld/pld {paired:.3f}", flush=True)
+    print(
+        f"rep {rep}: median dart+pld {med['dart+pld']:.3f} pld {med['pld']:.3f} | geo {geo['dart+pld']:.3f} "
+        f"{geo['pld']:.3f} | paired dart+pld/pld {paired:.3f}",
+        flush=True,
+    )
