@@ -38,6 +38,7 @@ from dartspec.serve.responses import ResponseEvents, ResponsesRequest, ResponseS
 from dartspec.serve.schema import (
     MAX_PROMPTS,
     MAX_SEED,
+    MAX_STOPS,
     ChatRequest,
     CommonRequest,
     CompletionRequest,
@@ -666,8 +667,8 @@ def _check(
         return f"temperature must be between 0 and 2, got {req.temperature}", "temperature"
     if not 0 < req.top_p <= 1:
         return f"top_p must be in (0, 1], got {req.top_p}", "top_p"
-    if isinstance(req.stop, list) and len(req.stop) > 4:
-        return "at most 4 stop sequences", "stop"
+    if isinstance(req.stop, list) and len(req.stop) > MAX_STOPS:
+        return f"at most {MAX_STOPS} stop sequences, got {len(req.stop)}", "stop"
     if len(ids) >= engine.target.max_context:
         return (
             f"the prompt is {len(ids)} tokens but {engine.model_name} has a context window of "

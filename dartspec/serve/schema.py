@@ -35,6 +35,9 @@ MAX_GUIDED_CHARS = 10_000
 MAX_GUIDED_CHOICES = 1_000
 MAX_TOOLS = 128
 MAX_STOP_CHARS = 256
+#: The most stop strings a request may give: OpenAI's API takes 4, vLLM any number, and lm-evaluation-harness sends a
+#: task's own plus the model's EOS text (5 or more); each is searched for at every step.
+MAX_STOPS = 32
 
 
 def _encodable(text: str) -> str:

@@ -1,13 +1,13 @@
 """Compare run.sh's two lm-evaluation-harness runs answer by answer: each choice's log-likelihood and is-greedy
-flag through dartspec's server against transformers' own, and each item's acc / acc_norm."""
+flag through dartspec's server against transformers' own, each item's acc / acc_norm, and each written answer."""
 
 import json
 import sys
 from pathlib import Path
 
 
-def samples(folder: Path) -> dict[int, dict]:
-    newest = sorted(folder.rglob("samples_dartspec_quiz_*.jsonl"))[-1]
+def samples(folder: Path, task: str = "dartspec_quiz") -> dict[int, dict]:
+    newest = sorted(folder.rglob(f"samples_{task}_2*.jsonl"))[-1]
     return {s["doc_id"]: s for s in map(json.loads, newest.read_text().splitlines())}
 
 
@@ -31,6 +31,12 @@ def main() -> None:
     print(f"items with the same acc and acc_norm: {acc_same}/{len(served)}")
     print(f"answers with the same is_greedy: {greedy_same}/{answers}")
     print(f"log-likelihood |dartspec - transformers|: max {max(diffs):.2e}, mean {sum(diffs) / len(diffs):.2e}")
+    served, hf = samples(out / "dartspec", "dartspec_quiz_gen"), samples(out / "hf", "dartspec_quiz_gen")
+    written = {doc: (s["resps"][0][0], hf[doc]["resps"][0][0]) for doc, s in served.items()}
+    differ = {doc: pair for doc, pair in written.items() if pair[0] != pair[1]}
+    print(f"greedy answers (until a stop string) the same as transformers': {len(written) - len(differ)}/{len(written)}")
+    for doc, (a, b) in differ.items():
+        print(f"  item {doc}: dartspec {a!r}, transformers {b!r}")
 
 
 if __name__ == "__main__":
