@@ -34,7 +34,8 @@ def main() -> None:
     served, hf = samples(out / "dartspec", "dartspec_quiz_gen"), samples(out / "hf", "dartspec_quiz_gen")
     written = {doc: (s["resps"][0][0], hf[doc]["resps"][0][0]) for doc, s in served.items()}
     differ = {doc: pair for doc, pair in written.items() if pair[0] != pair[1]}
-    print(f"greedy answers (until a stop string) the same as transformers': {len(written) - len(differ)}/{len(written)}")
+    same = len(written) - len(differ)
+    print(f"greedy answers (until a stop string) the same as transformers': {same}/{len(written)}")
     for doc, (a, b) in differ.items():
         print(f"  item {doc}: dartspec {a!r}, transformers {b!r}")
 
