@@ -861,6 +861,22 @@ def test_echo_and_prompt_logprobs_score_the_prompt_as_transformers_does(url: str
     chat = httpx.post(f"{url}/v1/chat/completions", json={"messages": messages, "max_tokens": 2, "prompt_logprobs": 0})
     chat_ids = target.encode_chat(messages)
     assert [list(e) for e in chat.json()["prompt_logprobs"][1:]] == [[str(t)] for t in chat_ids[1:]]
+    # vLLM's return_tokens_as_token_ids: every token named "token_id:ID", the numbers unchanged, whole and streamed
+    named = {**body, "return_tokens_as_token_ids": True, "prompt_logprobs": 0}
+    by_id = httpx.post(f"{url}/v1/completions", json=named).json()["choices"][0]
+    assert by_id["logprobs"]["tokens"] == [f"token_id:{t}" for t in ids + want.token_ids]
+    assert by_id["logprobs"]["token_logprobs"] == lp["token_logprobs"]
+    assert all(k.startswith("token_id:") for top in by_id["logprobs"]["top_logprobs"][1:] for k in top)
+    assert [e[str(t)]["decoded_token"] for e, t in zip(by_id["prompt_logprobs"][1:], ids[1:], strict=True)] == [
+        f"token_id:{t}" for t in ids[1:]
+    ]
+    with httpx.stream("POST", f"{url}/v1/completions", json={**named, "stream": True}) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    pieces = [e["choices"][0]["logprobs"] for e in events if e["choices"][0].get("logprobs")]
+    assert [t for piece in pieces for t in piece["tokens"]] == by_id["logprobs"]["tokens"]
+    chat_named = {"messages": messages, "max_tokens": 3, "logprobs": True, "return_tokens_as_token_ids": True}
+    content = httpx.post(f"{url}/v1/chat/completions", json=chat_named).json()["choices"][0]["logprobs"]["content"]
+    assert all(c["token"].startswith("token_id:") and c["bytes"] == list(c["token"].encode()) for c in content)
 
 
 def test_n_choices_are_the_answers_of_n_requests_seeded_one_apart(url: str) -> None:

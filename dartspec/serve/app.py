@@ -182,19 +182,33 @@ class Served:
         return self.engine.target.tokenizer.decode([token], skip_special_tokens=False)
 
     async def logprobs(
-        self, logprobs: list[TokenLogprob], chat: bool, offset: int = 0, echo: Echo | None = None
+        self,
+        logprobs: list[TokenLogprob],
+        chat: bool,
+        offset: int = 0,
+        echo: Echo | None = None,
+        as_ids: bool = False,
     ) -> dict[str, Any]:
         """OpenAI's logprobs object of these tokens (their texts decoded on the tokenizer's thread); with ``echo``
-        (the prompt's ids and log-probabilities, and the alternatives asked for) the prompt's tokens first."""
+        (the prompt's ids and log-probabilities, and the alternatives asked for) the prompt's tokens first;
+        ``as_ids``: each token as ``"token_id:ID"`` (vLLM's ``return_tokens_as_token_ids``)."""
+        text = _token_id if as_ids else self._token_text
         if echo is None:
-            return await self.tokenized(logprobs_body, logprobs, chat, self._token_text, offset)
+            return await self.tokenized(logprobs_body, logprobs, chat, text, offset)
         ids, scored, top = echo
-        return await self.tokenized(echo_logprobs_body, ids, scored, top, logprobs, self._token_text)
+        return await self.tokenized(echo_logprobs_body, ids, scored, top, logprobs, text)
 
-    async def prompt_logprobs(self, scored: list[TokenLogprob] | None, top: int) -> list[Any]:
-        """vLLM's ``prompt_logprobs`` of a prompt (decoded on the tokenizer's thread)."""
+    async def prompt_logprobs(self, scored: list[TokenLogprob] | None, top: int, as_ids: bool = False) -> list[Any]:
+        """vLLM's ``prompt_logprobs`` of a prompt (decoded on the tokenizer's thread; ``as_ids`` as for
+        :meth:`logprobs`)."""
         assert scored is not None  # asked for, so the engine took them
-        return await self.tokenized(prompt_logprobs_body, scored, top, self._token_text)
+        return await self.tokenized(prompt_logprobs_body, scored, top, _token_id if as_ids else self._token_text)
+
+
+def _token_id(token: int) -> str:
+    """A token as vLLM's ``return_tokens_as_token_ids`` names it (a token holding part of a character has no text of
+    its own)."""
+    return f"token_id:{token}"
 
 
 #: A completion's echoed prompt for its ``logprobs``: its token ids, their log-probabilities (after the first) and how
@@ -581,7 +595,17 @@ async def _serve(
         ]
         echoes = [texts[i // req.n] for i in range(len(run.jobs))]
     if run.starts is not None:
-        chunks = _Chunks(served, rid, chat, run.jobs, _calls(req), echoes, req.logprobs_asked(), req.prompt_logprobs)
+        chunks = _Chunks(
+            served,
+            rid,
+            chat,
+            run.jobs,
+            _calls(req),
+            echoes,
+            req.logprobs_asked(),
+            req.prompt_logprobs,
+            req.return_tokens_as_token_ids,
+        )
         stream = _sse(chunks, run.starts, run.jobs, request, choices=req.n)
         return StreamingResponse(stream, media_type="text/event-stream")
     assert run.outs is not None
@@ -592,7 +616,8 @@ async def _serve(
         if result.logprobs is not None:
             top = req.logprobs_asked() or 0
             prompt: Echo | None = None if echoes is None else (job.prompt_ids, result.prompt_logprobs, top)
-            choice["logprobs"] = await served.logprobs(result.logprobs, chat, echo=prompt)
+            as_ids = req.return_tokens_as_token_ids
+            choice["logprobs"] = await served.logprobs(result.logprobs, chat, echo=prompt, as_ids=as_ids)
         calls = tool_calls(text) if result.finish_reason == "stop" and _calls(req) else None
         if calls is not None:
             choice["message"] = {"role": "assistant", "content": None, "tool_calls": calls}
@@ -602,7 +627,8 @@ async def _serve(
         else:
             choice["text"] = text if echoes is None else echoes[index] + text
             if req.prompt_logprobs is not None:  # vLLM's, a completion choice's own
-                choice["prompt_logprobs"] = await served.prompt_logprobs(result.prompt_logprobs, req.prompt_logprobs)
+                scored, top = result.prompt_logprobs, req.prompt_logprobs
+                choice["prompt_logprobs"] = await served.prompt_logprobs(scored, top, req.return_tokens_as_token_ids)
         choices.append(choice)
     body = {
         "id": rid,
@@ -613,7 +639,8 @@ async def _serve(
         "usage": usage(*(result for _, result in outs), choices=req.n),
     }
     if chat and req.prompt_logprobs is not None:  # vLLM's, the chat completion's (one prompt for all choices)
-        body["prompt_logprobs"] = await served.prompt_logprobs(outs[0][1].prompt_logprobs, req.prompt_logprobs)
+        scored, top = outs[0][1].prompt_logprobs, req.prompt_logprobs
+        body["prompt_logprobs"] = await served.prompt_logprobs(scored, top, req.return_tokens_as_token_ids)
     return body
 
 
@@ -761,7 +788,8 @@ class _Chunks:
     answers may be tool calls, each sent whole in one delta once it is (the steps of a call carry no content; with
     "auto" an answer is a call when its first text starts as one). ``echo``: each completion's prompt text, sent
     first (with its tokens' log-probabilities where ``top`` asks for the answer's); ``prompt_top``: vLLM's
-    ``prompt_logprobs``, in each answer's first chunk."""
+    ``prompt_logprobs``, in each answer's first chunk; ``as_ids``: tokens named by id (vLLM's
+    ``return_tokens_as_token_ids``)."""
 
     def __init__(
         self,
@@ -773,9 +801,10 @@ class _Chunks:
         echo: list[str] | None = None,
         top: int | None = None,
         prompt_top: int | None = None,
+        as_ids: bool = False,
     ) -> None:
         self.served, self.rid, self.chat, self.calls = served, rid, chat, calls
-        self.jobs, self.echo, self.top, self.prompt_top = jobs, echo, top, prompt_top
+        self.jobs, self.echo, self.top, self.prompt_top, self.as_ids = jobs, echo, top, prompt_top, as_ids
         self.created, self.model = int(time.time()), served.engine.model_name
         n = len(jobs)
         self.offsets = [0] * n  # a completion's offsets count the characters of its tokens so far
@@ -795,14 +824,15 @@ class _Chunks:
         echo = self.echo[index] if first and self.echo is not None else ""
         scored = None
         if first and self.prompt_top is not None:
-            scored = await self.served.prompt_logprobs(ev.prompt_logprobs, self.prompt_top)
+            scored = await self.served.prompt_logprobs(ev.prompt_logprobs, self.prompt_top, self.as_ids)
         # The last step may commit tokens that show no text (EOS); its chunk still counts them.
         if not (echo or scored or ev.text or ev.token_ids or ev.result is None):
             return []
         logprobs = None
         if ev.logprobs or (echo and ev.logprobs is not None):
             prompt = (self.jobs[index].prompt_ids, ev.prompt_logprobs, self.top or 0) if echo else None
-            logprobs = await self.served.logprobs(ev.logprobs, self.chat, self.offsets[index], echo=prompt)
+            offset = self.offsets[index]
+            logprobs = await self.served.logprobs(ev.logprobs, self.chat, offset, echo=prompt, as_ids=self.as_ids)
             self.offsets[index] += sum(len(t) for t in logprobs.get("tokens", ()))
         if self.calls and self.is_call[index] is None and ev.text:
             self.is_call[index] = ev.text.startswith(("{", "["))

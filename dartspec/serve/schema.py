@@ -166,7 +166,6 @@ _UNIMPLEMENTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "use_beam_search": ((None, False), ""),
     "bad_words": ((None, []), ": logit_bias -100 bans a token"),
     "skip_special_tokens": ((None, True), ": special tokens are never shown"),
-    "return_tokens_as_token_ids": ((None, False), ""),
     "guided_grammar": ((None,), ": use guided_json, guided_regex or guided_choice"),
     "guided_whitespace_pattern": ((None,), ""),
 }
@@ -225,6 +224,9 @@ class CommonRequest(BaseModel):
     # vLLM's: each prompt token's log-probability (after the first) with this many alternatives, in the answer's
     # prompt_logprobs (a completion's choices', a chat completion's own)
     prompt_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    # vLLM's: tokens in log-probabilities named "token_id:ID", not by their text (which a token holding part of a
+    # character does not have)
+    return_tokens_as_token_ids: StrictBool = False
     seed: StrictInt | None = Field(default=None, ge=0, le=MAX_SEED)
     stop: StopText | list[StopText] | None = None
     stream: StrictBool = False
