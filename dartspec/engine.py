@@ -20,7 +20,7 @@ from dartspec.drafters.base import DraftBudget, Drafter, NoDrafter
 from dartspec.errors import ContextLengthError, DartspecError
 from dartspec.kv_cache import TreeKVCache
 from dartspec.runtime import TargetOutput, TargetRuntime, on_cpu, sync
-from dartspec.sampling import MAX_TOP_LOGPROBS, Penalties, check_logprobs
+from dartspec.sampling import MAX_TOP_LOGPROBS, Penalties, bad_word_tokens, check_logprobs
 from dartspec.tree import Tree
 from dartspec.verify import SamplingParams, Verifier
 
@@ -529,6 +529,7 @@ class Generator:
         stop_token_ids: Sequence[int] = (),
         include_stop_str_in_output: bool = False,
         allowed_token_ids: Sequence[int] | None = None,
+        bad_words: Sequence[str | Sequence[int]] = (),
     ) -> SequenceState:
         """Check the request, prefill the prompt and take the first token: a sequence for :meth:`emit` and
         :meth:`advance`. ``prompt``: text (``chat`` applies the chat template), chat messages or token ids;
@@ -552,13 +553,16 @@ class Generator:
         where they are no special tokens; with ``ignore_eos`` too; not before ``min_tokens``).
         ``include_stop_str_in_output``: the text ends after the stop string that ended it, not before (vLLM's).
         ``allowed_token_ids``: only these tokens can be chosen (vLLM's; EOS only if listed; not with a structured
-        answer)."""
+        answer). ``bad_words``: words the answer never contains (vLLM's: each word's last token is impossible where the
+        answer ends with the rest of it, the word tokenized as at the start of a text and after a space; a list of token
+        ids is a bad word already tokenized)."""
         penalties = Penalties(
             repetition_penalty,
             presence_penalty,
             frequency_penalty,
             logit_bias or (),
             allowed_token_ids,  # type: ignore[arg-type]
+            bad_word_tokens(bad_words, lambda word: self.target.encode(word, add_special_tokens=False)),
         )
         params = SamplingParams(
             temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, penalties=penalties, min_p=min_p
@@ -579,6 +583,8 @@ class Generator:
             raise DartspecError(
                 "allowed_token_ids cannot be combined with a structured answer (JSON, a regex or a choice)"
             )
+        if penalties.bad_words and grammar is not None:  # the same: every token the grammar allows could be banned
+            raise DartspecError("bad_words cannot be combined with a structured answer (JSON, a regex or a choice)")
         if penalties.allowed is not None and min_tokens and set(penalties.allowed) <= target.eos_token_ids | stops:
             raise DartspecError("with min_tokens, allowed_token_ids must allow a token that does not end the answer")
         prompt_ids = self.encode(prompt, chat)

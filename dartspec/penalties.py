@@ -27,6 +27,11 @@ class PenaltyState:
         self.penalties = penalties
         self._pending: list[list[int]] = [list(prompt_ids), []]  # prompt, answer: until the vectors exist
         self._width = 0
+        # Bad words of one token are always impossible (in the bias vector); longer ones are looked for at the end of
+        # each row's history, of which the answer's last tokens are kept
+        self._bad_ends = [(seq[:-1], seq[-1]) for seq in penalties.bad_words if len(seq) > 1]
+        self._keep = max((len(start) for start, _ in self._bad_ends), default=0)
+        self._tail: list[int] = []
 
     def _build(self, logits: torch.Tensor) -> None:
         width, device = logits.shape[-1], logits.device
@@ -36,7 +41,8 @@ class PenaltyState:
         self.seen = torch.zeros(width, dtype=torch.bool, device=device)  # in the prompt or the answer
         self.seen[torch.tensor(prompt, dtype=torch.long, device=device)] = True
         self.bias = None
-        if self.penalties.logit_bias or self.penalties.allowed is not None:
+        single = [seq[0] for seq in self.penalties.bad_words if len(seq) == 1]
+        if self.penalties.logit_bias or self.penalties.allowed is not None or single:
             self.bias = torch.zeros(width, dtype=torch.float64, device=device)
         if self.penalties.logit_bias:
             ids, values = zip(*self.penalties.logit_bias, strict=True)
@@ -47,6 +53,8 @@ class PenaltyState:
             banned = torch.ones(width, dtype=torch.bool, device=device)
             banned[torch.tensor(self.penalties.allowed, device=device)] = False
             self.bias[banned] = float("-inf")
+        if single:  # -inf, as allowed_token_ids' mask: nothing later makes it finite
+            self.bias[torch.tensor(single, device=device)] = float("-inf")
         self._width = width
         self._add(answer)
 
@@ -57,6 +65,8 @@ class PenaltyState:
 
     def commit(self, tokens: Sequence[int]) -> None:
         """``tokens`` joined the answer."""
+        if self._keep:
+            self._tail = (self._tail + list(tokens))[-self._keep :]
         if self._width:
             self._add(tokens)
         else:
@@ -83,6 +93,8 @@ class PenaltyState:
         if p.repetition != 1:
             seen = self.seen.nonzero()[:, 0]
             x[:, seen] = self._repeat(x[:, seen])
+        if self._bad_ends:
+            self._ban_word_ends(x, tree)
         rows, tokens, extra = _path_counts(tree, x.shape[-1])
         if rows is None:
             if p.frequency or p.presence:
@@ -101,6 +113,22 @@ class PenaltyState:
             before = before - self._base_penalty(counts).to(x.dtype)
         x[rows_t, tokens_t] = before
         return x
+
+    def _ban_word_ends(self, x: torch.Tensor, tree: Tree | None) -> None:
+        """-inf for each bad word's last token in the rows whose history (the answer, then the row's path below the
+        root) ends with the rest of the word."""
+        rows, cols = [], []
+        for row in range(x.shape[0]):
+            history = self._tail
+            if tree is not None and tree.size > 1:
+                path = np.nonzero(tree.ancestors[row, 1:])[0] + 1  # nodes come after their parents
+                history = history + tree.tokens[path].tolist()
+            for start, last in self._bad_ends:
+                if len(history) >= len(start) and tuple(history[len(history) - len(start) :]) == start:
+                    rows.append(row)
+                    cols.append(last)
+        if rows:
+            x[torch.tensor(rows, device=x.device), torch.tensor(cols, device=x.device)] = float("-inf")
 
 
 def _path_counts(tree: Tree | None, width: int) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:

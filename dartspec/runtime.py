@@ -115,7 +115,7 @@ class TargetRuntime(Protocol):
 
     def truncate(self, length: int) -> None: ...
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
     def encode_chat(
         self, messages: Sequence[dict[str, str]], template_args: Mapping[str, Any] | None = None
@@ -592,8 +592,10 @@ class CausalRuntime(ABC):
         ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
         return [[int(t) for t in row] for row in ids]
 
-    def encode(self, text: str) -> list[int]:
-        return [int(t) for t in self.tokenizer(text, add_special_tokens=True)["input_ids"]]
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """``text``'s token ids (with the tokenizer's own BOS where it adds one, unless ``add_special_tokens`` is
+        False: a piece of text inside another, such as a bad word)."""
+        return [int(t) for t in self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]]
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from dartspec.errors import DartspecError
@@ -42,7 +42,10 @@ class Penalties:
     3. ``frequency`` and ``presence``: subtracted, the first once per time the token occurs in the answer so far, the
        second once if it occurs there at all (OpenAI's ``frequency_penalty`` / ``presence_penalty``; as in vLLM they
        count the answer, not the prompt);
-    4. ``allowed``: where given, every other token is impossible (vLLM's ``allowed_token_ids``; EOS only if listed).
+    4. ``allowed``: where given, every other token is impossible (vLLM's ``allowed_token_ids``; EOS only if listed);
+    5. ``bad_words``: token sequences the answer never contains: a sequence's last token is impossible where the answer
+       so far ends with the rest of it (vLLM's ``bad_words``, tokenized: :func:`bad_word_tokens`; as vLLM, the
+       answer, not the prompt, is what a sequence's beginning is looked for in).
 
     Speculative decoding stays lossless under them: the verifier applies them to each tree node's logits with the
     history up to that node (:mod:`dartspec.penalties`), so what it accepts is what plain decoding with the same
@@ -54,6 +57,7 @@ class Penalties:
     frequency: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
     allowed: tuple[int, ...] | None = None
+    bad_words: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         if not (_number(self.repetition) and self.repetition > 0):
@@ -67,6 +71,7 @@ class Penalties:
             if not ids or not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) and t >= 0 for t in ids):
                 raise DartspecError(f"allowed_token_ids must be a non-empty list of token ids, got {self.allowed!r}")
             object.__setattr__(self, "allowed", tuple(sorted({int(t) for t in ids})))
+        object.__setattr__(self, "bad_words", _token_sequences(self.bad_words))
 
     def check_vocabulary(self, vocab_size: int, model: str) -> None:
         """Refuse a logit bias naming a token outside ``model``'s vocabulary of ``vocab_size`` tokens."""
@@ -78,12 +83,50 @@ class Penalties:
             raise DartspecError(
                 f"allowed_token_ids names token {last}, outside {model}'s vocabulary (0-{vocab_size - 1})"
             )
+        bad = next((t for word in self.bad_words for t in word if t >= vocab_size), None)
+        if bad is not None:
+            raise DartspecError(f"bad_words names token {bad}, outside {model}'s vocabulary (0-{vocab_size - 1})")
 
     @property
     def active(self) -> bool:
         """Whether anything changes the logits (False: the verifier skips this stage altogether)."""
         changed = self.repetition != 1 or self.presence != 0 or self.frequency != 0 or bool(self.logit_bias)
-        return changed or self.allowed is not None
+        return changed or self.allowed is not None or bool(self.bad_words)
+
+
+#: The most bad words a generation may ban (each variant is looked for at every tree row of every step).
+MAX_BAD_WORDS = 128
+
+
+def _token_sequences(words: object) -> tuple[tuple[int, ...], ...]:
+    """``bad_words`` as distinct non-empty token-id tuples, checked."""
+    try:
+        seqs = [tuple(word) for word in words]  # type: ignore[union-attr]
+    except TypeError:
+        raise DartspecError(f"bad_words must be token-id sequences, got {words!r}") from None
+    for seq in seqs:
+        if not seq or not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) and t >= 0 for t in seq):
+            raise DartspecError(f"a bad word must be a non-empty sequence of token ids, got {list(seq)!r}")
+    out = tuple(dict.fromkeys(tuple(int(t) for t in seq) for seq in seqs))
+    if len(out) > 2 * MAX_BAD_WORDS:
+        raise DartspecError(f"at most {MAX_BAD_WORDS} bad words")
+    return out
+
+
+def bad_word_tokens(
+    words: Sequence[str | Sequence[int]], encode: Callable[[str], list[int]]
+) -> tuple[tuple[int, ...], ...]:
+    """Bad words as the token sequences the answer must not contain, as vLLM bans them: a word (a string) at the start
+    of a text and after a space (its tokens differ: " word" is often one token and "word" another), ``encode``
+    tokenizing without special tokens; a sequence of token ids as it is."""
+    if isinstance(words, str) or any(isinstance(w, str) and not w.strip() for w in words):
+        raise DartspecError(f"bad_words must be a list of non-empty strings (or token-id lists), got {words!r}")
+    if len(words) > MAX_BAD_WORDS:
+        raise DartspecError(f"at most {MAX_BAD_WORDS} bad words, got {len(words)}")
+    seqs: list[Sequence[int]] = []
+    for word in words:
+        seqs += [encode(p + word.lstrip()) for p in ("", " ")] if isinstance(word, str) else [word]
+    return _token_sequences(seqs)
 
 
 def _bias_pairs(bias: object) -> tuple[tuple[int, float], ...]:

@@ -19,7 +19,7 @@ from dartspec.drafters import PromptLookupDrafter
 from dartspec.engine import Generator
 from dartspec.errors import DartspecError
 from dartspec.penalties import PenaltyState
-from dartspec.sampling import Penalties, SamplingParams
+from dartspec.sampling import Penalties, SamplingParams, bad_word_tokens
 from dartspec.target import Target
 from dartspec.tree import Tree
 from dartspec.verify import Verifier, sample, warp
@@ -38,6 +38,9 @@ def naive(logits: torch.Tensor, penalties: Penalties, prompt: list[int], answer:
         x[token] -= penalties.frequency * count + penalties.presence
     if penalties.allowed is not None:
         x[[t for t in range(len(x)) if t not in penalties.allowed]] = float("-inf")
+    for word in penalties.bad_words:  # its last token, where the answer ends with the rest
+        if len(word) == 1 or answer[len(answer) - len(word) + 1 :] == list(word[:-1]):
+            x[word[-1]] = float("-inf")
     return x
 
 
@@ -64,12 +67,14 @@ def random_tree(rng: np.random.Generator, size: int, alphabet: int) -> Tree:
     presence=st.sampled_from([0.0, -0.5, 1.5]),
     frequency=st.sampled_from([0.0, 0.4, -2.0]),
     bias=st.booleans(),
+    bad=st.booleans(),
 )
 def test_each_row_is_adjusted_with_its_own_path(
-    seed: int, size: int, repetition: float, presence: float, frequency: float, bias: bool
+    seed: int, size: int, repetition: float, presence: float, frequency: float, bias: bool, bad: bool
 ) -> None:
     rng = np.random.default_rng(seed)
-    penalties = Penalties(repetition, presence, frequency, {3: 2.5, 7: -100} if bias else ())
+    bad_words = ((3,), (4, 5), (5, 4), (1, 2, 0), (2, 2, 2, 1)) if bad else ()  # the paths' alphabet: 0-5
+    penalties = Penalties(repetition, presence, frequency, {3: 2.5, 7: -100} if bias else (), bad_words=bad_words)
     prompt = rng.integers(0, 12, size=5).tolist()
     answer = rng.integers(0, 12, size=int(rng.integers(0, 6))).tolist()
     state = PenaltyState(penalties, prompt)
@@ -82,7 +87,8 @@ def test_each_row_is_adjusted_with_its_own_path(
     for i in range(size):
         path = [int(tree.tokens[j]) for j in tree.path_to(i)[1:]]  # the root is committed already
         want = naive(logits[i], penalties, prompt, answer + path)
-        assert torch.allclose(got[i], want, atol=1e-12), (i, path)
+        assert torch.allclose(got[i], want, atol=1e-12, equal_nan=False), (i, path)
+        assert torch.equal(got[i].isinf(), want.isinf()), (i, path)
     assert torch.equal(state(logits[:1]), got[:1])  # no tree: the committed history alone
 
 
@@ -194,6 +200,41 @@ def test_allowed_token_ids_commit_what_a_naive_masked_loop_does(target: Target, 
         (dict(allowed_token_ids=[VOCAB]), f"names token {VOCAB}, outside"),
         (dict(allowed_token_ids=[1], min_tokens=2), "must allow a token that does not end the answer"),
         (dict(allowed_token_ids=[3], response_format="json_object"), "cannot be combined with a structured answer"),
+    ]:
+        with pytest.raises(DartspecError, match=why):
+            gen.generate(PROMPT, max_new_tokens=4, **kwargs)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_bad_words_commit_what_a_naive_loop_banning_them_does(target: Target, temperature: float) -> None:
+    """vLLM's bad_words (as token sequences: a word's last token impossible where the answer ends with the rest of
+    it): with any drafter, greedy and sampled, the answer a naive loop gives, and the banned sequences are not in it;
+    a word given as text is banned as its tokens at the start of a text and after a space."""
+    free, _ = naive_decode(target, Penalties(), 24, temperature, seed=5)
+    pairs = [tuple(free[i : i + 2]) for i in range(len(free) - 1)]
+    bad_words = [(free[3],), pairs[6], (*pairs[1], 0)]  # one token, one of the answer's pairs, a longer one
+    ref, _ = naive_decode(target, Penalties(bad_words=bad_words), 24, temperature, seed=5)
+    assert ref != free and free[3] not in ref and all(tuple(ref[i : i + 2]) != pairs[6] for i in range(len(ref) - 1))
+    for drafter in drafters(ref):
+        gen = Generator(target, drafter, tree_size=6, max_depth=4)
+        out = gen.generate(PROMPT, max_new_tokens=24, seed=5, temperature=temperature, bad_words=bad_words)
+        assert out.token_ids == ref, drafter
+    text_word = target.decode(list(pairs[6])).strip()
+    tokens = bad_word_tokens([text_word], lambda w: target.encode(w, add_special_tokens=False))
+    assert tuple(target.encode(text_word, add_special_tokens=False)) in tokens
+    assert tuple(target.encode(" " + text_word, add_special_tokens=False)) in tokens
+    gen = Generator(target)
+    by_text = gen.generate(PROMPT, max_new_tokens=24, seed=5, temperature=temperature, bad_words=[text_word])
+    assert (
+        by_text.token_ids
+        == gen.generate(PROMPT, max_new_tokens=24, seed=5, temperature=temperature, bad_words=list(tokens)).token_ids
+    )
+    for kwargs, why in [
+        (dict(bad_words=[""]), "non-empty strings"),
+        (dict(bad_words="t5"), "a list of non-empty strings"),
+        (dict(bad_words=[[]]), "non-empty sequence of token ids"),
+        (dict(bad_words=[[5, VOCAB]]), f"bad_words names token {VOCAB}, outside"),
+        (dict(bad_words=["t5"], response_format="json_object"), "cannot be combined with a structured answer"),
     ]:
         with pytest.raises(DartspecError, match=why):
             gen.generate(PROMPT, max_new_tokens=4, **kwargs)

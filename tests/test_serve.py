@@ -213,7 +213,8 @@ HI = [{"role": "user", "content": "t5"}]
         ("completions", {"prompt": "t5", "allowed_token_ids": [5, 96]}, "allowed_token_ids", "token 96, outside"),
         ("completions", {"prompt": "t5", "allowed_token_ids": []}, "allowed_token_ids", "non-empty list"),
         ("completions", {"prompt": "t5", "use_beam_search": True}, "use_beam_search", "not supported"),
-        ("completions", {"prompt": "t5", "bad_words": ["t6"]}, "bad_words", "logit_bias -100 bans a token"),
+        ("completions", {"prompt": "t5", "bad_words": ["t6", " "]}, "bad_words", "non-empty strings"),
+        ("completions", {"prompt": "t5", "bad_words": ["t6"], "guided_choice": ["t6"]}, "bad_words", "structured"),
         ("chat/completions", {"messages": HI, "chat_template_kwargs": {"tools": []}}, "chat_template_kwargs", "set by"),
         ("chat/completions", {"messages": HI, "chat_template_kwargs": {"a b": 1}}, "chat_template_kwargs", "no templ"),
         ("chat/completions", {"messages": HI, "add_generation_prompt": False}, "add_generation_prompt", "not sup"),
@@ -877,6 +878,21 @@ def test_echo_and_prompt_logprobs_score_the_prompt_as_transformers_does(url: str
     chat_named = {"messages": messages, "max_tokens": 3, "logprobs": True, "return_tokens_as_token_ids": True}
     content = httpx.post(f"{url}/v1/chat/completions", json=chat_named).json()["choices"][0]["logprobs"]["content"]
     assert all(c["token"].startswith("token_id:") and c["bytes"] == list(c["token"].encode()) for c in content)
+
+
+def test_bad_words_are_the_engines(url: str) -> None:
+    """vLLM's bad_words: the answer the engine gives with them (tests/test_penalties.py checks it against a naive loop),
+    whole and streamed, without the banned words."""
+    target = make_target()
+    body = {"prompt": "t5 t6 t7", "max_tokens": 12, "temperature": 0}
+    free = httpx.post(f"{url}/v1/completions", json=body).json()["choices"][0]["text"]
+    banned = free.split()[2:4]  # two of the answer's words (the tiny tokenizer's words are tokens)
+    want = Generator(target).generate(target.encode("t5 t6 t7"), max_new_tokens=12, bad_words=banned)
+    got = httpx.post(f"{url}/v1/completions", json={**body, "bad_words": banned}).json()["choices"][0]["text"]
+    assert got == want.text != free and not set(banned) & set(got.split())
+    with httpx.stream("POST", f"{url}/v1/completions", json={**body, "bad_words": banned, "stream": True}) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert "".join(e["choices"][0]["text"] for e in events) == got
 
 
 def test_n_choices_are_the_answers_of_n_requests_seeded_one_apart(url: str) -> None:

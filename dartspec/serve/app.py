@@ -33,6 +33,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from dartspec.constraint import response_grammar
 from dartspec.engine import GenerationResult, StepEvent, TokenLogprob, check_stop_token_ids, check_token_ids
 from dartspec.errors import DartspecError, FieldError
+from dartspec.sampling import Penalties, bad_word_tokens
 from dartspec.serve.engine import GenerationTimeout, Job, QueueFull, ServeEngine
 from dartspec.serve.responses import ResponseEvents, ResponsesRequest, ResponseStore, output_items, response_body
 from dartspec.serve.schema import (
@@ -519,6 +520,14 @@ async def _start(
     except DartspecError as err:
         param = "min_tokens" if "min_tokens" in str(err) else format_param
         return error_response(400, str(err), param=param)
+    try:  # on the tokenizer's thread (a fast tokenizer must not run in two threads at once)
+        encode = functools.partial(engine.target.encode, add_special_tokens=False)
+        bad_words = await served.tokenized(bad_word_tokens, req.bad_words or [], encode)
+        Penalties(bad_words=bad_words).check_vocabulary(engine.target.vocab_size, engine.model_name)
+        if bad_words and grammar is not None:  # the grammar could leave no token that is not banned
+            raise DartspecError("bad_words cannot be combined with a structured answer (JSON, a regex or a choice)")
+    except DartspecError as err:
+        return error_response(400, str(err), param="bad_words")
     asked = req.max_completion_tokens or req.max_tokens  # None: the server's default (0: the prompt scored alone)
     base = Job(
         prompt_ids=[],
@@ -538,6 +547,7 @@ async def _start(
         ignore_eos=req.ignore_eos,
         stop_token_ids=list(req.stop_token_ids or []),
         include_stop_str_in_output=req.include_stop_str_in_output,
+        bad_words=bad_words,
     )
     # n choices are n sequences in the batch; a seeded request's choice i samples with seed + i (reproducible, and
     # not n copies of one answer), an unseeded one's each with its own draw

@@ -77,6 +77,7 @@ class Job:
     ignore_eos: bool = False
     stop_token_ids: Sequence[int] = ()
     include_stop_str_in_output: bool = False
+    bad_words: Sequence[Sequence[int]] = ()  # vLLM's: words the answer never contains, tokenized
     cancel: threading.Event = field(default_factory=threading.Event)
 
 
@@ -262,6 +263,7 @@ class ServeEngine:
                 ignore_eos=job.ignore_eos,
                 stop_token_ids=job.stop_token_ids,
                 include_stop_str_in_output=job.include_stop_str_in_output,
+                bad_words=job.bad_words,
             )
         except BaseException as err:
             request.send(err)
