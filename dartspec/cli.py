@@ -397,6 +397,15 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
         metavar="ID=BIAS",
         help="add BIAS (-100 to 100) to token ID's logit (repeatable; -100 bans the token in effect)",
     )
+    p.add_argument(
+        "--bad-word",
+        dest="bad_words",
+        action="append",
+        default=[],
+        metavar="WORD",
+        help="a word the answer never contains (repeatable; vLLM's bad_words: its last token is impossible where the "
+        "answer ends with the rest of it)",
+    )
 
 
 def _decoding_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -412,6 +421,8 @@ def _decoding_args(args: argparse.Namespace) -> dict[str, Any]:
         except ValueError:  # no '=' leaves the value empty
             raise DartspecError(f"--logit-bias takes ID=BIAS (e.g. 42=-100), got {item!r}") from None
     Penalties(args.repetition_penalty, args.presence_penalty, args.frequency_penalty, bias)
+    if any(not word.strip() for word in args.bad_words):
+        raise DartspecError(f"--bad-word takes a non-empty word, got {args.bad_words!r}")
     if args.min_tokens < 0:
         raise DartspecError(f"--min-tokens must be >= 0, got {args.min_tokens}")
     return {
@@ -423,6 +434,7 @@ def _decoding_args(args: argparse.Namespace) -> dict[str, Any]:
         "presence_penalty": args.presence_penalty,
         "frequency_penalty": args.frequency_penalty,
         "logit_bias": dict(bias),
+        "bad_words": args.bad_words,
     }
 
 

@@ -126,6 +126,8 @@ def test_penalties_reach_every_row_and_hf_generate_takes_its_own_names(llama_tar
         make_runner(MethodSpec("hf-ar", "hf-ar"), llama_target, {"frequency_penalty": 0.5})
     with pytest.raises(DartspecError, match="cannot apply dartspec's penalties"):
         make_runner(MethodSpec("llamacpp-ar", "llamacpp-ar"), llama_target, {"repetition_penalty": 1.1})
+    with pytest.raises(DartspecError, match="bans bad words otherwise"):
+        make_runner(MethodSpec("hf-ar", "hf-ar"), llama_target, {"bad_words": ["t5"]})
 
 
 def test_stop_token_ids_end_every_row_as_transformers_generate_ends(llama_target: Target) -> None:

@@ -283,6 +283,13 @@ def test_generate_takes_penalties_logit_bias_and_a_json_format(
     assert got == want != plain and not set(got) & set(banned)
     bad = run_in_process(capsys, *common, "--logit-bias", f"{target.vocab_size}=1")
     assert_one_line_error(bad, f"logit_bias names token {target.vocab_size}, outside")
+    # --bad-word: the Python API's answer with the same bad words (a word of the plain answer, kept out of it)
+    word = target.decode(plain[2:3]).strip()
+    proc = run_in_process(capsys, *common, "--bad-word", word)
+    assert proc.returncode == 0, proc.stderr
+    want = Generator(target).generate("Hello there", max_new_tokens=12, bad_words=[word])
+    assert json.loads(proc.stdout)["token_ids"] == want.token_ids != plain
+    assert_one_line_error(run_in_process(capsys, *common, "--bad-word", " "), "--bad-word takes a non-empty word")
     # --response-format json_object: the Python API's constrained answer, a prefix of a JSON object (SmolLM2's
     # tokenizer under a random model)
     from dartspec import json_grammar

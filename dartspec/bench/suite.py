@@ -285,6 +285,7 @@ PLAIN_SETTINGS: dict[str, Any] = {
     "min_tokens": 0,
     "ignore_eos": False,
     "stop_token_ids": [],
+    "bad_words": [],
 }
 
 
@@ -304,6 +305,8 @@ def _hf_runner(spec: MethodSpec, target: Any, settings: Mapping[str, Any]) -> Ru
         raise DartspecError(f"{spec.kind} cannot constrain its answer to JSON: leave --response-format out")
     if settings.get("ignore_eos"):
         raise DartspecError(f"{spec.kind} cannot ignore EOS here: leave --ignore-eos out")
+    if "bad_words" in settings:  # its bad_words_ids also match across the prompt's end: another definition
+        raise DartspecError(f"{spec.kind} bans bad words otherwise than vLLM and dartspec: leave --bad-word out")
     extra: dict[str, Any] = {}
     if "min_tokens" in settings:
         extra["min_new_tokens"] = settings["min_tokens"]
