@@ -549,9 +549,9 @@ class Generator:
         restricted to the allowed tokens), and ending where the document does. ``min_tokens``: EOS cannot
         come before that many tokens (vLLM's; not with a JSON answer, which must end where its object does);
         ``ignore_eos``: EOS does not end the answer (vLLM's, for load tests), only a stop string or the limit.
-        ``stop_token_ids``: more tokens that end the answer as EOS does (vLLM's; kept in the token ids, in the text
-        where they are no special tokens; with ``ignore_eos`` too; not before ``min_tokens``).
-        ``include_stop_str_in_output``: the text ends after the stop string that ended it, not before (vLLM's).
+        ``stop_token_ids``: more tokens that end the answer as EOS does (vLLM's; kept in the token ids, not in the
+        text; with ``ignore_eos`` too; not before ``min_tokens``). ``include_stop_str_in_output``: the text ends after
+        the stop string or stop token that ended it, not before (vLLM's).
         ``allowed_token_ids``: only these tokens can be chosen (vLLM's; EOS only if listed; not with a structured
         answer). ``bad_words``: words the answer never contains (vLLM's: each word's last token is impossible where the
         answer ends with the rest of it, the word tokenized as at the start of a text and after a space; a list of token
@@ -749,10 +749,13 @@ class Generator:
 
     @staticmethod
     def _truncate(new: list[int], limit: int, text: _TextStream, eos: frozenset[int]) -> tuple[list[int], str]:
-        """Cut the committed tokens at the first of ``eos``, stop string or the token limit."""
+        """Cut the committed tokens at the first of ``eos``, stop string or the token limit. A token of ``eos`` that
+        ended the answer stays in its tokens but not in its text (vLLM's: an EOS or a stop token id's text shows only
+        with ``include_stop_str_in_output``)."""
         cut = next((i + 1 for i, t in enumerate(new) if t in eos), len(new))
         new = new[: min(cut, limit)]
-        full = text.full(new)
+        ended = bool(new) and new[-1] in eos and not text.include_stop
+        full = text.full(new[:-1] if ended else new)
         at = text.find_stop(full)
         if at is not None:
             # Keep the fewest tokens whose text contains the stop string; the text ends before it.

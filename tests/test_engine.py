@@ -177,6 +177,12 @@ def test_stop_token_ids_end_the_answer_as_eos_does(target: Target) -> None:
         gen = Generator(target, drafter, tree_size=12, max_depth=6)
         res = gen.generate(prompt, max_new_tokens=30, ignore_eos=True, stop_token_ids=[stop, VOCAB - 1])
         assert (res.token_ids, res.finish_reason) == (full[: first + 1], "stop")
+        # vLLM's text: without the stop token's, unless include_stop_str_in_output (streamed the same)
+        assert res.text == target.decode(full[:first]) != target.decode(full[: first + 1])
+        kept = dict(max_new_tokens=30, ignore_eos=True, stop_token_ids=[stop], include_stop_str_in_output=True)
+        assert gen.generate(prompt, **kept).text == target.decode(full[: first + 1])
+        streamed = gen.stream(prompt, max_new_tokens=30, ignore_eos=True, stop_token_ids=[stop])
+        assert "".join(ev.text for ev in streamed) == res.text
     late = Generator(target).generate(prompt, max_new_tokens=30, ignore_eos=True, stop_token_ids=[stop], min_tokens=9)
     assert late.token_ids[:first] == full[:first] and stop not in late.token_ids[first:8]
     assert len(late.token_ids) >= 9 and (late.finish_reason == "length" or late.token_ids[-1] == stop)
