@@ -343,7 +343,8 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="ID",
-        help="a token that ends the answer as EOS does, kept (repeatable; vLLM's stop_token_ids)",
+        help="a token that ends the answer as EOS does, kept in its token ids, not its text (repeatable; vLLM's "
+        "stop_token_ids)",
     )
     p.add_argument(
         "--response-format",
