@@ -250,8 +250,11 @@ class _TextStream:
     #: token's leading space, or the bytes of a character split over tokens).
     WINDOW = 6
 
-    def __init__(self, target: TargetRuntime, stop: Sequence[str], include_stop: bool = False) -> None:
+    def __init__(
+        self, target: TargetRuntime, stop: Sequence[str], include_stop: bool = False, skip_special: bool = True
+    ) -> None:
         self.target = target
+        self.skip_special = skip_special  # special tokens' text left out (vLLM's skip_special_tokens)
         self.stop = [s for s in stop if s]
         self.include_stop = include_stop  # the text ends after the stop string, not before it (vLLM's option)
         self.hold = max((len(s) - 1 for s in self.stop), default=0)
@@ -265,7 +268,7 @@ class _TextStream:
         self._prefix = self._read = 0  # the window: tokens [prefix:read] made the end of _text
 
     def full(self, token_ids: Sequence[int]) -> str:
-        return self.target.decode(token_ids)
+        return self.target.decode(token_ids, self.skip_special)
 
     def current(self, token_ids: Sequence[int]) -> str:
         """The text of ``token_ids``, one sequence that only grows between calls (the engine's answer), but for
@@ -276,8 +279,8 @@ class _TextStream:
             return self._text  # nothing new since the last call (the stop check and the event share a step)
         # Incremental detokenization (as vLLM's): decode the window [prefix:] and keep what it adds to [prefix:read],
         # once it does not end in an incomplete character; the window keeps WINDOW tokens of context.
-        before = self.target.decode(token_ids[self._prefix : self._read])
-        after = self.target.decode(token_ids[self._prefix :])
+        before = self.full(token_ids[self._prefix : self._read])
+        after = self.full(token_ids[self._prefix :])
         if len(after) > len(before) and not after.endswith("\ufffd"):
             self._text += after[len(before) :]
             self._prefix, self._read = max(0, len(token_ids) - self.WINDOW), len(token_ids)
@@ -530,6 +533,7 @@ class Generator:
         include_stop_str_in_output: bool = False,
         allowed_token_ids: Sequence[int] | None = None,
         bad_words: Sequence[str | Sequence[int]] = (),
+        skip_special_tokens: bool = True,
     ) -> SequenceState:
         """Check the request, prefill the prompt and take the first token: a sequence for :meth:`emit` and
         :meth:`advance`. ``prompt``: text (``chat`` applies the chat template), chat messages or token ids;
@@ -555,7 +559,8 @@ class Generator:
         ``allowed_token_ids``: only these tokens can be chosen (vLLM's; EOS only if listed; not with a structured
         answer). ``bad_words``: words the answer never contains (vLLM's: each word's last token is impossible where the
         answer ends with the rest of it, the word tokenized as at the start of a text and after a space; a list of token
-        ids is a bad word already tokenized)."""
+        ids is a bad word already tokenized). ``skip_special_tokens=False``: special tokens' text is in the answer's
+        text (vLLM's; the EOS or stop token that ended it only with ``include_stop_str_in_output``)."""
         penalties = Penalties(
             repetition_penalty,
             presence_penalty,
@@ -636,7 +641,7 @@ class Generator:
             cache=cache,
             tree_size=1 if plain else self.tree_size,
             max_depth=self.max_depth,
-            text=_TextStream(target, stop, include_stop_str_in_output),
+            text=_TextStream(target, stop, include_stop_str_in_output, skip_special_tokens),
             stats=stats,
             started=started,
             committed=[*prompt_ids, *new],

@@ -125,7 +125,7 @@ class TargetRuntime(Protocol):
         self, conversations: Sequence[Sequence[dict[str, str]]], template_args: Mapping[str, Any] | None = None
     ) -> list[list[int]]: ...
 
-    def decode(self, token_ids: Sequence[int]) -> str: ...
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
 
     @property
     def token_texts(self) -> TokenTexts: ...
@@ -597,5 +597,6 @@ class CausalRuntime(ABC):
         False: a piece of text inside another, such as a bad word)."""
         return [int(t) for t in self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]]
 
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """``token_ids``' text, without the special tokens' unless ``skip_special_tokens`` is False."""
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)

@@ -191,6 +191,30 @@ def test_stop_token_ids_end_the_answer_as_eos_does(target: Target) -> None:
             Generator(target).generate(prompt, max_new_tokens=5, stop_token_ids=bad)
 
 
+def test_skip_special_tokens_false_shows_them_but_not_the_token_that_ended_the_answer(target: Target) -> None:
+    """vLLM's skip_special_tokens=False: special tokens' text in the answer's (the tokenizer's own decoding of its
+    tokens), whole and streamed; the EOS that ended it only with include_stop_str_in_output."""
+    prompt = prompt_for(4)
+    gen = Generator(target, PromptLookupDrafter(), tree_size=4)
+
+    def decode(ids: list[int], skip: bool) -> str:
+        return target.tokenizer.decode(ids, skip_special_tokens=skip)
+
+    kw = dict(max_new_tokens=20, ignore_eos=True, logit_bias={1: 4.0})  # EOS (t1, special) often, not the end
+    shown = gen.generate(prompt, skip_special_tokens=False, **kw)
+    hidden = gen.generate(prompt, **kw)
+    assert shown.token_ids == hidden.token_ids and 1 in shown.token_ids
+    assert shown.text == decode(shown.token_ids, False) != hidden.text == decode(hidden.token_ids, True)
+    assert "".join(ev.text for ev in gen.stream(prompt, skip_special_tokens=False, **kw)) == shown.text
+    ended = gen.generate(prompt, max_new_tokens=20, logit_bias={1: 2.0}, skip_special_tokens=False)
+    assert ended.token_ids[-1] == 1 and ended.finish_reason == "stop"
+    assert ended.text == decode(ended.token_ids[:-1], False)
+    kept = gen.generate(
+        prompt, max_new_tokens=20, logit_bias={1: 2.0}, skip_special_tokens=False, include_stop_str_in_output=True
+    )
+    assert kept.text == decode(kept.token_ids, False) != ended.text
+
+
 def test_stop_strings_truncate_text(target: Target) -> None:
     prompt = prompt_for(5)
     full = Generator(target).generate(prompt, max_new_tokens=30)

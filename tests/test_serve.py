@@ -218,7 +218,7 @@ HI = [{"role": "user", "content": "t5"}]
         ("chat/completions", {"messages": HI, "chat_template_kwargs": {"tools": []}}, "chat_template_kwargs", "set by"),
         ("chat/completions", {"messages": HI, "chat_template_kwargs": {"a b": 1}}, "chat_template_kwargs", "no templ"),
         ("chat/completions", {"messages": HI, "add_generation_prompt": False}, "add_generation_prompt", "not sup"),
-        ("chat/completions", {"messages": HI, "skip_special_tokens": 0}, "skip_special_tokens", "never shown"),
+        ("chat/completions", {"messages": HI, "skip_special_tokens": 0}, "skip_special_tokens", "valid boolean"),
         ("completions", {"prompt": ""}, "prompt", "must not be empty"),
         ("completions", {"prompt": []}, "prompt", "must not be empty"),
         ("completions", {"prompt": [5, 96]}, "prompt", "96 is no token id of tiny (0-95)"),
@@ -893,6 +893,23 @@ def test_bad_words_are_the_engines(url: str) -> None:
     with httpx.stream("POST", f"{url}/v1/completions", json={**body, "bad_words": banned, "stream": True}) as r:
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
     assert "".join(e["choices"][0]["text"] for e in events) == got
+
+
+def test_skip_special_tokens_false_is_the_engines(url: str) -> None:
+    """vLLM's skip_special_tokens false: the engine's text with special tokens shown (tests/test_engine.py checks it
+    against the tokenizer's decoding), whole and streamed."""
+    target = make_target()
+    body = {"prompt": "t5 t6 t7", "max_tokens": 16, "temperature": 0, "ignore_eos": True, "logit_bias": {"1": 4}}
+    want = Generator(target).generate(
+        target.encode("t5 t6 t7"), max_new_tokens=16, ignore_eos=True, logit_bias={1: 4}, skip_special_tokens=False
+    )
+    assert 1 in want.token_ids
+    shown = {**body, "skip_special_tokens": False}
+    assert httpx.post(f"{url}/v1/completions", json=shown).json()["choices"][0]["text"] == want.text
+    assert httpx.post(f"{url}/v1/completions", json=body).json()["choices"][0]["text"] != want.text
+    with httpx.stream("POST", f"{url}/v1/completions", json={**shown, "stream": True}) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert "".join(e["choices"][0]["text"] for e in events) == want.text
 
 
 def test_n_choices_are_the_answers_of_n_requests_seeded_one_apart(url: str) -> None:

@@ -548,6 +548,7 @@ async def _start(
         stop_token_ids=list(req.stop_token_ids or []),
         include_stop_str_in_output=req.include_stop_str_in_output,
         bad_words=bad_words,
+        skip_special_tokens=req.skip_special_tokens,
     )
     # n choices are n sequences in the batch; a seeded request's choice i samples with seed + i (reproducible, and
     # not n copies of one answer), an unseeded one's each with its own draw

@@ -78,6 +78,7 @@ class Job:
     stop_token_ids: Sequence[int] = ()
     include_stop_str_in_output: bool = False
     bad_words: Sequence[Sequence[int]] = ()  # vLLM's: words the answer never contains, tokenized
+    skip_special_tokens: bool = True  # vLLM's: False shows special tokens' text
     cancel: threading.Event = field(default_factory=threading.Event)
 
 
@@ -264,6 +265,7 @@ class ServeEngine:
                 stop_token_ids=job.stop_token_ids,
                 include_stop_str_in_output=job.include_stop_str_in_output,
                 bad_words=job.bad_words,
+                skip_special_tokens=job.skip_special_tokens,
             )
         except BaseException as err:
             request.send(err)

@@ -164,7 +164,6 @@ MAX_SEED = 2**63 - 1
 #: are ignored. A value, why it is refused where that is not just "not supported".
 _UNIMPLEMENTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "use_beam_search": ((None, False), ""),
-    "skip_special_tokens": ((None, True), ": special tokens are never shown"),
     "guided_grammar": ((None,), ": use guided_json, guided_regex or guided_choice"),
     "guided_whitespace_pattern": ((None,), ""),
 }
@@ -227,6 +226,7 @@ class CommonRequest(BaseModel):
     # character does not have)
     return_tokens_as_token_ids: StrictBool = False
     bad_words: list[StrictStr] | None = None  # vLLM's: words the answer never contains
+    skip_special_tokens: StrictBool = True  # vLLM's: False shows special tokens' text in the answer
     seed: StrictInt | None = Field(default=None, ge=0, le=MAX_SEED)
     stop: StopText | list[StopText] | None = None
     stream: StrictBool = False
