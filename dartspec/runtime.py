@@ -118,11 +118,21 @@ class TargetRuntime(Protocol):
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
     def encode_chat(
-        self, messages: Sequence[dict[str, str]], template_args: Mapping[str, Any] | None = None
+        self,
+        messages: Sequence[dict[str, str]],
+        template_args: Mapping[str, Any] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
     ) -> list[int]: ...
 
     def encode_chats(
-        self, conversations: Sequence[Sequence[dict[str, str]]], template_args: Mapping[str, Any] | None = None
+        self,
+        conversations: Sequence[Sequence[dict[str, str]]],
+        template_args: Mapping[str, Any] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
     ) -> list[list[int]]: ...
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
@@ -570,23 +580,45 @@ class CausalRuntime(ABC):
         return bool(getattr(self.tokenizer, "chat_template", None))
 
     def encode_chat(
-        self, messages: Sequence[dict[str, str]], template_args: Mapping[str, Any] | None = None
+        self,
+        messages: Sequence[dict[str, str]],
+        template_args: Mapping[str, Any] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
     ) -> list[int]:
         """Apply the model's chat template (with the assistant turn opened) and tokenize; ``template_args``: more
-        variables for the template (e.g. Qwen3's ``enable_thinking``; vLLM's ``chat_template_kwargs``)."""
-        return self.encode_chats([messages], template_args)[0]
+        variables for the template (e.g. Qwen3's ``enable_thinking``; vLLM's ``chat_template_kwargs``).
+        ``add_generation_prompt=False``: the assistant turn is not opened; ``continue_final_message``: the last
+        message (the assistant's) is left open, for the answer to go on from it (both as transformers' and vLLM's)."""
+        return self.encode_chats(
+            [messages],
+            template_args,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+        )[0]
 
     def encode_chats(
-        self, conversations: Sequence[Sequence[dict[str, str]]], template_args: Mapping[str, Any] | None = None
+        self,
+        conversations: Sequence[Sequence[dict[str, str]]],
+        template_args: Mapping[str, Any] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
     ) -> list[list[int]]:
         """:meth:`encode_chat` of many conversations, tokenized in one batch (the tokenizer's own threads: data
         generation encodes a thousand at a time). Templates render to text with their special tokens, which the
         tokenizer reads back as such; nothing is added around them (what ``apply_chat_template`` does)."""
         if not self.has_chat_template:
             raise DartspecError(f"{self.name} has no chat template; pass a plain prompt without --chat")
+        if continue_final_message and add_generation_prompt:
+            raise DartspecError("continue_final_message goes on with the last message: add no generation prompt")
         extra = dict(template_args or {})
+        if continue_final_message:
+            extra["continue_final_message"] = True
+        opened = add_generation_prompt
         texts = [
-            self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False, **extra)
+            self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=opened, tokenize=False, **extra)
             for messages in conversations
         ]
         ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []

@@ -217,7 +217,13 @@ HI = [{"role": "user", "content": "t5"}]
         ("completions", {"prompt": "t5", "bad_words": ["t6"], "guided_choice": ["t6"]}, "bad_words", "structured"),
         ("chat/completions", {"messages": HI, "chat_template_kwargs": {"tools": []}}, "chat_template_kwargs", "set by"),
         ("chat/completions", {"messages": HI, "chat_template_kwargs": {"a b": 1}}, "chat_template_kwargs", "no templ"),
-        ("chat/completions", {"messages": HI, "add_generation_prompt": False}, "add_generation_prompt", "not sup"),
+        ("chat/completions", {"messages": HI, "continue_final_message": True}, "continue_final_message", "assistant's"),
+        (
+            "chat/completions",
+            {"messages": HI, "continue_final_message": True, "add_generation_prompt": True},
+            "continue_final_message",
+            "cannot both be true",
+        ),
         ("chat/completions", {"messages": HI, "skip_special_tokens": 0}, "skip_special_tokens", "valid boolean"),
         ("completions", {"prompt": ""}, "prompt", "must not be empty"),
         ("completions", {"prompt": []}, "prompt", "must not be empty"),
@@ -878,6 +884,38 @@ def test_echo_and_prompt_logprobs_score_the_prompt_as_transformers_does(url: str
     chat_named = {"messages": messages, "max_tokens": 3, "logprobs": True, "return_tokens_as_token_ids": True}
     content = httpx.post(f"{url}/v1/chat/completions", json=chat_named).json()["choices"][0]["logprobs"]["content"]
     assert all(c["token"].startswith("token_id:") and c["bytes"] == list(c["token"].encode()) for c in content)
+
+
+def test_continue_final_message_and_add_generation_prompt_render_as_transformers_does() -> None:
+    """vLLM's continue_final_message (the answer goes on from the assistant's last message) and add_generation_prompt
+    false: the prompt is transformers' apply_chat_template with the same flags (its continue_final_message cuts the
+    text after the last message), in /tokenize too, and the answer the engine's for those ids."""
+    target = make_target()
+    target.tokenizer.chat_template = (
+        "{% for m in messages %}<{{ m['role'] }}> {{ m['content'] }} </s> {% endfor %}"
+        "{% if add_generation_prompt %}<assistant> {% endif %}"
+    )
+    messages = [{"role": "user", "content": "t5 t6"}, {"role": "assistant", "content": "t7 t8"}]
+
+    def reference(**flags: bool) -> list[int]:
+        text = target.tokenizer.apply_chat_template(messages, tokenize=False, **flags)
+        return target.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    continued = reference(add_generation_prompt=False, continue_final_message=True)
+    closed = reference(add_generation_prompt=False)
+    assert len({tuple(continued), tuple(closed), tuple(reference(add_generation_prompt=True))}) == 3
+    with serving(target=target) as url:
+        for flags, want in (
+            ({"continue_final_message": True}, continued),
+            ({"continue_final_message": True, "add_generation_prompt": False}, continued),
+            ({"add_generation_prompt": False}, closed),
+        ):
+            assert httpx.post(f"{url}/tokenize", json={"messages": messages, **flags}).json()["tokens"] == want
+            body = {"messages": messages, "max_tokens": 6, "temperature": 0, **flags}
+            got = httpx.post(f"{url}/v1/chat/completions", json=body).json()
+            assert got["usage"]["prompt_tokens"] == len(want)
+            answer = Generator(target).generate(want, max_new_tokens=6)
+            assert got["choices"][0]["message"]["content"] == answer.text
 
 
 def test_bad_words_are_the_engines(url: str) -> None:

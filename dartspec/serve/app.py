@@ -311,7 +311,10 @@ async def tokenize(req: TokenizeRequest, request: Request):
     if (refused := _unknown_model(served, req)) is not None:
         return refused
     if req.messages is not None:
-        chat = ChatRequest(messages=req.messages, chat_template_kwargs=req.chat_template_kwargs)
+        flags = {
+            k: getattr(req, k) for k in ("add_generation_prompt", "continue_final_message") if k in req.model_fields_set
+        }
+        chat = ChatRequest(messages=req.messages, chat_template_kwargs=req.chat_template_kwargs, **flags)
         if (problem := chat.unsupported()) is not None:
             return error_response(400, problem[0], param=problem[1])
         ids = await _chat_ids(served, chat, "messages")
@@ -436,7 +439,8 @@ async def _chat_ids(served: Served, req: ChatRequest, param: str) -> list[int] |
     template refuses it."""
     try:
         messages = with_tools([m.as_chat() for m in req.messages], req)
-        return await served.tokenized(served.engine.target.encode_chat, messages, req.chat_template_kwargs)
+        encode = functools.partial(served.engine.target.encode_chat, **req.template_flags())
+        return await served.tokenized(encode, messages, req.chat_template_kwargs)
     except FieldError as err:
         return error_response(400, str(err), param=err.param)
     except DartspecError as err:

@@ -171,8 +171,6 @@ _UNIMPLEMENTED_CHAT = _UNIMPLEMENTED | {
     "functions": ((None,), ": it is OpenAI's deprecated function calling, send tools and tool_choice instead"),
     "function_call": ((None,), ": it is OpenAI's deprecated function calling, send tools and tool_choice instead"),
     "echo": ((None, False), ""),
-    "add_generation_prompt": ((None, True), ""),
-    "continue_final_message": ((None, False), ""),
     "chat_template": ((None,), ": the model's own template is used"),
 }
 #: What a chat template is rendered with by the server or by transformers' apply_chat_template itself: not for
@@ -321,6 +319,8 @@ class TokenizeRequest(BaseModel):
     prompt: Text | None = None
     messages: list[Message] | None = Field(default=None, min_length=1, max_length=MAX_MESSAGES)
     chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:
@@ -356,11 +356,25 @@ class ChatRequest(CommonRequest):
 
     # vLLM's: more variables for the model's chat template (e.g. Qwen3's {"enable_thinking": false})
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's: the assistant turn opened after the messages (the default), or the last (assistant) message continued
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+
+    def template_flags(self) -> dict[str, bool]:
+        """How the conversation ends in the template (``continue_final_message`` implies no generation prompt; both
+        given true is refused as vLLM refuses it)."""
+        opened = self.add_generation_prompt and not self.continue_final_message
+        return {"add_generation_prompt": opened, "continue_final_message": self.continue_final_message}
 
     def logprobs_asked(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
     def unsupported(self) -> tuple[str, str] | None:
+        if self.continue_final_message:
+            if "add_generation_prompt" in self.model_fields_set and self.add_generation_prompt:
+                return "continue_final_message and add_generation_prompt cannot both be true", "continue_final_message"
+            if self.messages[-1].role != "assistant":
+                return "continue_final_message needs the last message to be the assistant's", "continue_final_message"
         for key in self.chat_template_kwargs or {}:
             if not key.isidentifier() or key in _TEMPLATE_OWN:
                 why = "is set by the server" if key in _TEMPLATE_OWN else "is no template variable name"
