@@ -200,12 +200,8 @@ HI = [{"role": "user", "content": "t5"}]
         ("completions", {"prompt": ["t5", ""]}, "prompt", "must not be empty"),
         ("completions", {"prompt": [[5], [96]]}, "prompt", "96"),
         ("chat/completions", {"messages": HI, "echo": True}, "echo", "echo is not supported"),
-        (
-            "completions",
-            {"prompt": "t5", "suffix": "t6"},
-            "suffix",
-            "suffix is not supported by this server (insertion)",
-        ),
+        ("completions", {"prompt": "t5", "suffix": "t6"}, "suffix", "tiny-llama has no fill-in-the-middle tokens"),
+        ("completions", {"prompt": "t5", "suffix": "t6", "echo": True}, "suffix", "echo cannot be combined"),
         ("completions", {"prompt": "t5", "best_of": 3}, "best_of", "only best_of = n, here 1"),
         ("chat/completions", {"messages": HI, "functions": [{"name": "f"}]}, "functions", "send tools and"),
         ("chat/completions", {"messages": HI, "function_call": "auto"}, "function_call", "deprecated"),
@@ -916,6 +912,43 @@ def test_continue_final_message_and_add_generation_prompt_render_as_transformers
             assert got["usage"]["prompt_tokens"] == len(want)
             answer = Generator(target).generate(want, max_new_tokens=6)
             assert got["choices"][0]["message"]["content"] == answer.text
+
+
+def test_a_suffix_fills_in_the_middle_with_the_models_fim_tokens() -> None:
+    """OpenAI's completions suffix on a model with FIM tokens (Qwen2.5-Coder's names): the prompt is prefix, suffix,
+    middle in its tokens (BOS first where the tokenizer adds one), the answer the engine's for it; a batch of prompts
+    each gets the suffix, token-id prompts as the prefix's tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from dartspec.infill import infill_prompt
+    from dartspec.target import Target
+
+    names = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]
+    vocab = {f"t{i}": i for i in range(93)} | {name: 93 + i for i, name in enumerate(names)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="t1", unk_token="t0")
+    fast.add_special_tokens({"additional_special_tokens": names})
+    target = Target(make_target().model, fast, name="tiny-fim")
+    ids = infill_prompt(target, "t5 t6", "t7 t8 t9")
+    assert ids == [93, 5, 6, 94, 7, 8, 9, 95]
+    assert ids == target.encode("<|fim_prefix|> t5 t6 <|fim_suffix|> t7 t8 t9 <|fim_middle|>")
+    with serving(target=target) as url:
+        body = {"prompt": "t5 t6", "suffix": "t7 t8 t9", "max_tokens": 6, "temperature": 1, "seed": 3}
+        body["logit_bias"] = {"93": -100, "94": -100, "95": -100}  # the tiny model would repeat <|fim_middle|>
+        settings = dict(max_new_tokens=6, temperature=1, seed=3, logit_bias={93: -100, 94: -100, 95: -100})
+        got = httpx.post(f"{url}/v1/completions", json=body).json()
+        assert got["choices"][0]["text"] == Generator(target).generate(ids, **settings).text
+        assert got["usage"]["prompt_tokens"] == len(ids)
+        batch = httpx.post(f"{url}/v1/completions", json={**body, "prompt": ["t5 t6", "t3"]}).json()
+        by_ids = httpx.post(f"{url}/v1/completions", json={**body, "prompt": [5, 6]}).json()
+        texts = [c["text"] for c in batch["choices"] + by_ids["choices"]]
+        second = Generator(target).generate(infill_prompt(target, "t3", "t7 t8 t9"), **settings).text
+        assert texts == [got["choices"][0]["text"], second, got["choices"][0]["text"]]
+        third = infill_prompt(target, "t3", "t7 t8 t9")  # each prompt of the batch with the suffix (the counts tell)
+        assert batch["usage"]["prompt_tokens"] == len(ids) + len(third) and by_ids["usage"]["prompt_tokens"] == len(ids)
 
 
 def test_bad_words_are_the_engines(url: str) -> None:

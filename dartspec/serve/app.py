@@ -33,6 +33,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from dartspec.constraint import response_grammar
 from dartspec.engine import GenerationResult, StepEvent, TokenLogprob, check_stop_token_ids, check_token_ids
 from dartspec.errors import DartspecError, FieldError
+from dartspec.infill import infill_prompt
 from dartspec.sampling import Penalties, bad_word_tokens
 from dartspec.serve.engine import GenerationTimeout, Job, QueueFull, ServeEngine
 from dartspec.serve.responses import ResponseEvents, ResponsesRequest, ResponseStore, output_items, response_body
@@ -454,6 +455,8 @@ async def completions(req: CompletionRequest, request: Request):
     served = _served(request)
     if (refused := _unknown_model(served, req)) is not None:
         return refused
+    if (problem := req.unsupported()) is not None:  # before the prompts are made (a suffix makes them otherwise)
+        return error_response(400, problem[0], param=problem[1])
     prompts = req.prompts()
     if len(prompts) * req.n > MAX_PROMPTS:
         return error_response(400, f"at most {MAX_PROMPTS} answers a request (prompts x n)", param="prompt")
@@ -461,9 +464,14 @@ async def completions(req: CompletionRequest, request: Request):
     for prompt in prompts:
         if not prompt:
             return error_response(400, "prompt must not be empty", param="prompt")
-        if isinstance(prompt, list):  # token ids, decoded from as they are
-            if (refused := _token_ids_refused(served, prompt, "prompt")) is not None:
-                return refused
+        if isinstance(prompt, list) and (refused := _token_ids_refused(served, prompt, "prompt")) is not None:
+            return refused  # token ids, decoded from as they are
+        if req.suffix:  # fill in the middle: the prompt is the text before the insertion
+            try:
+                batch.append(await served.tokenized(infill_prompt, served.engine.target, prompt, req.suffix))
+            except DartspecError as err:
+                return error_response(400, str(err), param="suffix")
+        elif isinstance(prompt, list):
             batch.append(list(prompt))
         else:
             batch.append(await served.tokenized(served.engine.target.encode, prompt))

@@ -182,9 +182,7 @@ _TEMPLATE_OWN = frozenset(
         "truncation", "max_length", "return_tensors",
     }
 )  # fmt: skip
-_UNIMPLEMENTED_COMPLETION = _UNIMPLEMENTED | {
-    "suffix": ((None, ""), " (insertion)"),
-}
+_UNIMPLEMENTED_COMPLETION = _UNIMPLEMENTED
 
 
 def _unimplemented(
@@ -412,6 +410,8 @@ class CompletionRequest(CommonRequest):
     best_of: StrictInt | None = Field(default=None, ge=1)
     # The prompt before the answer in the text (and its tokens' log-probabilities before the answer's, with logprobs)
     echo: StrictBool = False
+    # The text after the insertion: the answer is the middle between prompt and suffix (models with FIM tokens)
+    suffix: Text | None = None
 
     def prompts(self) -> list[str | list[int]]:
         """The request's prompts: one text or token-id list, or the batch given."""
@@ -422,6 +422,8 @@ class CompletionRequest(CommonRequest):
         return self.logprobs
 
     def unsupported(self) -> tuple[str, str] | None:
+        if self.suffix and self.echo:
+            return "echo cannot be combined with a suffix (the prompt is then an infilling template)", "suffix"
         if self.max_tokens == 0 and not self.echo:
             return "max_tokens 0 asks for no answer: it scores the prompt with echo (and logprobs) only", "max_tokens"
         return self._unsupported()
