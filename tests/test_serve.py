@@ -828,6 +828,8 @@ def test_echo_and_prompt_logprobs_score_the_prompt_as_transformers_does(url: str
     pieces = [e["choices"][0]["logprobs"] for e in events if e["choices"][0].get("logprobs")]
     assert {k: [x for piece in pieces for x in piece[k]] for k in lp} == lp
     # Scoring alone: max_tokens 0 answers the prompt's text and its tokens' log-probabilities (whole and streamed)
+    bare = httpx.post(f"{url}/v1/completions", json={"prompt": prompt_text, "max_tokens": 0, "echo": True}).json()
+    assert bare["choices"][0]["text"] == prompt_text and bare["choices"][0]["logprobs"] is None
     alone = {"prompt": prompt_text, "max_tokens": 0, "echo": True, "logprobs": 1}
     only = httpx.post(f"{url}/v1/completions", json=alone).json()
     assert only["choices"][0]["text"] == prompt_text and only["choices"][0]["finish_reason"] == "length"

@@ -431,6 +431,8 @@ class CompletionRequest(CommonRequest):
     def prompt_scored(self) -> int | None:
         echoed = self.logprobs if self.echo else None
         asked = [k for k in (echoed, self.prompt_logprobs) if k is not None]
+        if not asked and self.max_tokens == 0:  # an echo of the prompt alone: a scoring prefill, nothing shown of it
+            return 0
         return max(asked) if asked else None
 
     def _unsupported(self) -> tuple[str, str] | None:
