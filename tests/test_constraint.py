@@ -74,7 +74,8 @@ PIECES = ["", "", *_PIECES] + [f"w{i}" for i in range(VOCAB - 2 - len(_PIECES))]
 assert len(PIECES) == VOCAB
 
 
-def fake_decode(ids: Sequence[int]) -> str:
+def fake_decode(ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+    """The fake pieces' text (they hold no special tokens: ``skip_special_tokens`` changes nothing)."""
     return "".join(PIECES[i] for i in ids)
 
 
