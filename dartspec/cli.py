@@ -990,7 +990,10 @@ def listen_socket(host: str, port: int) -> socket.socket:
     """A socket bound to ``host:port`` as uvicorn binds one (IPv6 where the host has a colon, SO_REUSEADDR), or a
     one-line error naming the address and why."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family=family)
+    # proto given: asyncio sets TCP_NODELAY on accepted connections only where their proto says TCP, and they
+    # inherit the listener's; with the default 0 every keep-alive request after the first waited ~40 ms (Nagle's
+    # algorithm against the client's delayed ACK: 44 ms for GET /health from httpx, the openai client's transport)
+    sock = socket.socket(family=family, proto=socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
