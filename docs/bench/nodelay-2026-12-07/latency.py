@@ -42,7 +42,8 @@ def main() -> None:
                     json.loads(line[6:])
         totals.append(time.perf_counter() - start)
         gaps.append(biggest)
-    print(f"streamed 64 tokens: {statistics.median(totals) * 1000:.0f} ms, largest gap {statistics.median(gaps) * 1000:.0f} ms")
+    total, gap = statistics.median(totals) * 1000, statistics.median(gaps) * 1000
+    print(f"streamed 64 tokens: {total:.0f} ms, largest gap {gap:.0f} ms")
 
 
 if __name__ == "__main__":
