@@ -497,6 +497,7 @@ def _check_generation_args(args: argparse.Namespace) -> None:
     SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed, min_p=args.min_p)
     _decoding_args(args)
     check_logprobs(getattr(args, "logprobs", None))
+    check_logprobs(getattr(args, "prompt_logprobs", None), "prompt_logprobs")
     for stop in args.stop or []:
         if not stop:  # it would stop nothing (the engine skips it), which is not what was meant
             raise DartspecError("--stop takes a non-empty string")
@@ -549,8 +550,9 @@ def _read_prompt(args: argparse.Namespace) -> Any:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     _check_generation_args(args)
-    if args.logprobs is not None and not args.json:
-        raise DartspecError("--logprobs needs --json (they are listed in its output)")
+    for flag, value in (("--logprobs", args.logprobs), ("--prompt-logprobs", args.prompt_logprobs)):
+        if value is not None and not args.json:
+            raise DartspecError(f"{flag} needs --json (they are listed in its output)")
     prompt = _read_prompt(args)
     target = load_target(args)
     gen = make_generator(args, target)
@@ -564,6 +566,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         stop=args.stop or (),
         chat=args.chat,
         logprobs=args.logprobs,
+        prompt_logprobs=args.prompt_logprobs,
         **_decoding_args(args),
     )
     if args.json:
@@ -1206,6 +1209,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="K",
         help="with --json: each token's log-probability under the model, with its K most likely alternatives (0-20)",
+    )
+    p.add_argument(
+        "--prompt-logprobs",
+        type=int,
+        default=None,
+        metavar="K",
+        help="with --json: the same for the prompt's tokens after its first (prompt_logprobs; scoring a text)",
     )
     p.set_defaults(func=cmd_generate)
 

@@ -74,6 +74,8 @@ def test_invalid_sampling_values_fail_before_loading(flags: list[str], needle: s
         (["chat", "--model", "./missing.gguf"], "no such file or folder"),
         (["generate", "--prompt", "hi", "--json", "--logprobs", "21"], "logprobs must be an integer from 0 to 20"),
         (["generate", "--prompt", "hi", "--logprobs", "2"], "--logprobs needs --json"),
+        (["generate", "--prompt", "hi", "--prompt-logprobs", "2"], "--prompt-logprobs needs --json"),
+        (["generate", "--prompt", "hi", "--json", "--prompt-logprobs", "-1"], "prompt_logprobs must be an integer"),
         (["generate", "--prompt-file", "/no/such/prompt.txt"], "cannot read --prompt-file"),
         (["generate", "--prompt", "hi", "--repetition-penalty", "0"], "repetition_penalty must be"),
         (["generate", "--prompt", "hi", "--presence-penalty", "3"], "presence_penalty must be a number from -2 to 2"),
@@ -242,9 +244,13 @@ def test_generate_json_output(tiny_model_dir: Path) -> None:
     assert data["new_tokens"] == len(data["token_ids"]) <= 12
     assert data["tau"] == pytest.approx(data["new_tokens"] / data["target_forwards"], rel=1e-3)
     assert "logprobs" not in data
-    with_logprobs = run_cli(*proc.args[3:], "--logprobs", "2")
-    logprobs = json.loads(with_logprobs.stdout)["logprobs"]
+    with_logprobs = run_cli(*proc.args[3:], "--logprobs", "2", "--prompt-logprobs", "1")
+    scored = json.loads(with_logprobs.stdout)
+    logprobs = scored["logprobs"]
     assert [lp["token_id"] for lp in logprobs] == data["token_ids"] and all(len(lp["top"]) == 2 for lp in logprobs)
+    assert scored["token_ids"] == data["token_ids"]  # scoring the prompt changes no answer
+    prompt = scored["prompt_logprobs"]  # the prompt's tokens after its first, with their ranks
+    assert len(prompt) == data["prompt_tokens"] - 1 and all(len(lp["top"]) == 1 and lp["rank"] >= 1 for lp in prompt)
 
 
 @pytest.mark.slow
