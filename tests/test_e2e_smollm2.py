@@ -282,6 +282,28 @@ def test_logprobs_of_the_cpu_default_are_plain_decodings_and_near_transformers(s
     assert torch.allclose(got, ref.gather(1, torch.tensor(plain.token_ids)[:, None])[:, 0], atol=0.01)
 
 
+def test_a_scored_prompt_on_the_cpu_default_is_near_transformers_and_changes_no_answer(smollm2: Target) -> None:
+    """prompt_logprobs on the CPU default runtime (lean exact-a16, fp16 KV cache, two scoring chunks): each prompt
+    token's log-probability within the format's rounding of transformers' fp32 forward over the prompt, and the
+    answer the one an unscored request gets (what lm-evaluation-harness's log-likelihoods through the server rest on:
+    docs/bench/lm-eval-2026-12-07)."""
+    import torch
+
+    from dartspec.targets import load_target
+
+    target = load_target("smollm2-135m")
+    text = "The quick brown fox jumps over the lazy dog. " * 60  # ~600 tokens: more than one 512-token chunk
+    ids = target.encode(text)
+    assert len(ids) > 512
+    scored = Generator(target).generate(ids, max_new_tokens=8, prompt_logprobs=1)
+    assert scored.token_ids == Generator(target).generate(ids, max_new_tokens=8).token_ids
+    with torch.no_grad():
+        logits = smollm2.model(torch.tensor([ids])).logits[0].double()
+    ref = torch.log_softmax(logits, -1)[:-1].gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+    got = torch.tensor([lp.logprob for lp in scored.prompt_logprobs], dtype=torch.float64)
+    assert torch.allclose(got, ref, atol=0.02), (got - ref).abs().max()
+
+
 def test_penalties_under_speculation_equal_transformers_generate_and_plain_decoding(smollm2: Target) -> None:
     """A repetition penalty and a logit bias on the real model: every drafter's greedy answer equals transformers'
     ``generate`` with the same settings (fp32), and DART with lookup spans on the CPU default runtime (lean
