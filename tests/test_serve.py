@@ -830,6 +830,11 @@ def test_echo_and_prompt_logprobs_score_the_prompt_as_transformers_does(url: str
     # Scoring alone: max_tokens 0 answers the prompt's text and its tokens' log-probabilities (whole and streamed)
     bare = httpx.post(f"{url}/v1/completions", json={"prompt": prompt_text, "max_tokens": 0, "echo": True}).json()
     assert bare["choices"][0]["text"] == prompt_text and bare["choices"][0]["logprobs"] is None
+    # A prompt of token ids, or one cut by truncate_prompt_tokens, is echoed as the ids decoded (what was read)
+    as_ids = {"prompt": ids, "max_tokens": 0, "echo": True}
+    assert httpx.post(f"{url}/v1/completions", json=as_ids).json()["choices"][0]["text"] == target.decode(ids)
+    cut = {"prompt": prompt_text, "max_tokens": 0, "echo": True, "truncate_prompt_tokens": 2}
+    assert httpx.post(f"{url}/v1/completions", json=cut).json()["choices"][0]["text"] == target.decode(ids[-2:])
     alone = {"prompt": prompt_text, "max_tokens": 0, "echo": True, "logprobs": 1}
     only = httpx.post(f"{url}/v1/completions", json=alone).json()
     assert only["choices"][0]["text"] == prompt_text and only["choices"][0]["finish_reason"] == "length"
