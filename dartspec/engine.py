@@ -532,7 +532,7 @@ class Generator:
         stop_token_ids: Sequence[int] = (),
         include_stop_str_in_output: bool = False,
         allowed_token_ids: Sequence[int] | None = None,
-        bad_words: Sequence[str | Sequence[int]] = (),
+        bad_words: Sequence[str | Sequence[int]] | None = (),
         skip_special_tokens: bool = True,
     ) -> SequenceState:
         """Check the request, prefill the prompt and take the first token: a sequence for :meth:`emit` and
@@ -567,7 +567,7 @@ class Generator:
             frequency_penalty,
             logit_bias or (),
             allowed_token_ids,  # type: ignore[arg-type]
-            bad_word_tokens(bad_words, lambda word: self.target.encode(word, add_special_tokens=False)),
+            bad_word_tokens(bad_words or (), lambda word: self.target.encode(word, add_special_tokens=False)),
         )
         params = SamplingParams(
             temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, penalties=penalties, min_p=min_p

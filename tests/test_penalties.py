@@ -231,6 +231,7 @@ def test_bad_words_commit_what_a_naive_loop_banning_them_does(target: Target, te
     )
     for kwargs, why in [
         (dict(bad_words=[""]), "non-empty strings"),
+        (dict(bad_words=[7]), "bad_words must be token-id sequences"),
         (dict(bad_words="t5"), "a list of non-empty strings"),
         (dict(bad_words=[[]]), "non-empty sequence of token ids"),
         (dict(bad_words=[[5, VOCAB]]), f"bad_words names token {VOCAB}, outside"),
