@@ -104,38 +104,37 @@ class GenerationStats:
 @dataclass(frozen=True)
 class TokenLogprob:
     """A token's log-probability under the target's own distribution at its position (before penalties,
-    temperature, top-p and top-k: the logits the verifier read), its ``rank`` there (1: the most likely; ties share
-    the better rank), and the ``top`` most likely tokens there, ``(token_id, logprob)`` in descending order (as many
-    as asked for)."""
+    temperature, top-p and top-k: the logits the verifier read), the ``top`` most likely tokens there, ``(token_id,
+    logprob)`` in descending order (as many as asked for), and for a prompt's tokens their ``rank`` there (1: the
+    most likely; ties share the better rank; None for an answer's, where nothing shows it)."""
 
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
-    rank: int = 1
+    rank: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "token_id": self.token_id,
-            "logprob": self.logprob,
-            "rank": self.rank,
-            "top": [list(t) for t in self.top],
-        }
+        out = {"token_id": self.token_id, "logprob": self.logprob, "top": [list(t) for t in self.top]}
+        if self.rank is not None:
+            out["rank"] = self.rank
+        return out
 
 
-def token_logprobs(logits: torch.Tensor, tokens: Sequence[int], top: int) -> list[TokenLogprob]:
-    """Each token's log-probability in the matching row of ``logits`` ``(rows, vocab)``, with its rank and the
-    ``top`` most likely tokens of that row."""
+def token_logprobs(logits: torch.Tensor, tokens: Sequence[int], top: int, ranks: bool = False) -> list[TokenLogprob]:
+    """Each token's log-probability in the matching row of ``logits`` ``(rows, vocab)``, with the ``top`` most likely
+    tokens of that row, and with ``ranks`` its rank (a pass over the vocabulary a row: a scored prompt's, not the
+    decode loop's, where no answer shows it)."""
     logp = torch.log_softmax(logits.to(torch.float64), dim=-1)
     index = torch.tensor(list(tokens), device=logp.device)
     chosen = logp.gather(1, index[:, None])
-    ranks = ((logp > chosen).sum(dim=-1) + 1).tolist()
+    ranked = ((logp > chosen).sum(dim=-1) + 1).tolist() if ranks else [None] * len(tokens)
     values = chosen[:, 0].tolist()
     if top == 0:
-        return [TokenLogprob(t, lp, rank=r) for t, lp, r in zip(tokens, values, ranks, strict=True)]
+        return [TokenLogprob(t, lp, rank=r) for t, lp, r in zip(tokens, values, ranked, strict=True)]
     best, ids = logp.topk(top, dim=-1)
     return [
         TokenLogprob(t, lp, tuple(zip(i, v, strict=True)), r)
-        for t, lp, r, i, v in zip(tokens, values, ranks, ids.tolist(), best.tolist(), strict=True)
+        for t, lp, r, i, v in zip(tokens, values, ranked, ids.tolist(), best.tolist(), strict=True)
     ]
 
 
@@ -359,7 +358,7 @@ def _score_prompt(
         end = min(start + SCORE_CHUNK, len(prompt_ids))
         out = target.prefill(prompt_ids[start:end], features=features, cache=cache, all_logits=True)
         following = prompt_ids[start + 1 : end + 1]  # row i predicts the token after prompt_ids[start + i]
-        scored += token_logprobs(out.logits[: len(following)], following, top)
+        scored += token_logprobs(out.logits[: len(following)], following, top, ranks=True)
         feats.append(out.features)
     argmax = None if out.argmax is None else out.argmax[-1:]
     return TargetOutput(out.logits[-1:], torch.cat(feats) if features else None, argmax=argmax), scored

@@ -532,14 +532,17 @@ async def _start(
     except DartspecError as err:
         param = "min_tokens" if "min_tokens" in str(err) else format_param
         return error_response(400, str(err), param=param)
-    try:  # on the tokenizer's thread (a fast tokenizer must not run in two threads at once)
-        encode = functools.partial(engine.target.encode, add_special_tokens=False)
-        bad_words = await served.tokenized(bad_word_tokens, req.bad_words or [], encode)
-        Penalties(bad_words=bad_words).check_vocabulary(engine.target.vocab_size, engine.model_name)
-        if bad_words and grammar is not None:  # the grammar could leave no token that is not banned
-            raise DartspecError("bad_words cannot be combined with a structured answer (JSON, a regex or a choice)")
-    except DartspecError as err:
-        return error_response(400, str(err), param="bad_words")
+    bad_words: tuple[tuple[int, ...], ...] = ()
+    if req.bad_words is not None:
+        try:  # on the tokenizer's thread (a fast tokenizer must not run in two threads at once)
+            encode = functools.partial(engine.target.encode, add_special_tokens=False)
+            bad_words = await served.tokenized(bad_word_tokens, req.bad_words, encode)
+            Penalties(bad_words=bad_words).check_vocabulary(engine.target.vocab_size, engine.model_name)
+            if bad_words and grammar is not None:  # the grammar could leave no token that is not banned
+                msg = "bad_words cannot be combined with a structured answer (JSON, a regex or a choice)"
+                raise DartspecError(msg)
+        except DartspecError as err:
+            return error_response(400, str(err), param="bad_words")
     asked = req.max_completion_tokens or req.max_tokens  # None: the server's default (0: the prompt scored alone)
     base = Job(
         prompt_ids=[],
